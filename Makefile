@@ -1,0 +1,34 @@
+# The README's two commands are `make demo` (setup + main job) and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: setup demo info test lint clean
+
+# Pinned CPU torch first: an unpinned torch would pull a multi-GB CUDA build.
+$(BIN)/lmckit: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+setup: $(BIN)/lmckit
+	bash scripts/install-datasets.sh
+
+demo: setup
+	$(BIN)/lmckit info
+
+info: $(BIN)/lmckit
+	$(BIN)/lmckit info
+
+lint: $(BIN)/lmckit
+	$(BIN)/ruff check .
+
+test: $(BIN)/lmckit
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache

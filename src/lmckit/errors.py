@@ -1,0 +1,28 @@
+"""Exception hierarchy.
+
+Every error lmckit raises on bad input is a subclass of :class:`LmcError`, so callers can
+catch the library's complaints in one place. Each subclass also derives from the matching
+built-in (``ValueError``, ``FileNotFoundError``) so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+
+class LmcError(Exception):
+    """Base class of every error lmckit raises about its inputs."""
+
+
+class SpecError(LmcError, ValueError):
+    """A :class:`~lmckit.perm.PermutationSpec` is malformed or does not fit a parameter dict."""
+
+
+class PermutationError(LmcError, ValueError):
+    """A permutation is malformed or does not fit its spec."""
+
+
+class ParamsError(LmcError, ValueError):
+    """Parameter dicts that cannot be used together (keys, shapes, dtypes, non-finite values)."""
+
+
+class ModelConfigError(LmcError, ValueError):
+    """A model name or configuration is invalid."""

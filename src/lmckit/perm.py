@@ -1,0 +1,370 @@
+"""Permutation symmetries of a network, as data.
+
+A :class:`PermutationSpec` says, for every tensor of a ``state_dict``, which permutation
+group acts on each of its axes (``None`` for an axis no group acts on). A
+:class:`Permutation` holds one index vector per group and applies them to parameter dicts.
+
+Convention (used everywhere in lmckit): for a group with index vector ``p`` of length
+``n``, applying the permutation to a tensor ``B`` along an axis of that group gives::
+
+    aligned[..., i, ...] = B[..., p[i], ...]        # i.e. B.index_select(axis, p)
+
+so ``p[i]`` is the unit of model B that is placed at position ``i`` (matched to unit ``i``
+of the reference model A). The identity is ``arange(n)``.
+
+Below the model zoo, lmckit only knows parameter dicts (``dict[str, Tensor]``, the keys of
+``model.state_dict()``) and a spec; it never inspects a model class.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import torch
+from torch import Tensor
+
+from lmckit.errors import ParamsError, PermutationError, SpecError
+
+__all__ = [
+    "Params",
+    "Permutation",
+    "PermutationSpec",
+    "check_params_compatible",
+    "group_cost_matrix",
+    "params_distance",
+    "params_inner",
+]
+
+Params = Mapping[str, Tensor]
+"""A parameter dict: ``state_dict()`` keys to tensors (parameters and buffers)."""
+
+Axes = tuple[str | None, ...]
+
+
+@dataclass(frozen=True)
+class PermutationSpec:
+    """Which permutation group acts on which axis of which tensor.
+
+    Args:
+        groups: group name -> number of units it permutes (``n``).
+        axes: parameter name -> one entry per tensor axis: a group name, or ``None`` for an
+            axis no group permutes. Scalars (``num_batches_tracked``) have ``()``. Every
+            tensor of the state_dict must be listed, permuted or not, so that validation can
+            catch a spec that drifted from its model.
+        self_maps: names of tensors allowed to carry one group on two axes: a layer mapping a
+            residual stream onto itself (``h ← h + σ(W h)``, W of shape ``(n, n)`` permuted
+            as ``P W Pᵀ``). Anywhere else a repeated group is almost always a typo, so it is
+            rejected unless declared here.
+
+    Raises:
+        SpecError: a group is used by no axis, has a non-positive size, is named on an axis
+            but not declared, or appears twice on one tensor not listed in ``self_maps``.
+    """
+
+    groups: Mapping[str, int]
+    axes: Mapping[str, Axes]
+    self_maps: frozenset[str] = frozenset()
+    _group_axes: Mapping[str, tuple[tuple[str, int], ...]] = field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        groups = {str(g): int(n) for g, n in self.groups.items()}
+        axes = {str(k): tuple(v) for k, v in self.axes.items()}
+        self_maps = frozenset(self.self_maps)
+        if not self_maps <= set(axes):
+            raise SpecError(f"self_maps names unknown parameters {sorted(self_maps - set(axes))}")
+        for g, n in groups.items():
+            if n < 1:
+                raise SpecError(f"group {g!r} has size {n}; a group must permute at least 1 unit")
+        group_axes: dict[str, list[tuple[str, int]]] = {g: [] for g in groups}
+        for name, ax in axes.items():
+            seen: dict[str, int] = {}
+            for i, g in enumerate(ax):
+                if g is None:
+                    continue
+                if g not in groups:
+                    raise SpecError(
+                        f"parameter {name!r} axis {i} names group {g!r}, which is not declared "
+                        f"in groups (declared: {sorted(groups)})"
+                    )
+                if g in seen and name not in self_maps:
+                    raise SpecError(
+                        f"parameter {name!r} uses group {g!r} twice (axes {seen[g]} and {i}); a "
+                        "group may act on at most one axis of a tensor unless the tensor is "
+                        "declared in self_maps"
+                    )
+                seen[g] = i
+                group_axes[g].append((name, i))
+        unused = [g for g, lst in group_axes.items() if not lst]
+        if unused:
+            raise SpecError(f"groups {unused} act on no axis of any parameter")
+        object.__setattr__(self, "groups", MappingProxyType(groups))
+        object.__setattr__(self, "axes", MappingProxyType(axes))
+        object.__setattr__(self, "self_maps", self_maps)
+        object.__setattr__(
+            self, "_group_axes", MappingProxyType({g: tuple(v) for g, v in group_axes.items()})
+        )
+
+    def group_axes(self, group: str) -> tuple[tuple[str, int], ...]:
+        """The ``(parameter name, axis)`` pairs that ``group`` permutes."""
+        try:
+            return self._group_axes[group]
+        except KeyError:
+            raise SpecError(f"unknown group {group!r}; groups are {list(self.groups)}") from None
+
+    def validate(self, params: Params, *, what: str = "params") -> None:
+        """Check that ``params`` has exactly the spec's tensors with matching shapes.
+
+        Raises:
+            SpecError: naming the unknown or missing parameters, or the first tensor whose
+                number of axes or axis length disagrees with the spec.
+        """
+        missing = [k for k in self.axes if k not in params]
+        unknown = [k for k in params if k not in self.axes]
+        if missing or unknown:
+            parts = []
+            if missing:
+                parts.append(f"missing parameter(s) {_short_list(missing)}")
+            if unknown:
+                parts.append(f"unknown parameter(s) {_short_list(unknown)} not in the spec")
+            raise SpecError(f"{what} do not match the permutation spec: " + "; ".join(parts))
+        for name, ax in self.axes.items():
+            t = params[name]
+            if t.ndim != len(ax):
+                raise SpecError(
+                    f"{what}[{name!r}] has {t.ndim} axes (shape {tuple(t.shape)}) but the spec "
+                    f"lists {len(ax)}: {ax}"
+                )
+            for i, g in enumerate(ax):
+                if g is not None and t.shape[i] != self.groups[g]:
+                    raise SpecError(
+                        f"{what}[{name!r}] axis {i} has length {t.shape[i]} but group {g!r} has "
+                        f"size {self.groups[g]}"
+                    )
+
+    def log10_num_symmetries(self) -> float:
+        """log10 of the number of distinct permutations, ``Σ_g log10(n_g!)`` (exact, by lgamma)."""
+        return sum(math.lgamma(n + 1) for n in self.groups.values()) / math.log(10)
+
+
+def _short_list(items: list[str], limit: int = 6) -> str:
+    shown = ", ".join(repr(x) for x in items[:limit])
+    return f"[{shown}{', ...' if len(items) > limit else ''}] ({len(items)} in all)"
+
+
+class Permutation:
+    """One index vector per group of a :class:`PermutationSpec`.
+
+    ``perm[group]`` is a 1-D ``LongTensor`` ``p`` with ``aligned[..., i, ...] =
+    B[..., p[i], ...]`` (see the module docstring). Instances are immutable in use: methods
+    return new objects and never modify their inputs.
+    """
+
+    __slots__ = ("_perms", "spec")
+
+    def __init__(self, spec: PermutationSpec, perms: Mapping[str, Tensor]) -> None:
+        if set(perms) != set(spec.groups):
+            missing = sorted(set(spec.groups) - set(perms))
+            extra = sorted(set(perms) - set(spec.groups))
+            raise PermutationError(
+                f"permutation groups do not match the spec: missing {missing}, unknown {extra}"
+            )
+        checked: dict[str, Tensor] = {}
+        for g, n in spec.groups.items():
+            p = torch.as_tensor(perms[g])
+            if p.ndim != 1 or p.numel() != n:
+                raise PermutationError(
+                    f"group {g!r}: expected a 1-D index vector of length {n}, got shape "
+                    f"{tuple(p.shape)}"
+                )
+            if p.dtype.is_floating_point or p.dtype.is_complex or p.dtype == torch.bool:
+                raise PermutationError(
+                    f"group {g!r}: index vector has dtype {p.dtype}, not integer"
+                )
+            p = p.to(device="cpu", dtype=torch.long)
+            if not torch.equal(torch.sort(p).values, torch.arange(n)):
+                raise PermutationError(
+                    f"group {g!r}: not a permutation of 0..{n - 1} (repeated or out-of-range "
+                    "indices)"
+                )
+            checked[g] = p
+        self.spec = spec
+        self._perms = MappingProxyType(checked)
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def identity(cls, spec: PermutationSpec) -> Permutation:
+        """The permutation that changes nothing (``arange(n)`` per group)."""
+        return cls(spec, {g: torch.arange(n) for g, n in spec.groups.items()})
+
+    @classmethod
+    def random(
+        cls, spec: PermutationSpec, generator: torch.Generator | int | None = None
+    ) -> Permutation:
+        """A uniformly random permutation per group.
+
+        Args:
+            generator: a CPU ``torch.Generator``, an integer seed, or ``None`` (global RNG).
+                Groups are drawn in the spec's group order, so a seed fixes the result.
+        """
+        if isinstance(generator, int):
+            generator = torch.Generator().manual_seed(generator)
+        return cls(
+            spec, {g: torch.randperm(n, generator=generator) for g, n in spec.groups.items()}
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, list[int]], spec: PermutationSpec) -> Permutation:
+        """Inverse of :meth:`to_dict` (validated against ``spec``)."""
+        if not isinstance(data, Mapping):
+            raise PermutationError(
+                f"expected a mapping group -> list of ints, got {type(data).__name__}"
+            )
+        try:
+            perms = {g: torch.tensor(list(v), dtype=torch.long) for g, v in data.items()}
+        except (TypeError, ValueError) as exc:
+            raise PermutationError(f"permutation data is not lists of integers: {exc}") from None
+        return cls(spec, perms)
+
+    # -- access ----------------------------------------------------------------------------
+    def __getitem__(self, group: str) -> Tensor:
+        return self._perms[group]
+
+    def __iter__(self):
+        return iter(self._perms)
+
+    def __len__(self) -> int:
+        return len(self._perms)
+
+    def items(self):
+        return self._perms.items()
+
+    def to_dict(self) -> dict[str, list[int]]:
+        """JSON-ready ``{group: [indices]}``."""
+        return {g: p.tolist() for g, p in self._perms.items()}
+
+    def replace(self, **groups: Tensor) -> Permutation:
+        """A copy with the given groups' index vectors replaced."""
+        return Permutation(self.spec, {**self._perms, **groups})
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Permutation):
+            return NotImplemented
+        return set(self._perms) == set(other._perms) and all(
+            torch.equal(p, other._perms[g]) for g, p in self._perms.items()
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{g}:{p.numel()}" for g, p in self._perms.items())
+        return f"Permutation({sizes})"
+
+    def is_identity(self) -> bool:
+        return all(torch.equal(p, torch.arange(p.numel())) for p in self._perms.values())
+
+    # -- algebra ---------------------------------------------------------------------------
+    def inverse(self) -> Permutation:
+        """The permutation ``q`` with ``q.apply(self.apply(x)) == x``."""
+        return Permutation(self.spec, {g: torch.argsort(p) for g, p in self._perms.items()})
+
+    def compose(self, inner: Permutation) -> Permutation:
+        """``self ∘ inner``: applying the result equals ``self.apply(inner.apply(x))``.
+
+        With ``inner.apply(x)[j] = x[q[j]]`` and ``self.apply(y)[i] = y[p[i]]`` the composed
+        index vector is ``q[p]``.
+        """
+        if inner.spec.groups != self.spec.groups:
+            raise PermutationError("cannot compose permutations of different specs")
+        return Permutation(self.spec, {g: inner._perms[g][p] for g, p in self._perms.items()})
+
+    # -- action on parameters --------------------------------------------------------------
+    def apply(self, params: Params) -> dict[str, Tensor]:
+        """Permute every tensor of ``params`` (validated against the spec).
+
+        Returns a new dict of new tensors; the inputs are left untouched.
+        """
+        self.spec.validate(params)
+        out: dict[str, Tensor] = {}
+        for name, t in params.items():
+            for axis, g in enumerate(self.spec.axes[name]):
+                if g is not None:
+                    t = t.index_select(axis, self._perms[g].to(t.device))
+            out[name] = t if t is not params[name] else t.clone()
+        return out
+
+
+def check_params_compatible(params_a: Params, params_b: Params) -> None:
+    """Raise :class:`ParamsError` unless both dicts have the same keys, shapes and dtypes."""
+    if set(params_a) != set(params_b):
+        only_a = sorted(set(params_a) - set(params_b))
+        only_b = sorted(set(params_b) - set(params_a))
+        raise ParamsError(
+            f"parameter dicts have different keys: only in A {_short_list(only_a)}, only in B "
+            f"{_short_list(only_b)}"
+        )
+    for k, a in params_a.items():
+        b = params_b[k]
+        if a.shape != b.shape:
+            raise ParamsError(f"{k!r} has shape {tuple(a.shape)} in A but {tuple(b.shape)} in B")
+        if a.dtype != b.dtype:
+            raise ParamsError(f"{k!r} has dtype {a.dtype} in A but {b.dtype} in B")
+
+
+def group_cost_matrix(
+    spec: PermutationSpec,
+    params_a: Params,
+    params_b: Params,
+    perm: Permutation,
+    group: str,
+) -> Tensor:
+    """The weight-matching LAP gain matrix of one group, others held fixed.
+
+    ``C = Σ_{(param, axis) in group} A_(n,-1) @ B̃_(n,-1)ᵀ`` where ``B̃`` is ``B`` with every
+    *other* group of ``perm`` applied and each tensor reshaped with the group's axis first.
+    Maximising ``Σ_i C[i, p[i]]`` over ``p`` gives the best index vector for ``group``
+    (Git Re-Basin Alg. 1). Non-floating tensors (``num_batches_tracked``) are never in a group.
+    For a tensor in ``spec.self_maps`` (the group on two axes) the term of each axis holds the
+    other axis at the current ``perm[group]``: a linearisation, exact once ``perm`` is fixed.
+
+    Returns:
+        ``(n, n)`` tensor on the parameters' device and dtype; rows index A's units, columns
+        B's units.
+    """
+    axes = spec.group_axes(group)
+    n = spec.groups[group]
+    cost: Tensor | None = None
+    for name, axis in axes:
+        a = params_a[name]
+        b = params_b[name]
+        for other_axis, g in enumerate(spec.axes[name]):
+            if g is not None and other_axis != axis:
+                b = b.index_select(other_axis, perm[g].to(b.device))
+        a2 = a.movedim(axis, 0).reshape(n, -1)
+        b2 = b.movedim(axis, 0).reshape(n, -1)
+        term = a2 @ b2.T
+        cost = term if cost is None else cost + term
+    assert cost is not None  # the spec guarantees every group has an axis
+    return cost
+
+
+def _float_items(params_a: Params, params_b: Params):
+    check_params_compatible(params_a, params_b)
+    for k, a in params_a.items():
+        if a.dtype.is_floating_point:
+            yield a, params_b[k]
+
+
+def params_inner(params_a: Params, params_b: Params) -> float:
+    """``Σ_k <A_k, B_k>`` over all floating-point tensors (integer buffers are skipped)."""
+    return float(sum((a.double() * b.double()).sum() for a, b in _float_items(params_a, params_b)))
+
+
+def params_distance(params_a: Params, params_b: Params) -> float:
+    """Euclidean distance ``sqrt(Σ_k ||A_k - B_k||²)`` over all floating-point tensors."""
+    sq = sum(((a.double() - b.double()) ** 2).sum() for a, b in _float_items(params_a, params_b))
+    return math.sqrt(float(sq))

@@ -1,0 +1,31 @@
+import subprocess
+import sys
+
+import pytest
+
+from lmckit.cli import main
+
+
+def test_info_prints_symmetry_counts(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("mlp(784-512-512-512-10)"))
+    assert line.split()[-1] == "3499.62"
+    assert "resnet20(width_multiplier=16)" in out
+
+
+def test_help_and_unknown_command():
+    assert main(["info", "--verbose"]) == 0
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    with pytest.raises(SystemExit) as exc:
+        main(["frobnicate"])
+    assert exc.value.code == 2
+
+
+def test_console_script_runs():
+    out = subprocess.run(
+        [sys.executable, "-m", "lmckit.cli", "--version"], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and out.stdout.startswith("lmckit ")
