@@ -29,3 +29,39 @@ def test_console_script_runs():
         [sys.executable, "-m", "lmckit.cli", "--version"], capture_output=True, text=True
     )
     assert out.returncode == 0 and out.stdout.startswith("lmckit ")
+
+
+def test_train_command_trains_then_skips(tmp_path, capsys):
+    args = [
+        "train",
+        "--model",
+        "mlp",
+        "--dataset",
+        "digits",
+        "--seeds",
+        "0",
+        "1",
+        "--epochs",
+        "2",
+        "--hidden",
+        "32",
+        "32",
+        "--out",
+        str(tmp_path),
+        "-q",
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "seed 0: train acc" in out and "trained in" in out
+    assert (tmp_path / "mlp-digits-seed1.safetensors").exists()
+    assert main(args) == 0
+    assert capsys.readouterr().out.count("exists, skipped") == 2
+
+
+def test_train_command_errors_are_clear(tmp_path, capsys):
+    assert main(["train", "--model", "alexnet", "--dataset", "digits", "--out", str(tmp_path)]) == 2
+    assert "unknown model 'alexnet'" in capsys.readouterr().err
+    assert (
+        main(["train", "--model", "vgg11", "--dataset", "synthetic", "--out", str(tmp_path)]) == 2
+    )
+    assert "needs image data" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""The README's Python examples run as written."""
+"""The README's Python examples run as written (```python blocks; ```py blocks need files
+that a fresh clone does not have and are only illustrative)."""
 
 import re
 from pathlib import Path

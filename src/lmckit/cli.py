@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from lmckit import __version__
 from lmckit.errors import LmcError
@@ -58,6 +59,111 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_bar_factory(desc: str, epochs: int):
+    """``seed -> callback`` that drives one tqdm bar per seed (loss/acc in the postfix)."""
+    from tqdm.auto import tqdm
+
+    def factory(seed: int):
+        bar = None
+
+        def callback(event) -> None:
+            nonlocal bar
+            if bar is None:
+                bar = tqdm(
+                    total=epochs * event.steps_per_epoch,
+                    desc=f"{desc} seed {seed}",
+                    unit="step",
+                    dynamic_ncols=True,
+                    leave=True,
+                    mininterval=0.1 if sys.stderr.isatty() else 10.0,
+                )
+            if event.epoch_done is None:
+                bar.update(1)
+                if event.step % 10 == 0:
+                    bar.set_postfix(
+                        epoch=event.epoch + 1,
+                        loss=f"{event.loss:.3f}",
+                        acc=f"{event.accuracy:.3f}",
+                        refresh=False,
+                    )
+            else:
+                done = event.epoch_done
+                bar.set_postfix(
+                    epoch=done.epoch,
+                    loss=f"{done.train_loss:.3f}",
+                    test_acc=f"{done.test_accuracy:.3f}",
+                )
+                if done.epoch == epochs:
+                    bar.close()
+
+        return callback
+
+    return factory
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from lmckit.experiments.training import load_for_model, model_config_for, train_seeds
+    from lmckit.train import TrainConfig
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data = load_for_model(args.model, args.dataset, args.data_dir, download=not args.no_download)
+    print(
+        f"dataset {data.name}: {len(data.train_x)} train / {len(data.test_x)} test, input "
+        f"{data.input_shape}, {data.num_classes} classes (from {data.source})"
+    )
+    model_cfg = model_config_for(
+        args.model,
+        data,
+        width_multiplier=args.width_multiplier,
+        hidden=args.hidden,
+        norm="default" if args.norm is None else (None if args.norm == "none" else args.norm),
+        skip=args.skip,
+    )
+    overrides = {
+        k: v
+        for k, v in {
+            "epochs": args.epochs,
+            "lr": args.lr,
+            "optimizer": args.optimizer,
+            "batch_size": args.batch_size,
+            "weight_decay": args.weight_decay,
+            "schedule": args.schedule,
+            "warmup_epochs": args.warmup_epochs,
+            "momentum": args.momentum,
+            "label_smoothing": args.label_smoothing,
+            "augment": args.augment,
+        }.items()
+        if v is not None
+    }
+    config = TrainConfig.paper_defaults(args.model, data.name, **overrides)
+
+    def report(outcome) -> None:
+        m = outcome.metrics
+        state = "exists, skipped" if outcome.skipped else f"trained in {outcome.seconds:.1f}s"
+        print(
+            f"seed {outcome.seed}: train acc {m.get('train_accuracy', float('nan')):.4f}, "
+            f"test acc {m.get('test_accuracy', float('nan')):.4f}, test loss "
+            f"{m.get('test_loss', float('nan')):.4f} ({state}) -> {outcome.path}",
+            flush=True,
+        )
+
+    train_seeds(
+        args.model,
+        model_cfg,
+        data,
+        config,
+        args.seeds,
+        args.out,
+        progress=None if args.quiet else _progress_bar_factory(args.model, config.epochs),
+        on_seed_done=report,
+        device=args.device,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lmckit",
@@ -70,6 +176,53 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="list the model zoo with group sizes and symmetry counts")
     p.add_argument("-v", "--verbose", action="store_true", help="also list every group")
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser(
+        "train",
+        help="train one model per seed into a folder of checkpoints (resumable)",
+        description="Train a zoo model once per seed. Finished seeds are skipped, so an "
+        "interrupted run resumes by running the same command again. Unset options take the "
+        "papers' recipe for the model (MLP: Adam 1e-3, batch 512; conv nets: SGD 0.4 with "
+        "Nesterov momentum, weight decay 5e-4, batch 500, warm-up + linear decay).",
+    )
+    p.add_argument("--model", required=True, help="mlp, vgg11, vgg16 or resnet20")
+    p.add_argument(
+        "--dataset",
+        default="fashion-mnist",
+        help="fashion-mnist, mnist, cifar10, cifar100, digits or synthetic",
+    )
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="one model per seed")
+    p.add_argument("--out", required=True, type=Path, help="folder for the checkpoints")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--width-multiplier", type=float, default=1.0)
+    p.add_argument("--hidden", type=int, nargs="+", help="MLP hidden widths (default 3×512·k)")
+    p.add_argument(
+        "--norm",
+        choices=["none", "batch", "layer"],
+        default=None,
+        help="normalisation layers (default: none for MLP, batch for conv nets)",
+    )
+    p.add_argument("--skip", action="store_true", help="MLP with residual connections")
+    p.add_argument("--optimizer", choices=["adam", "adamw", "sgd"])
+    p.add_argument("--lr", type=float)
+    p.add_argument("--momentum", type=float)
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--schedule", choices=["constant", "warmup_linear"])
+    p.add_argument("--warmup-epochs", type=float)
+    p.add_argument("--label-smoothing", type=float)
+    p.add_argument(
+        "--augment",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="random crop + flip (default: on for CIFAR)",
+    )
+    p.add_argument("--data-dir", type=Path, help="where the dataset files are")
+    p.add_argument("--no-download", action="store_true", help="never download datasets")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_train)
     return parser
 
 

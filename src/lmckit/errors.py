@@ -26,3 +26,19 @@ class ParamsError(LmcError, ValueError):
 
 class ModelConfigError(LmcError, ValueError):
     """A model name or configuration is invalid."""
+
+
+class DataError(LmcError, ValueError):
+    """A dataset file is missing, unreadable, corrupted or of the wrong format."""
+
+
+class DatasetNotFoundError(DataError, FileNotFoundError):
+    """A dataset was not found in any of the places lmckit looks."""
+
+
+class CheckpointError(LmcError, ValueError):
+    """A checkpoint or foreign weights file is unreadable, unsafe or does not fit its model."""
+
+
+class TrainConfigError(LmcError, ValueError):
+    """A training configuration is invalid."""

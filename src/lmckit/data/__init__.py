@@ -1,0 +1,38 @@
+"""Datasets (IDX, CIFAR, digits, synthetic), loaders and the papers' splits."""
+
+from lmckit.data.cifar import read_cifar_batch, write_cifar_batch
+from lmckit.data.datasets import (
+    DATASETS,
+    Dataset,
+    canonical_name,
+    fashion_mnist_available,
+    load_dataset,
+    make_synthetic,
+)
+from lmckit.data.idx import read_idx, write_idx
+from lmckit.data.loaders import TensorLoader, random_crop_flip
+from lmckit.data.splits import (
+    class_imbalanced_split,
+    holdout_split,
+    random_partition,
+    random_subset,
+)
+
+__all__ = [
+    "DATASETS",
+    "Dataset",
+    "TensorLoader",
+    "canonical_name",
+    "class_imbalanced_split",
+    "fashion_mnist_available",
+    "holdout_split",
+    "load_dataset",
+    "make_synthetic",
+    "random_crop_flip",
+    "random_partition",
+    "random_subset",
+    "read_cifar_batch",
+    "read_idx",
+    "write_cifar_batch",
+    "write_idx",
+]

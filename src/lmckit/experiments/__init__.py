@@ -1,0 +1,1 @@
+"""Resumable runs built from the library's functions."""

@@ -1,0 +1,270 @@
+"""Training any zoo model from a configuration dataclass.
+
+``train`` never prints: it reports progress through an optional callback (the CLI turns it
+into a progress bar) and returns the per-epoch history. On CPU, the same model
+initialisation, data and ``TrainConfig`` (whose ``seed`` fixes the data order and the
+augmentation draws) give bit-identical weights.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmckit.data.datasets import Dataset
+from lmckit.errors import TrainConfigError
+from lmckit.metrics import Metrics, evaluate
+from lmckit.models import build_model
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+SCHEDULES = ("constant", "warmup_linear")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train.
+
+    Attributes:
+        epochs: passes over the training set.
+        batch_size: examples per step (the last incomplete batch is dropped).
+        optimizer: ``"adam"`` (L2 via ``weight_decay``), ``"adamw"`` or ``"sgd"``.
+        lr: peak learning rate.
+        momentum, nesterov: SGD only.
+        weight_decay: L2 penalty (decoupled for AdamW).
+        schedule: ``"constant"`` or ``"warmup_linear"``: linear warm-up from 0 to ``lr`` over
+            ``warmup_epochs``, then linear decay to 0 at the end of training — STE-MM
+            appendix B's ``np.interp(t, [0, 5, epochs], [0, 1, 0])``, applied per step.
+        warmup_epochs: length of the warm-up; ``None`` means 5 epochs, or a fifth of the run
+            when that is shorter.
+        label_smoothing: cross-entropy label smoothing (off by default).
+        augment: random crop + horizontal flip (image datasets only).
+        seed: data order and augmentation; :func:`init_model` uses it for the initialisation.
+    """
+
+    epochs: int = 10
+    batch_size: int = 512
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    schedule: str = "constant"
+    warmup_epochs: float | None = None
+    label_smoothing: float = 0.0
+    augment: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise TrainConfigError(f"epochs must be ≥ 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise TrainConfigError(f"batch_size must be ≥ 1, got {self.batch_size}")
+        if self.optimizer not in OPTIMIZERS:
+            raise TrainConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.schedule not in SCHEDULES:
+            raise TrainConfigError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise TrainConfigError(f"lr must be a positive number, got {self.lr}")
+        if self.weight_decay < 0 or not 0 <= self.label_smoothing < 1:
+            raise TrainConfigError("weight_decay must be ≥ 0 and label_smoothing in [0, 1)")
+        if self.warmup_epochs is not None and not 0 <= self.warmup_epochs < self.epochs:
+            raise TrainConfigError(
+                f"warmup_epochs must be in [0, epochs={self.epochs}), got {self.warmup_epochs}"
+            )
+
+    def effective_warmup_epochs(self) -> float:
+        if self.warmup_epochs is not None:
+            return float(self.warmup_epochs)
+        return min(5.0, self.epochs / 5)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise TrainConfigError(f"unknown training option(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+    @classmethod
+    def paper_defaults(cls, model_name: str, dataset: str, **overrides: Any) -> TrainConfig:
+        """The papers' recipes: MLPs with Adam 1e-3, batch 512, no schedule (Git Re-Basin,
+        STE-MM B.1); conv nets with SGD(0.9, Nesterov) lr 0.4, weight decay 5e-4, batch 500,
+        warm-up + linear decay, and crop/flip augmentation on CIFAR (STE-MM B.1)."""
+        if model_name.lower().startswith("mlp"):
+            base: dict[str, Any] = dict(optimizer="adam", lr=1e-3, batch_size=512)
+        else:
+            base = dict(
+                optimizer="sgd",
+                lr=0.4,
+                momentum=0.9,
+                nesterov=True,
+                weight_decay=5e-4,
+                batch_size=500,
+                schedule="warmup_linear",
+                augment=dataset.startswith("cifar"),
+            )
+        return cls(**{**base, **overrides})
+
+
+def lr_factor(config: TrainConfig, step: int, steps_per_epoch: int) -> float:
+    """Multiplier of ``config.lr`` at optimisation ``step`` (0-based)."""
+    if config.schedule == "constant":
+        return 1.0
+    total = config.epochs * steps_per_epoch
+    warm = config.effective_warmup_epochs() * steps_per_epoch
+    t = step + 1  # so that the first step does not run at learning rate 0
+    if t <= warm:
+        return t / warm
+    return max(0.0, (total - t) / max(total - warm, 1)) if total > warm else 1.0
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    epoch: int
+    lr: float
+    train_loss: float
+    train_accuracy: float
+    seconds: float
+    test_loss: float | None = None
+    test_accuracy: float | None = None
+
+
+@dataclass(frozen=True)
+class TrainProgress:
+    """What the progress callback receives after every step."""
+
+    epoch: int
+    step: int
+    steps_per_epoch: int
+    loss: float
+    accuracy: float
+    lr: float
+    epoch_done: EpochStats | None = None
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    history: list[EpochStats]
+    train: Metrics
+    test: Metrics
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def metrics_dict(self) -> dict[str, float]:
+        return {
+            "train_loss": self.train.loss,
+            "train_accuracy": self.train.accuracy,
+            "test_loss": self.test.loss,
+            "test_accuracy": self.test.accuracy,
+        }
+
+
+def init_model(name: str, config: Mapping[str, Any], seed: int) -> nn.Module:
+    """Build a zoo model with its initialisation fixed by ``seed`` (global RNG untouched)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_model(name, **config)
+
+
+def _make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    params = model.parameters()
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(
+            params,
+            lr=config.lr,
+            momentum=config.momentum,
+            nesterov=config.nesterov,
+            weight_decay=config.weight_decay,
+        )
+    cls = torch.optim.Adam if config.optimizer == "adam" else torch.optim.AdamW
+    return cls(params, lr=config.lr, weight_decay=config.weight_decay)
+
+
+def train(
+    model: nn.Module,
+    data: Dataset,
+    config: TrainConfig,
+    *,
+    progress: Callable[[TrainProgress], None] | None = None,
+    evaluate_each_epoch: bool = True,
+    eval_batch_size: int = 1000,
+) -> TrainResult:
+    """Train ``model`` in place on ``data.train_*``; returns history and final metrics.
+
+    Final metrics are computed in eval mode on the full train and test sets. Training stops
+    with an error if the loss becomes non-finite (diverged learning rate).
+    """
+    device = next(model.parameters()).device
+    loader = data.loader(
+        "train",
+        batch_size=config.batch_size,
+        shuffle=True,
+        seed=config.seed,
+        augment=config.augment,
+        drop_last=len(data.train_x) >= config.batch_size,
+        device=device,
+    )
+    test_loader = data.loader("test", batch_size=eval_batch_size, device=device)
+    steps = len(loader)
+    optimizer = _make_optimizer(model, config)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(config, step, steps)
+    )
+    history: list[EpochStats] = []
+    start = time.perf_counter()
+    for epoch in range(config.epochs):
+        model.train()
+        loader.set_epoch(epoch)
+        t0 = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        correct = torch.zeros((), device=device, dtype=torch.long)
+        seen = 0
+        for step, (x, y) in enumerate(loader):
+            lr = optimizer.param_groups[0]["lr"]
+            logits = model(x)
+            loss = F.cross_entropy(logits, y, label_smoothing=config.label_smoothing)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            loss_sum += loss.detach() * len(y)
+            correct += (logits.detach().argmax(1) == y).sum()
+            seen += len(y)
+            if progress is not None:
+                progress(TrainProgress(epoch, step, steps, loss.item(), correct.item() / seen, lr))
+        train_loss = loss_sum.item() / seen
+        if not math.isfinite(train_loss):
+            raise TrainConfigError(
+                f"training diverged in epoch {epoch + 1} (loss {train_loss}); lower the "
+                f"learning rate (lr={config.lr})"
+            )
+        test = evaluate(model, test_loader) if evaluate_each_epoch else None
+        stats = EpochStats(
+            epoch=epoch + 1,
+            lr=lr,
+            train_loss=train_loss,
+            train_accuracy=correct.item() / seen,
+            seconds=time.perf_counter() - t0,
+            test_loss=test.loss if test else None,
+            test_accuracy=test.accuracy if test else None,
+        )
+        history.append(stats)
+        if progress is not None:
+            progress(
+                TrainProgress(epoch, steps - 1, steps, train_loss, stats.train_accuracy, lr, stats)
+            )
+    train_eval = evaluate(
+        model, data.loader("train", batch_size=eval_batch_size, shuffle=False, device=device)
+    )
+    test_eval = evaluate(model, test_loader)
+    return TrainResult(history, train_eval, test_eval, time.perf_counter() - start)

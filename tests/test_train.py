@@ -1,0 +1,112 @@
+"""Training: configuration checks, schedules, learning, determinism."""
+
+import itertools
+
+import pytest
+import torch
+
+from lmckit.data import load_dataset
+from lmckit.errors import TrainConfigError
+from lmckit.train import TrainConfig, init_model, lr_factor, train
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return load_dataset("synthetic")
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"epochs": 0}, "epochs must be"),
+        ({"optimizer": "rmsprop"}, "optimizer must be one of"),
+        ({"schedule": "cosine"}, "schedule must be one of"),
+        ({"lr": float("nan")}, "lr must be a positive"),
+        ({"epochs": 3, "warmup_epochs": 3}, "warmup_epochs must be in"),
+        ({"label_smoothing": 1.0}, "label_smoothing"),
+    ],
+)
+def test_config_validation(options, message):
+    with pytest.raises(TrainConfigError, match=message):
+        TrainConfig(**options)
+    with pytest.raises(TrainConfigError, match="unknown training option"):
+        TrainConfig.from_dict({"epochs": 2, "lr_decay": 0.1})
+
+
+def test_warmup_linear_schedule_matches_stemm_appendix():
+    cfg = TrainConfig(epochs=20, schedule="warmup_linear")  # warm-up 4 epochs (a fifth)
+    steps = 10
+    f = [lr_factor(cfg, s, steps) for s in range(200)]
+    assert f[0] == pytest.approx(1 / 40) and f[39] == pytest.approx(1.0)
+    assert max(f) == pytest.approx(1.0) and f[-1] == pytest.approx(0.0)
+    assert all(a <= b for a, b in itertools.pairwise(f[:40]))
+    assert all(a >= b for a, b in itertools.pairwise(f[39:]))
+    long = TrainConfig(epochs=100, schedule="warmup_linear")
+    assert long.effective_warmup_epochs() == 5.0  # np.interp(t, [0, 5, epochs], [0, 1, 0])
+    assert lr_factor(TrainConfig(), 123, 10) == 1.0
+
+
+def test_mlp_learns_synthetic_data_and_reports_progress(synthetic):
+    events = []
+    model = init_model("mlp", {"in_dim": 32, "hidden": [64, 64], "out_dim": 4}, seed=0)
+    cfg = TrainConfig(epochs=3, batch_size=128, lr=3e-3)
+    result = train(model, synthetic, cfg, progress=events.append)
+    assert len(result.history) == 3 and result.history[-1].test_accuracy is not None
+    assert result.test.accuracy > 0.9 and result.train.count == 4000
+    assert result.history[-1].train_loss < result.history[0].train_loss
+    assert sum(e.epoch_done is not None for e in events) == 3
+    assert len(events) == 3 * (4000 // 128) + 3
+
+
+def state_equal(a, b):
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "train_options"),
+    [
+        ("mlp", {"in_dim": 64, "hidden": [32, 32], "norm": "batch"}, {"optimizer": "adam"}),
+        (
+            "resnet20",
+            {"width_multiplier": 0.5, "in_channels": 1},
+            {
+                "optimizer": "sgd",
+                "lr": 0.05,
+                "nesterov": True,
+                "weight_decay": 5e-4,
+                "schedule": "warmup_linear",
+                "augment": True,
+            },
+        ),
+    ],
+)
+def test_same_seed_gives_bit_identical_weights(digits, name, config, train_options):
+    cfg = TrainConfig(epochs=2, batch_size=128, seed=3, **train_options)
+    runs = []
+    for _ in range(2):
+        model = init_model(name, config, seed=3)
+        train(model, digits, cfg, evaluate_each_epoch=False)
+        runs.append(model.state_dict())
+    assert state_equal(runs[0], runs[1])
+    other = init_model(name, config, seed=4)
+    train(other, digits, TrainConfig(epochs=2, batch_size=128, seed=4, **train_options))
+    assert not state_equal(runs[0], other.state_dict())
+
+
+def test_init_model_leaves_global_rng_alone():
+    torch.manual_seed(11)
+    expected = torch.rand(3)
+    torch.manual_seed(11)
+    init_model("mlp", {"in_dim": 4, "hidden": [3], "out_dim": 2}, seed=0)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_divergence_is_an_error(synthetic):
+    model = init_model("mlp", {"in_dim": 32, "hidden": [64], "out_dim": 4}, seed=0)
+    with pytest.raises(TrainConfigError, match="diverged"):
+        train(model, synthetic, TrainConfig(epochs=1, optimizer="sgd", lr=1e12, momentum=0.9))
