@@ -1,6 +1,7 @@
 """Checkpoints: round trip, atomic resumable runs, refusal of unsafe or broken files."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -39,6 +40,9 @@ def test_round_trip_rebuilds_model_and_outputs(tmp_path):
     assert set(ckpt.params) == set(model.state_dict())
     assert ckpt.spec.groups == {f"conv{i}": c.out_channels for i, c in enumerate(model.convs)}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "a.safetensors"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's private 0o600
 
 
 def test_broken_checkpoints_are_refused_with_reasons(tmp_path):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from lmckit import __version__
+from lmckit._io import atomic_path, atomic_write_json
 from lmckit.errors import CheckpointError, LmcError
 from lmckit.models import build_model, model_config, permutation_spec
 from lmckit.perm import PermutationSpec
@@ -42,26 +42,6 @@ def checkpoint_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     return stem.with_suffix(".safetensors"), stem.with_suffix(".json")
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
-
-
 def save_checkpoint(
     path: str | os.PathLike, model: nn.Module, meta: Mapping[str, Any] | None = None
 ) -> Path:
@@ -72,15 +52,8 @@ def save_checkpoint(
     """
     weights, sidecar = checkpoint_paths(path)
     tensors = {k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}
-    weights.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=weights.parent, prefix=f".{weights.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(weights) as tmp:
         save_file(tensors, tmp, metadata={"format": FORMAT})
-        os.replace(tmp, weights)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     info = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

@@ -6,11 +6,11 @@ import hashlib
 import os
 import shutil
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from lmckit._io import atomic_path
 from lmckit.errors import DataError
 
 TIMEOUT_S = 60
@@ -22,6 +22,10 @@ def file_md5(path: str | os.PathLike) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+class _ChecksumMismatch(Exception):
+    pass
 
 
 def download(urls: list[str], dest: str | os.PathLike, md5: str) -> Path:
@@ -39,21 +43,18 @@ def download(urls: list[str], dest: str | os.PathLike, md5: str) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     failures = []
     for url in urls:
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
         try:
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:
-                shutil.copyfileobj(resp, out)
-            got = file_md5(tmp)
-            if got != md5:
-                failures.append(f"{url}: checksum mismatch (md5 {got}, expected {md5})")
-                continue
-            os.replace(tmp, dest)
+            with atomic_path(dest) as tmp:
+                with open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:
+                    shutil.copyfileobj(resp, out)
+                got = file_md5(tmp)
+                if got != md5:
+                    raise _ChecksumMismatch(f"checksum mismatch (md5 {got}, expected {md5})")
             return dest
+        except _ChecksumMismatch as exc:
+            failures.append(f"{url}: {exc}")
         except (urllib.error.URLError, OSError, ValueError) as exc:
             failures.append(f"{url}: {getattr(exc, 'reason', None) or exc}")
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
     raise DataError(f"could not download {dest.name}:\n  " + "\n  ".join(failures))
 
 
