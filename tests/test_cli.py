@@ -65,3 +65,42 @@ def test_train_command_errors_are_clear(tmp_path, capsys):
         main(["train", "--model", "vgg11", "--dataset", "synthetic", "--out", str(tmp_path)]) == 2
     )
     assert "needs image data" in capsys.readouterr().err
+
+
+def test_match_command_writes_a_loadable_permutation(tmp_path, capsys):
+    from lmckit.checkpoint import load_checkpoint
+    from lmckit.experiments.matching import load_permutation
+    from lmckit.perm import params_distance
+
+    train = [
+        "train",
+        "--model",
+        "mlp",
+        "--dataset",
+        "digits",
+        "--seeds",
+        "0",
+        "1",
+        "--epochs",
+        "1",
+        "--hidden",
+        "32",
+        "32",
+        "--out",
+        str(tmp_path),
+        "-q",
+    ]
+    assert main(train) == 0
+    a, b = (tmp_path / f"mlp-digits-seed{s}.safetensors" for s in (0, 1))
+    for method in ("wm", "wm-fast", "am", "ste", "sinkhorn"):
+        out = tmp_path / f"{method}.json"
+        assert main(["match", str(a), str(b), "--method", method, "--out", str(out)]) == 0
+        printed = capsys.readouterr().out
+        assert "L2 distance" in printed
+        ca, cb = load_checkpoint(a), load_checkpoint(b)
+        perm = load_permutation(out, ca.spec)
+        assert params_distance(ca.params, perm.apply(cb.params)) < params_distance(
+            ca.params, cb.params
+        )
+    assert main(["match", str(a), str(tmp_path / "nope.safetensors")]) == 2
+    assert "not found" in capsys.readouterr().err

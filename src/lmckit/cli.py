@@ -164,6 +164,43 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_for_checkpoint(ckpt, dataset: str | None, data_dir, no_download: bool):
+    from lmckit.experiments.training import load_for_model
+
+    name = dataset or ckpt.meta.get("dataset")
+    if not name:
+        raise LmcError(f"{ckpt.path} does not record its dataset; pass --dataset")
+    return load_for_model(ckpt.meta["model"]["name"], name, data_dir, download=not no_download)
+
+
+def cmd_match(args: argparse.Namespace) -> int:
+    from lmckit.checkpoint import load_checkpoint
+    from lmckit.experiments.matching import NEEDS_DATA, match_checkpoints, save_match
+
+    a, b = load_checkpoint(args.a), load_checkpoint(args.b)
+    data = None
+    if args.method in NEEDS_DATA and args.method != "sinkhorn":
+        data = _data_for_checkpoint(a, args.dataset, args.data_dir, args.no_download)
+    result = match_checkpoints(
+        a,
+        b,
+        args.method,
+        data,
+        seed=args.seed,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+    )
+    save_match(args.out, result, a=str(a.path), b=str(b.path))
+    objective = f"{result.history[-1]:.6g}" if result.history else "n/a"
+    print(f"method        {result.method}")
+    print(f"objective     {objective}   ({result.iterations} iterations)")
+    print(f"L2 distance   {result.distance_before:.4f} -> {result.distance_after:.4f}")
+    print(f"time          {result.seconds:.2f} s")
+    print(f"permutation   -> {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lmckit",
@@ -223,6 +260,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser(
+        "match",
+        help="find the permutation of checkpoint B that aligns it to checkpoint A",
+        description="Methods: wm (weight matching, cold LAPs), wm-fast (weight matching with "
+        "dual warm starts), am (activation matching), ste (straight-through estimator), "
+        "sinkhorn (Sinkhorn re-basin on the weight distance).",
+    )
+    p.add_argument("a", type=Path, help="reference checkpoint (.safetensors)")
+    p.add_argument("b", type=Path, help="checkpoint to permute")
+    p.add_argument(
+        "--method", choices=["wm", "wm-fast", "am", "ste", "sinkhorn"], default="wm-fast"
+    )
+    p.add_argument("--out", type=Path, default=Path("perm.json"))
+    p.add_argument("--dataset", help="data for am/ste (default: the checkpoint's dataset)")
+    p.add_argument("--data-dir", type=Path)
+    p.add_argument("--no-download", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=1, help="STE epochs")
+    p.add_argument("--lr", type=float, help="STE (1e-3) / Sinkhorn (0.1) learning rate")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.set_defaults(func=cmd_match)
     return parser
 
 

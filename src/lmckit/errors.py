@@ -42,3 +42,7 @@ class CheckpointError(LmcError, ValueError):
 
 class TrainConfigError(LmcError, ValueError):
     """A training configuration is invalid."""
+
+
+class LapError(LmcError, ValueError):
+    """An assignment problem is malformed (not square, not finite)."""

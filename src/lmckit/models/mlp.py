@@ -68,6 +68,9 @@ class MLP(nn.Module):
         norms = [make_norm(norm, h, conv=False) for h in hidden]
         self.norms = nn.ModuleList(norms) if norm is not None else None
         self.skip = skip
+        # Identity taps mark each hidden representation for activation matching; they hold
+        # no state, so the state_dict is unchanged.
+        self.taps = nn.ModuleList(nn.Identity() for _ in hidden)
 
     def forward(self, x: Tensor) -> Tensor:
         h = x.flatten(1)
@@ -76,8 +79,15 @@ class MLP(nn.Module):
             if self.norms is not None:
                 z = self.norms[i](z)
             z = F.relu(z)
-            h = h + z if self.skip and i > 0 else z
+            h = self.taps[i](h + z if self.skip and i > 0 else z)
         return self.layers[-1](h)
+
+    def activation_taps(self) -> dict[str, list[str]]:
+        """Group -> modules whose outputs ``(N, n)`` are that group's post-ReLU units."""
+        spec_groups = list(self.permutation_spec().groups)
+        if self.skip:
+            return {spec_groups[0]: [f"taps.{i}" for i in range(len(self.taps))]}
+        return {g: [f"taps.{i}"] for i, g in enumerate(spec_groups)}
 
     def permutation_spec(self) -> PermutationSpec:
         b = SpecBuilder()

@@ -30,11 +30,13 @@ class BasicBlock(nn.Module):
                 nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False),
                 make_norm(norm, c_out, conv=True),
             )
+        self.tap_inner = nn.Identity()  # activation-matching taps; no state
+        self.tap_out = nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.relu(self.norm1(self.conv1(x)))
+        h = self.tap_inner(F.relu(self.norm1(self.conv1(x))))
         h = self.norm2(self.conv2(h))
-        return F.relu(h + (x if self.shortcut is None else self.shortcut(x)))
+        return self.tap_out(F.relu(h + (x if self.shortcut is None else self.shortcut(x))))
 
 
 class ResNet20(nn.Module):
@@ -85,13 +87,25 @@ class ResNet20(nn.Module):
             stages.append(nn.Sequential(*blocks))
         self.stages = nn.Sequential(*stages)
         self.fc = nn.Linear(c_in, num_classes)
+        self.tap_stem = nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim != 4:
             raise ValueError(f"ResNet20 expects (N, C, H, W) images, got shape {tuple(x.shape)}")
-        x = F.relu(self.norm1(self.conv1(x)))
+        x = self.tap_stem(F.relu(self.norm1(self.conv1(x))))
         x = self.stages(x)
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+    def activation_taps(self) -> dict[str, list[str]]:
+        """Group -> modules whose outputs are its post-ReLU channels: a block interior has one
+        tap; a residual stream has every point where the stream is materialised (the stem for
+        stage 0 and each block's output), whose statistics activation matching sums."""
+        taps: dict[str, list[str]] = {"stage0": ["tap_stem"]}
+        for s, stage in enumerate(self.stages):
+            for k in range(len(stage)):
+                taps[f"stage{s}.block{k}"] = [f"stages.{s}.{k}.tap_inner"]
+                taps.setdefault(f"stage{s}", []).append(f"stages.{s}.{k}.tap_out")
+        return taps
 
     def permutation_spec(self) -> PermutationSpec:
         b = SpecBuilder()

@@ -70,6 +70,7 @@ class VGG(nn.Module):
         self.convs = nn.ModuleList(convs)
         self.norms = nn.ModuleList(norms) if norm is not None else None
         self.classifier = nn.Linear(c_in, num_classes)
+        self.taps = nn.ModuleList(nn.Identity() for _ in convs)  # post-ReLU, for matching
 
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim != 4 or min(x.shape[-2:]) < 32:
@@ -84,9 +85,13 @@ class VGG(nn.Module):
             x = self.convs[step](x)
             if self.norms is not None:
                 x = self.norms[step](x)
-            x = F.relu(x)
+            x = self.taps[step](F.relu(x))
         x = F.adaptive_avg_pool2d(x, 1).flatten(1)
         return self.classifier(x)
+
+    def activation_taps(self) -> dict[str, list[str]]:
+        """Group -> modules whose outputs ``(N, C, H, W)`` are that conv's post-ReLU channels."""
+        return {f"conv{i}": [f"taps.{i}"] for i in range(len(self.convs))}
 
     def permutation_spec(self) -> PermutationSpec:
         b = SpecBuilder()

@@ -1,0 +1,121 @@
+"""Linear assignment with dual variables and dual warm starts.
+
+One entry point, :func:`solve_lap`, over the compiled Jonker–Volgenant solver of the PyPI
+package ``lapjv`` (which returns the dual variables ``u, v``), with
+``scipy.optimize.linear_sum_assignment`` as reference and fallback.
+
+Warm start (STE-MM, Alg. 3): given duals ``(u, v)`` of a previous, similar problem, solve
+the reduced problem ``C' = C − u1ᵀ − 1vᵀ`` — which has the same optimal assignment — and
+return ``(u + u', v + v')``. When the duals are still nearly optimal, ``C'`` is almost
+solved already and Jonker–Volgenant finishes in a fraction of a cold solve.
+
+Two traps, measured on this machine and handled here:
+
+* ``lapjv`` computes in float32 unless ``force_doubles=True``; we always pass float64.
+* Cold Jonker–Volgenant can be pathologically slow on cost matrices with strong row/column
+  structure, as weight-matching gains are (a rank-one-dominated 4096×4096 matrix: 149 s,
+  against 25 s for SciPy and 7.7 s for JV started from reduced costs). A solve without
+  duals therefore starts from the row-then-column reduction duals
+  ``u = minᵢ C, v = minⱼ (C − u)``.
+
+Duals always refer to the *minimisation* form: ``C_min = −C`` when ``maximize=True``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import Tensor
+
+from lmckit.errors import LapError
+
+try:  # pragma: no branch
+    import lapjv as _lapjv
+except ImportError:  # pragma: no cover - lapjv is a dependency; scipy still solves exactly
+    _lapjv = None
+
+BACKENDS = ("lapjv", "scipy")
+
+
+@dataclass(frozen=True)
+class LapDuals:
+    """Dual variables of ``min Σ C_min[i, p[i]]``: row duals ``u`` and column duals ``v``
+    (float64 arrays of length n) with ``C_min − u1ᵀ − 1vᵀ ≥ 0`` at optimality.
+
+    ``exact`` is False when they are only a warm-start guess (the SciPy backend returns no
+    duals, so it hands back the ones it was given); they still warm-start correctly."""
+
+    u: np.ndarray
+    v: np.ndarray
+    exact: bool = True
+
+
+def _as_cost(cost: Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(cost, Tensor):
+        cost = cost.detach().to("cpu", torch.float64).numpy()
+    c = np.asarray(cost, dtype=np.float64)
+    if c.ndim != 2 or c.shape[0] != c.shape[1] or c.shape[0] == 0:
+        raise LapError(f"cost matrix must be square and non-empty, got shape {c.shape}")
+    if not np.isfinite(c).all():
+        bad = int((~np.isfinite(c)).sum())
+        raise LapError(f"cost matrix has {bad} non-finite entries (NaN or ±inf)")
+    return c
+
+
+def reduction_duals(c_min: np.ndarray) -> LapDuals:
+    """Row-then-column reduction: ``u = row minima``, ``v = column minima of C − u``."""
+    u = c_min.min(axis=1)
+    v = (c_min - u[:, None]).min(axis=0)
+    return LapDuals(u, v, exact=False)
+
+
+def solve_lap(
+    cost: Tensor | np.ndarray,
+    maximize: bool = True,
+    duals: LapDuals | None = None,
+    *,
+    backend: str = "lapjv",
+) -> tuple[Tensor, LapDuals]:
+    """Solve ``max (or min) Σ_i cost[i, p[i]]`` over permutations ``p``.
+
+    Args:
+        cost: ``(n, n)`` matrix (tensor or array; copied to CPU float64).
+        maximize: maximise (weight matching's gains) or minimise.
+        duals: duals of a similar earlier problem (minimisation form) to warm-start from.
+        backend: ``"lapjv"`` (default; exact duals) or ``"scipy"`` (reference).
+
+    Returns:
+        ``(p, duals)``: ``p`` a CPU ``LongTensor`` with ``p[i]`` the column assigned to row
+        ``i`` — with rows indexing model A's units and columns model B's, exactly lmckit's
+        permutation convention — and the new duals for the next warm start.
+
+    Raises:
+        LapError: non-square, empty or non-finite cost; duals of the wrong length.
+    """
+    c_min = _as_cost(cost)
+    if maximize:
+        c_min = -c_min
+    n = c_min.shape[0]
+    if duals is None:
+        duals = reduction_duals(c_min)
+    elif duals.u.shape != (n,) or duals.v.shape != (n,):
+        raise LapError(f"duals have lengths {duals.u.shape}, {duals.v.shape}; the cost is {n}×{n}")
+    if backend == "scipy" or _lapjv is None:
+        if backend not in BACKENDS:
+            raise LapError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        _, cols = linear_sum_assignment(c_min)
+        return torch.from_numpy(cols.astype(np.int64)), LapDuals(duals.u, duals.v, exact=False)
+    if backend != "lapjv":
+        raise LapError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    reduced = c_min - duals.u[:, None] - duals.v[None, :]
+    if n == 1:
+        return torch.zeros(1, dtype=torch.long), LapDuals(duals.u + reduced[0], duals.v.copy())
+    cols, _, (_, du, dv) = _lapjv.lapjv(reduced, force_doubles=True)
+    perm = cols.astype(np.int64)
+    if np.bincount(perm, minlength=n).max() != 1:  # never seen; do not trust a broken answer
+        _, cols = linear_sum_assignment(c_min)
+        return torch.from_numpy(cols.astype(np.int64)), LapDuals(duals.u, duals.v, exact=False)
+    return torch.from_numpy(perm), LapDuals(duals.u + du, duals.v + dv)

@@ -1,0 +1,182 @@
+"""Activation matching (Git Re-Basin §3.1): align units by how they respond to data.
+
+One pass over the data runs both parameter sets through the same module (functionally)
+and streams, per group, the sums needed for the cross-moment ``E[z_A z_Bᵀ]`` and for the
+Pearson correlation of every unit pair — never storing activations. Conv activations
+``(N, C, H, W)`` count every position as a sample. Each group then needs one LAP; groups
+are independent.
+
+Which activations belong to which group is the model's to say: ``taps`` maps a group to
+the names of modules whose outputs carry its units on axis 1 (the zoo's models provide
+``model.activation_taps()``, marking post-ReLU features with ``nn.Identity`` taps). A group
+with several taps — a residual stream — sums the per-tap gain matrices, so every place the
+stream is materialised votes for its permutation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from lmckit.errors import ParamsError
+from lmckit.lap import solve_lap
+from lmckit.match.result import MatchResult, check_inputs
+from lmckit.perm import Params, Permutation, PermutationSpec, params_distance
+
+METHODS = ("correlation", "cross_moment")
+
+
+class _Moments:
+    """Streaming sums for one tap: Σa, Σb, Σa², Σb², Σ a bᵀ and the count (float64)."""
+
+    def __init__(self, n: int, device: torch.device) -> None:
+        z = dict(dtype=torch.float64, device=device)
+        self.sa, self.sb = torch.zeros(n, **z), torch.zeros(n, **z)
+        self.saa, self.sbb = torch.zeros(n, **z), torch.zeros(n, **z)
+        self.sab = torch.zeros(n, n, **z)
+        self.count = 0
+
+    def add(self, a: Tensor, b: Tensor) -> None:
+        a = a.movedim(1, -1).reshape(-1, a.shape[1]).double()
+        b = b.movedim(1, -1).reshape(-1, b.shape[1]).double()
+        self.sa += a.sum(0)
+        self.sb += b.sum(0)
+        self.saa += (a * a).sum(0)
+        self.sbb += (b * b).sum(0)
+        self.sab += a.T @ b
+        self.count += a.shape[0]
+
+    def gains(self, method: str, eps: float = 1e-12) -> Tensor:
+        cross = self.sab / self.count
+        if method == "cross_moment":
+            return cross
+        mean_a, mean_b = self.sa / self.count, self.sb / self.count
+        std_a = (self.saa / self.count - mean_a**2).clamp_min(0).sqrt()
+        std_b = (self.sbb / self.count - mean_b**2).clamp_min(0).sqrt()
+        cov = cross - mean_a[:, None] * mean_b[None, :]
+        # Dead units (zero variance) correlate with nothing: gain 0 instead of 0/0.
+        return cov / (std_a[:, None] * std_b[None, :]).clamp_min(eps)
+
+
+def _resolve_taps(model: nn.Module, spec: PermutationSpec, taps) -> dict[str, list[str]]:
+    if taps is None:
+        provider = getattr(model, "activation_taps", None)
+        if provider is None:
+            raise ParamsError(
+                f"{type(model).__name__} has no activation_taps(); pass taps={{group: "
+                "[module names whose outputs carry the group's units on axis 1]}"
+            )
+        taps = provider()
+    modules = dict(model.named_modules())
+    missing_groups = sorted(set(spec.groups) - set(taps))
+    if missing_groups:
+        raise ParamsError(f"no activation taps for groups {missing_groups}")
+    for g, names in taps.items():
+        for name in names:
+            if name not in modules:
+                raise ParamsError(f"tap {name!r} of group {g!r} is not a module of the model")
+    return {g: list(taps[g]) for g in spec.groups}
+
+
+def _batches(loader: Iterable, n_batches: int | None):
+    for i, batch in enumerate(loader):
+        if n_batches is not None and i >= n_batches:
+            return
+        yield batch
+
+
+@torch.no_grad()
+def activation_matching(
+    model: nn.Module,
+    params_a: Params,
+    params_b: Params,
+    loader: Iterable[tuple[Tensor, Tensor]],
+    *,
+    spec: PermutationSpec | None = None,
+    method: str = "correlation",
+    n_batches: int | None = None,
+    taps: Mapping[str, list[str]] | None = None,
+) -> MatchResult:
+    """Match B's units to A's by the statistics of their activations on ``loader``.
+
+    Args:
+        model: a module that both parameter dicts fit (run with
+            ``torch.func.functional_call``, in eval mode).
+        params_a, params_b: the two models' ``state_dict``-style dicts.
+        loader: iterable of ``(x, y)`` batches (labels unused).
+        spec: permutation spec (default ``model.permutation_spec()``).
+        method: ``"correlation"`` (Pearson correlation of unit pairs, the Git Re-Basin
+            choice) or ``"cross_moment"`` (``E[z_A z_Bᵀ]``, the least-squares criterion).
+        n_batches: use only the first ``n_batches`` batches (all by default).
+        taps: group -> module names (default ``model.activation_taps()``).
+
+    Returns:
+        :class:`MatchResult`; ``history`` holds the total matched gain, ``iterations`` the
+        batches used, ``info["examples"]`` the number of examples.
+    """
+    start = time.perf_counter()
+    if method not in METHODS:
+        raise ParamsError(f"method must be one of {METHODS}, got {method!r}")
+    if spec is None:
+        spec = model.permutation_spec()
+    check_inputs(spec, params_a, params_b)
+    taps = _resolve_taps(model, spec, taps)
+    modules = dict(model.named_modules())
+    device = next(iter(params_a.values())).device
+    captured: dict[str, Tensor] = {}
+    handles = []
+    for names in taps.values():
+        for name in names:
+
+            def hook(_module, _inputs, output, name=name):
+                captured[name] = output.detach()
+
+            handles.append(modules[name].register_forward_hook(hook))
+    moments: dict[str, _Moments] = {}
+    was_training = model.training
+    model.eval()
+    used = examples = 0
+    try:
+        for x, _ in _batches(loader, n_batches):
+            x = x.to(device)
+            torch.func.functional_call(model, params_a, (x,))
+            acts_a = dict(captured)
+            torch.func.functional_call(model, params_b, (x,))
+            for name, act_a in acts_a.items():
+                act_b = captured[name]
+                if name not in moments:
+                    moments[name] = _Moments(act_a.shape[1], device)
+                moments[name].add(act_a, act_b)
+            used += 1
+            examples += len(x)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    if used == 0:
+        raise ParamsError("activation_matching got no batches")
+    perms, total = {}, 0.0
+    for g, names in taps.items():
+        gains = sum(moments[name].gains(method) for name in names)
+        if gains.shape != (spec.groups[g],) * 2:
+            raise ParamsError(
+                f"taps of group {g!r} produce {gains.shape[0]} channels, the group has "
+                f"{spec.groups[g]}"
+            )
+        p, _ = solve_lap(gains, maximize=True)
+        perms[g] = p
+        total += float(gains[torch.arange(len(p)), p.to(gains.device)].sum())
+    perm = Permutation(spec, perms)
+    return MatchResult(
+        perm=perm,
+        method=f"activation_matching[{method}]",
+        history=(total,),
+        iterations=used,
+        seconds=time.perf_counter() - start,
+        distance_before=params_distance(params_a, params_b),
+        distance_after=params_distance(params_a, perm.apply(params_b)),
+        info={"examples": examples, "method": method},
+    )

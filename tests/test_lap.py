@@ -1,0 +1,89 @@
+"""LAP solver: optimal for the original cost, cold and warm-started, on hard inputs."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from lmckit.errors import LapError
+from lmckit.lap import solve_lap
+
+
+def objective(c, p):
+    return float(np.asarray(c)[np.arange(len(p)), np.asarray(p)].sum())
+
+
+def best(c, maximize=True):
+    r, col = linear_sum_assignment(c, maximize=maximize)
+    return float(c[r, col].sum())
+
+
+def assert_optimal(c, p, maximize=True):
+    assert sorted(np.asarray(p).tolist()) == list(range(len(p)))
+    ref = best(c, maximize)
+    assert objective(c, p) == pytest.approx(ref, rel=1e-9, abs=1e-9 * max(1.0, abs(ref)))
+
+
+def matrices():
+    rng = np.random.default_rng(0)
+    a = np.abs(rng.standard_normal(300)) + 1
+    yield "random", rng.standard_normal((200, 200))
+    yield "ties_zero", np.zeros((64, 64))
+    yield "ties_int", rng.integers(0, 3, (150, 150)).astype(float)
+    yield "large", rng.standard_normal((120, 120)) * 1e12
+    yield "tiny", rng.standard_normal((50, 50)) * 1e-12
+    yield "rank1", np.outer(a, a[::-1]) + 0.01 * rng.standard_normal((300, 300))
+    yield "n1", np.array([[-3.5]])
+    yield "n2", np.array([[1.0, 2.0], [3.0, 4.0]])
+
+
+@pytest.mark.parametrize(("name", "c"), list(matrices()), ids=[n for n, _ in matrices()])
+@pytest.mark.parametrize("maximize", [True, False])
+def test_cold_solution_is_optimal(name, c, maximize):
+    p, duals = solve_lap(c, maximize=maximize)
+    assert p.dtype == torch.long
+    assert_optimal(c, p, maximize)
+    c_min = -c if maximize else c
+    reduced = c_min - duals.u[:, None] - duals.v[None, :]
+    scale = max(1.0, np.abs(c).max())
+    assert reduced.min() >= -1e-9 * scale  # dual feasible
+    assert np.abs(reduced[np.arange(len(p)), p.numpy()]).max() <= 1e-9 * scale  # slackness
+
+
+@pytest.mark.parametrize(("name", "c"), list(matrices()), ids=[n for n, _ in matrices()])
+def test_warm_start_is_optimal_for_the_original_cost(name, c):
+    rng = np.random.default_rng(1)
+    _, duals = solve_lap(c)
+    for step in range(4):  # a drifting sequence of costs, as inside weight matching
+        c = c + 0.05 * np.abs(c).max() * rng.standard_normal(c.shape) * (step % 2)
+        p, duals = solve_lap(c, duals=duals)
+        assert_optimal(c, p)
+    p_stale, _ = solve_lap(c, duals=solve_lap(rng.standard_normal(c.shape))[1])
+    assert_optimal(c, p_stale)  # even unrelated duals give the optimum
+
+
+def test_backends_agree_and_accept_tensors():
+    c = torch.randn(80, 80, dtype=torch.float32)
+    p1, _ = solve_lap(c)
+    p2, d2 = solve_lap(c, backend="scipy")
+    assert objective(c.double().numpy(), p1) == pytest.approx(objective(c.double().numpy(), p2))
+    assert not d2.exact
+
+
+def test_bad_input_is_rejected():
+    with pytest.raises(LapError, match="square"):
+        solve_lap(np.zeros((3, 4)))
+    with pytest.raises(LapError, match="square"):
+        solve_lap(np.zeros((0, 0)))
+    c = np.zeros((4, 4))
+    c[1, 2] = np.nan
+    with pytest.raises(LapError, match="1 non-finite"):
+        solve_lap(c)
+    c[1, 2] = np.inf
+    with pytest.raises(LapError, match="non-finite"):
+        solve_lap(torch.from_numpy(c))
+    _, duals = solve_lap(np.zeros((5, 5)))
+    with pytest.raises(LapError, match="duals have lengths"):
+        solve_lap(np.zeros((4, 4)), duals=duals)
+    with pytest.raises(LapError, match="backend"):
+        solve_lap(np.zeros((4, 4)), backend="hungarian")
