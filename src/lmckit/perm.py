@@ -366,5 +366,8 @@ def params_inner(params_a: Params, params_b: Params) -> float:
 
 def params_distance(params_a: Params, params_b: Params) -> float:
     """Euclidean distance ``sqrt(Σ_k ||A_k - B_k||²)`` over all floating-point tensors."""
-    sq = sum(((a.double() - b.double()) ** 2).sum() for a, b in _float_items(params_a, params_b))
-    return math.sqrt(float(sq))
+    sq = 0.0
+    for a, b in _float_items(params_a, params_b):
+        diff = (a - b).flatten().double()
+        sq += float(diff @ diff)
+    return math.sqrt(sq)

@@ -25,14 +25,27 @@ from lmckit.match.result import MatchResult, check_inputs, matched_names
 from lmckit.perm import Params, Permutation, PermutationSpec, params_distance
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Term:
-    """One (tensor, axis) of a group: A laid out as ``(n, m)``, B as ``(n, *rest)`` with the
-    other grouped axes of the rest (position in ``b_moved``, group) to permute."""
+    """One (tensor, axis) of a group: A laid out as ``(n, m)``; B as ``(n, *rest)`` with the
+    other grouped axes of the rest — ``(position in b_moved, group)`` — to permute. The
+    permuted B is cached and rebuilt only when one of those groups' permutations changed."""
 
+    name: str
     a2: Tensor
     b_moved: Tensor
     others: tuple[tuple[int, str], ...]
+    cached_key: tuple[int, ...] | None = None
+    cached_b2: Tensor | None = None
+
+    def b2(self, perm: Mapping[str, Tensor], versions: Mapping[str, int]) -> Tensor:
+        key = tuple(versions[h] for _, h in self.others)
+        if key != self.cached_key:
+            b = self.b_moved
+            for pos, h in self.others:
+                b = b.index_select(pos, perm[h])
+            self.cached_b2, self.cached_key = b.reshape(b.shape[0], -1), key
+        return self.cached_b2
 
 
 def _build_terms(
@@ -51,24 +64,13 @@ def _build_terms(
             )
             terms[g].append(
                 _Term(
+                    name=name,
                     a2=params_a[name].movedim(axis, 0).reshape(n, -1).contiguous(),
                     b_moved=params_b[name].movedim(axis, 0).contiguous(),
                     others=others,
                 )
             )
     return terms
-
-
-def _gain_matrix(terms: list[_Term], perm: Mapping[str, Tensor], n: int) -> Tensor:
-    cost = None
-    for term in terms:
-        b = term.b_moved
-        for pos, h in term.others:
-            b = b.index_select(pos, perm[h])
-        product = term.a2 @ b.reshape(n, -1).T
-        cost = product if cost is None else cost.add_(product)
-    assert cost is not None
-    return cost
 
 
 def weight_matching(
@@ -115,12 +117,21 @@ def weight_matching(
     names = set(matched_names(params_a, include_running_stats))
     terms = _build_terms(spec, params_a, params_b, names)
     device = next(iter(params_a.values())).device
-    perm = {g: p.to(device) for g, p in (init or Permutation.identity(spec)).items()}
+    init_perm = init or Permutation.identity(spec)
+    perm = {g: p.to(device) for g, p in init_perm.items()}
+    versions = dict.fromkeys(spec.groups, 0)
     lap_duals: dict[str, LapDuals] = dict(duals or {}) if warm_start else {}
     floating = params_a[next(iter(names))].dtype if names else torch.float32
     rel_tol = 1e-12 if floating == torch.float64 else 1e-6
     generator = torch.Generator().manual_seed(seed)
     groups = [g for g in spec.groups if terms[g]]
+    # The objective is tracked per tensor from the diagonals of the per-term products: a
+    # tensor's value is exact once the last of its groups has been solved in a sweep.
+    # Linearised self-map tensors are instead evaluated exactly at the end of each sweep.
+    grouped = {t.name for g in groups for t in terms[g]}
+    constant = _objective(spec, params_a, params_b, perm, names - grouped)
+    contributions: dict[str, float] = {}
+    exact_each_sweep = bool(spec.self_maps & names)
     history: list[float] = []
     gemm_s = lap_s = 0.0
     solves = 0
@@ -132,14 +143,15 @@ def weight_matching(
             g = groups[idx]
             n = spec.groups[g]
             t0 = time.perf_counter()
-            gains = _gain_matrix(terms[g], perm, n)
-            if gains.is_cuda:
-                torch.cuda.synchronize(gains.device)
+            products = [t.a2 @ t.b2(perm, versions).T for t in terms[g]]
+            gains = products[0].clone() if len(products) > 1 else products[0]
+            for product in products[1:]:
+                gains += product
+            gains64 = gains.detach().to("cpu", torch.float64).numpy()
             t1 = time.perf_counter()
             g_dual = lap_duals.get(g)
             if g_dual is not None and g_dual.u.shape != (n,):
                 g_dual = None
-            gains64 = gains.detach().to("cpu", torch.float64).numpy()
             new, new_dual = solve_lap(gains64, maximize=True, duals=g_dual, backend=lap_backend)
             lap_s += time.perf_counter() - t1
             gemm_s += t1 - t0
@@ -151,22 +163,30 @@ def weight_matching(
             new_gain = float(gains64[rows, new.numpy()].sum())
             if new_gain > old_gain + rel_tol * max(abs(old_gain), abs(new_gain), 1e-30):
                 perm[g] = new.to(device)
+                versions[g] += 1
                 improved = True
-        objective = _objective(spec, params_a, params_b, perm, names)
+            chosen = perm[g]
+            for term, product in zip(terms[g], products, strict=True):
+                contributions[term.name] = float(product.gather(1, chosen[:, None]).double().sum())
+        if exact_each_sweep:
+            objective = constant + _objective(spec, params_a, params_b, perm, grouped)
+        else:
+            objective = constant + sum(contributions.values())
         history.append(objective)
         if progress is not None:
             progress(sweeps, objective)
         if not improved:
             break
     final = Permutation(spec, {g: p.cpu() for g, p in perm.items()})
-    init_perm = init or Permutation.identity(spec)
     return MatchResult(
         perm=final,
         method="weight_matching[warm]" if warm_start else "weight_matching",
         history=tuple(history),
         iterations=sweeps,
         seconds=time.perf_counter() - start,
-        distance_before=params_distance(params_a, init_perm.apply(params_b)),
+        distance_before=params_distance(
+            params_a, params_b if init is None else init_perm.apply(params_b)
+        ),
         distance_after=params_distance(params_a, final.apply(params_b)),
         duals=lap_duals if warm_start else None,
         info={
