@@ -17,7 +17,7 @@ setup: $(BIN)/lmckit
 	bash scripts/install-datasets.sh
 
 demo: setup
-	$(BIN)/lmckit info
+	$(BIN)/lmckit demo --out demo-out
 
 info: $(BIN)/lmckit
 	$(BIN)/lmckit info

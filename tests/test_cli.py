@@ -104,3 +104,88 @@ def test_match_command_writes_a_loadable_permutation(tmp_path, capsys):
         )
     assert main(["match", str(a), str(tmp_path / "nope.safetensors")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_interpolate_command_writes_curves_and_plots(tmp_path, capsys):
+    train = [
+        "train",
+        "--model",
+        "mlp",
+        "--dataset",
+        "digits",
+        "--seeds",
+        "0",
+        "1",
+        "--epochs",
+        "3",
+        "--hidden",
+        "32",
+        "32",
+        "--out",
+        str(tmp_path),
+        "-q",
+    ]
+    assert main(train) == 0
+    a, b = (str(tmp_path / f"mlp-digits-seed{s}.safetensors") for s in (0, 1))
+    out = tmp_path / "interp"
+    assert (
+        main(
+            [
+                "interpolate",
+                a,
+                b,
+                "--method",
+                "none",
+                "wm-fast",
+                "--out",
+                str(out),
+                "--lambdas",
+                "5",
+                "--calibrated",
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "naive" in printed and "wm-fast" in printed
+    for name in (
+        "interpolation.png",
+        "interpolation.json",
+        "interpolation.csv",
+        "barriers.png",
+        "perm-wm-fast.json",
+    ):
+        assert (out / name).exists(), name
+    assert (
+        main(
+            [
+                "interpolate",
+                a,
+                b,
+                "--perm",
+                str(out / "perm-wm-fast.json"),
+                "--out",
+                str(tmp_path / "again"),
+                "--lambdas",
+                "3",
+                "--test-only",
+            ]
+        )
+        == 0
+    )
+
+
+@pytest.mark.slow
+def test_demo_runs_on_digits_and_reuses_its_results(tmp_path, capsys):
+    args = ["demo", "--out", str(tmp_path), "--dataset", "digits", "--epochs", "4", "-q"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    for method in ("naive", "WM", "AM", "STE", "Sinkhorn"):
+        assert f"| {method} |" in out
+    assert (tmp_path / "interpolation.png").exists() and (tmp_path / "results.md").exists()
+    import json
+
+    first = json.loads((tmp_path / "results.json").read_text())
+    assert main(args) == 0
+    assert "cached" in capsys.readouterr().out
+    assert json.loads((tmp_path / "results.json").read_text())["rows"] == first["rows"]

@@ -149,6 +149,7 @@ class TrainProgress:
     loss: float
     accuracy: float
     lr: float
+    epochs: int
     epoch_done: EpochStats | None = None
 
 
@@ -241,7 +242,11 @@ def train(
             correct += (logits.detach().argmax(1) == y).sum()
             seen += len(y)
             if progress is not None:
-                progress(TrainProgress(epoch, step, steps, loss.item(), correct.item() / seen, lr))
+                progress(
+                    TrainProgress(
+                        epoch, step, steps, loss.item(), correct.item() / seen, lr, config.epochs
+                    )
+                )
         train_loss = loss_sum.item() / seen
         if not math.isfinite(train_loss):
             raise TrainConfigError(
@@ -261,7 +266,16 @@ def train(
         history.append(stats)
         if progress is not None:
             progress(
-                TrainProgress(epoch, steps - 1, steps, train_loss, stats.train_accuracy, lr, stats)
+                TrainProgress(
+                    epoch,
+                    steps - 1,
+                    steps,
+                    train_loss,
+                    stats.train_accuracy,
+                    lr,
+                    config.epochs,
+                    stats,
+                )
             )
     train_eval = evaluate(
         model, data.loader("train", batch_size=eval_batch_size, shuffle=False, device=device)

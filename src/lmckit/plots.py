@@ -1,0 +1,127 @@
+"""Figures: interpolation curves and barrier bars, saved as PNG with their data beside
+them (JSON and CSV), so every plot can be redrawn or tabulated without rerunning."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt
+
+from lmckit._io import atomic_path
+from lmckit.evaluate import Curve
+
+SPLIT_STYLE = {"train": "--", "test": "-"}
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _write_curves_data(curves: Mapping[str, Curve], stem: Path) -> None:
+    with atomic_path(stem.with_suffix(".json")) as tmp:
+        tmp.write_text(json.dumps({k: c.to_dict() for k, c in curves.items()}, indent=2))
+    with atomic_path(stem.with_suffix(".csv")) as tmp, open(tmp, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["curve", "split", "metric", "lambda", "value"])
+        for label, curve in curves.items():
+            for split, metrics in curve.splits.items():
+                for metric, values in metrics.items():
+                    for lam, value in zip(curve.lambdas, values, strict=True):
+                        writer.writerow([label, split, metric, f"{lam:.6g}", f"{value:.8g}"])
+
+
+def plot_interpolation(
+    curves: Mapping[str, Curve], path: str | Path, *, title: str = "", loss_key: str = "loss"
+) -> Path:
+    """Loss and accuracy along λ for several curves (e.g. naive and each matching method).
+
+    Train is dashed, test solid; one colour per curve. If a curve carries ensemble
+    metrics, the ensemble of the first such curve is drawn in grey as the reference.
+    Writes ``path`` (PNG) and the data as ``.json``/``.csv`` beside it.
+    """
+    path = Path(path)
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.2))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    ensemble_drawn = False
+    for i, (label, curve) in enumerate(curves.items()):
+        for split, metrics in curve.splits.items():
+            style = SPLIT_STYLE.get(split, ":")
+            axes[0].plot(
+                curve.lambdas,
+                metrics[loss_key],
+                style,
+                color=colours[i % len(colours)],
+                label=f"{label} ({split})",
+            )
+            axes[1].plot(
+                curve.lambdas,
+                [100 * a for a in metrics["accuracy"]],
+                style,
+                color=colours[i % len(colours)],
+                label=f"{label} ({split})",
+            )
+            if "ensemble_loss" in metrics and not ensemble_drawn and split == "test":
+                axes[0].plot(
+                    curve.lambdas,
+                    metrics["ensemble_loss"],
+                    "-",
+                    color="0.55",
+                    lw=2.5,
+                    alpha=0.6,
+                    label="ensemble (test)",
+                )
+                axes[1].plot(
+                    curve.lambdas,
+                    [100 * a for a in metrics["ensemble_accuracy"]],
+                    "-",
+                    color="0.55",
+                    lw=2.5,
+                    alpha=0.6,
+                    label="ensemble (test)",
+                )
+                ensemble_drawn = True
+    axes[0].set_ylabel("calibrated loss" if loss_key == "calibrated_loss" else "loss")
+    axes[1].set_ylabel("accuracy (%)")
+    for ax in axes:
+        ax.set_xlabel("λ  (0 = model A, 1 = model B)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    if title:
+        fig.suptitle(title)
+    _write_curves_data(curves, path.with_suffix(""))
+    return _save(fig, path)
+
+
+def plot_barriers(
+    barriers: Mapping[str, Mapping[str, float]], path: str | Path, *, title: str = ""
+) -> Path:
+    """Bar chart of barriers: ``{method: {"loss": x, "accuracy": y}}`` (accuracy in [0, 1],
+    drawn in percentage points). Writes the data as ``.json`` beside the PNG."""
+    path = Path(path)
+    methods = list(barriers)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, metric, scale, unit in (
+        (axes[0], "loss", 1, "loss barrier"),
+        (axes[1], "accuracy", 100, "accuracy barrier (pp)"),
+    ):
+        values = [scale * barriers[m][metric] for m in methods]
+        bars = ax.bar(methods, values, color=["0.6"] + ["C0"] * (len(methods) - 1))
+        ax.bar_label(bars, fmt="%.3g", fontsize=8)
+        ax.set_ylabel(unit)
+        ax.tick_params(axis="x", rotation=20)
+        ax.grid(axis="y", alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    with atomic_path(path.with_suffix(".json")) as tmp:
+        tmp.write_text(json.dumps(barriers, indent=2))
+    return _save(fig, path)
