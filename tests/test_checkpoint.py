@@ -131,3 +131,12 @@ def test_train_seeds_is_resumable_and_bit_identical(tmp_path, digits):
         train_seeds(
             "mlp", model_cfg, digits, TrainConfig(epochs=2, batch_size=256), [0], tmp_path / "a"
         )
+
+
+def test_checkpoint_params_do_not_alias_the_module(tmp_path):
+    model = build_model("mlp", in_dim=8, hidden=[4], out_dim=3)
+    save_checkpoint(tmp_path / "m", model)
+    ckpt = load_checkpoint(tmp_path / "m")
+    before = {k: v.clone() for k, v in ckpt.params.items()}
+    ckpt.model.load_state_dict({k: torch.zeros_like(v) for k, v in ckpt.params.items()})
+    assert all(torch.equal(ckpt.params[k], before[k]) for k in before)

@@ -189,3 +189,84 @@ def test_demo_runs_on_digits_and_reuses_its_results(tmp_path, capsys):
     assert main(args) == 0
     assert "cached" in capsys.readouterr().out
     assert json.loads((tmp_path / "results.json").read_text())["rows"] == first["rows"]
+
+
+def test_merge_command_and_sweep(tmp_path, capsys):
+    import json
+
+    train = [
+        "train",
+        "--model",
+        "mlp",
+        "--dataset",
+        "digits",
+        "--seeds",
+        "0",
+        "1",
+        "2",
+        "--epochs",
+        "3",
+        "--hidden",
+        "24",
+        "24",
+        "--out",
+        str(tmp_path),
+        "-q",
+    ]
+    assert main(train) == 0
+    ckpts = [str(tmp_path / f"mlp-digits-seed{s}.safetensors") for s in range(3)]
+    out = tmp_path / "merged"
+    assert (
+        main(
+            [
+                "merge",
+                *ckpts,
+                "--method",
+                "merge-many",
+                "--out",
+                str(out),
+                "--sharpness-probes",
+                "3",
+                "--landscape",
+                "3",
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "merged test accuracy" in printed and "sharpness" in printed
+    for name in (
+        "merged.safetensors",
+        "merged.json",
+        "permutations.json",
+        "metrics.json",
+        "geometry.png",
+        "landscape.png",
+    ):
+        assert (out / name).exists(), name
+    from lmckit.checkpoint import load_checkpoint
+
+    merged = load_checkpoint(out / "merged.safetensors")
+    assert merged.meta["merge_method"] == "merge-many"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["n"] == 3 and "sharpness_merged" in metrics
+    sweep = tmp_path / "sweep"
+    args = [
+        "merge",
+        *ckpts,
+        "--sweep-n",
+        "2..3",
+        "--methods",
+        "star-wm",
+        "ccmm",
+        "ste-mm",
+        "--epochs",
+        "1",
+        "--out",
+        str(sweep),
+    ]
+    assert main(args) == 0
+    assert (sweep / "sweep.png").exists() and len(list((sweep / "sweep").glob("*.json"))) == 6
+    assert main(args) == 0
+    assert capsys.readouterr().out.count("cached") == 6
+    assert main(["merge", ckpts[0], "--out", str(tmp_path / "x")]) == 2

@@ -145,7 +145,10 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
     params = fit_state_dict(model, params, str(weights))
     model.load_state_dict(params)
     model.to(device)
-    return Checkpoint(model, dict(model.state_dict()), meta, weights)
+    # `params` does not share storage with the module, so loading other weights into the
+    # module later (e.g. a merged model) never changes this checkpoint's parameters.
+    params = {k: v.to(device) for k, v in params.items()}
+    return Checkpoint(model, params, meta, weights)
 
 
 def read_safetensors(path: str | os.PathLike) -> dict[str, Tensor]:

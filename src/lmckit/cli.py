@@ -335,6 +335,131 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_range(text: str) -> list[int]:
+    """``"2..5"`` -> [2, 3, 4, 5]; ``"4"`` -> [2, 3, 4]."""
+    if ".." in text:
+        lo, hi = (int(x) for x in text.split(".."))
+    else:
+        lo, hi = 2, int(text)
+    if lo < 2 or hi < lo:
+        raise LmcError(f"--sweep-n needs a range like 2..5, got {text!r}")
+    return list(range(lo, hi + 1))
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from lmckit.analysis import multi_model_metrics, plane_landscape, sharpness
+    from lmckit.checkpoint import load_checkpoint, save_checkpoint
+    from lmckit.experiments.merging import bn_loader_for, merge_checkpoints, sweep
+    from lmckit.plots import plot_geometry, plot_landscape, plot_sweep
+
+    ckpts = [load_checkpoint(p) for p in args.checkpoints]
+    if len(ckpts) < 2:
+        raise LmcError("merge needs at least two checkpoints")
+    data = _data_for_checkpoint(ckpts[0], args.dataset, args.data_dir, args.no_download)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    if args.sweep_n:
+        methods = args.methods or ["star-wm", "merge-many", "ccmm", "ste-mm"]
+        results = sweep(ckpts, methods, _parse_range(args.sweep_n), data, out, epochs=args.epochs)
+        png = plot_sweep(
+            results,
+            out / "sweep.png",
+            title=f"merging {ckpts[0].meta['model']['name']} on {data.name}",
+        )
+        print(f"{'n':>3} " + " ".join(f"{m:>12}" for m in methods) + "   (merged test acc %)")
+        for n in _parse_range(args.sweep_n):
+            print(
+                f"{n:>3} "
+                + " ".join(f"{100 * results[m][n]['merged_accuracy']:>12.2f}" for m in methods)
+            )
+        print(f"sweep plot -> {png}")
+        return 0
+    result = merge_checkpoints(
+        ckpts,
+        args.method,
+        data,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+    test = data.loader("test", batch_size=1000)
+    bn_loader = bn_loader_for(ckpts[0], data)
+    merged = result.merged
+    if bn_loader is not None and args.method != "ste-mm":
+        from lmckit.evaluate import bn_reset
+
+        merged = bn_reset(ckpts[0].model, merged, bn_loader)
+    metrics = multi_model_metrics(
+        ckpts[0].model,
+        [c.params for c in ckpts],
+        result.perms,
+        test,
+        bn_reset_loader=bn_loader,
+        merged=merged,
+    )
+    report = {
+        "method": result.method,
+        "seconds": result.seconds,
+        "checkpoints": [str(c.path) for c in ckpts],
+        **metrics.to_dict(),
+    }
+    if args.sharpness_probes:
+        model = ckpts[0].model
+        s_merged = sharpness(model, merged, test, probes=args.sharpness_probes)
+        base = [sharpness(model, c.params, test, probes=args.sharpness_probes) for c in ckpts]
+        report["sharpness_merged"] = {"value": s_merged.value, "stderr": s_merged.stderr}
+        report["sharpness_models_mean"] = sum(s.value for s in base) / len(base)
+    from lmckit.models import build_model
+
+    model = ckpts[0].model
+    merged_model = build_model(ckpts[0].meta["model"]["name"], **ckpts[0].meta["model"])
+    merged_model.load_state_dict(merged)
+    save_checkpoint(
+        out / "merged",
+        merged_model,
+        {
+            "merged_from": [str(c.path) for c in ckpts],
+            "merge_method": result.method,
+            "dataset": ckpts[0].meta.get("dataset"),
+            "metrics": {"test_loss": metrics.merged_loss, "test_accuracy": metrics.merged_accuracy},
+        },
+    )
+    from lmckit._io import atomic_write_json
+
+    atomic_write_json(
+        out / "permutations.json",
+        {"groups": dict(ckpts[0].spec.groups), "perms": [p.to_dict() for p in result.perms]},
+    )
+    atomic_write_json(out / "metrics.json", report)
+    plot_geometry(
+        metrics.distance_ratios,
+        metrics.triplet_angles,
+        out / "geometry.png",
+        title=f"{result.method}: aligned models",
+    )
+    if args.landscape and len(ckpts) >= 3:
+        aligned = [p.apply(c.params) for p, c in zip(result.perms, ckpts, strict=True)][:3]
+        land = plane_landscape(
+            model, aligned, test, resolution=args.landscape, bn_reset_loader=bn_loader
+        )
+        plot_landscape(land, out / "landscape.png")
+    print(f"method {result.method}: {result.seconds:.1f} s")
+    print(
+        f"merged test accuracy {100 * metrics.merged_accuracy:.2f} % (models: mean "
+        f"{100 * metrics.mean_accuracy:.2f} %), loss {metrics.merged_loss:.4f} "
+        f"(gap {metrics.loss_gap:+.4f}, pairwise gap {metrics.pairwise_gap:+.4f})"
+    )
+    if "sharpness_merged" in report:
+        print(
+            f"sharpness tr(H⊙θθᵀ): merged {report['sharpness_merged']['value']:.4g} ± "
+            f"{report['sharpness_merged']['stderr']:.2g}, models' mean "
+            f"{report['sharpness_models_mean']:.4g}"
+        )
+    print(f"merged checkpoint, permutations.json, metrics.json, plots -> {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lmckit",
@@ -457,6 +582,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ste-epochs", type=int, default=1)
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "merge",
+        help="merge several checkpoints into one (star, MergeMany, STE-MM, CCMM)",
+        description="Merge checkpoints of one architecture; the last is the reference. "
+        "Writes the merged checkpoint, permutations, multi-model metrics and plots. With "
+        "--sweep-n 2..N, merges the first n checkpoints for every n and method and plots "
+        "metric vs n.",
+    )
+    p.add_argument("checkpoints", nargs="+", type=Path)
+    p.add_argument(
+        "--method",
+        default="merge-many",
+        choices=["star-wm", "star-ste", "merge-many", "ste-mm", "ccmm"],
+    )
+    p.add_argument("--sweep-n", help="e.g. 2..5: sweep the number of models")
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        choices=["star-wm", "star-ste", "merge-many", "ste-mm", "ccmm"],
+        help="methods for --sweep-n (default: star-wm merge-many ccmm ste-mm)",
+    )
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--epochs", type=int, default=10, help="STE / STE-MM epochs (paper: 10)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--sharpness-probes",
+        type=int,
+        default=0,
+        help="estimate tr(H⊙θθᵀ) of merged and input models with this many probes",
+    )
+    p.add_argument(
+        "--landscape",
+        type=int,
+        default=0,
+        metavar="RES",
+        help="plot loss on the plane through the first three aligned models",
+    )
+    p.add_argument("--dataset")
+    p.add_argument("--data-dir", type=Path)
+    p.add_argument("--no-download", action="store_true")
+    p.set_defaults(func=cmd_merge)
     return parser
 
 

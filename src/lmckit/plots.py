@@ -125,3 +125,75 @@ def plot_barriers(
     with atomic_path(path.with_suffix(".json")) as tmp:
         tmp.write_text(json.dumps(barriers, indent=2))
     return _save(fig, path)
+
+
+def plot_sweep(
+    results: Mapping[str, Mapping[int, Mapping[str, float]]],
+    path: str | Path,
+    *,
+    metrics: tuple[tuple[str, str], ...] = (
+        ("merged_accuracy", "merged test accuracy (%)"),
+        ("loss_gap", "L(merged) − mean L(θ_i)"),
+    ),
+    title: str = "",
+) -> Path:
+    """Metric vs number of merged models, one line per method (STE-MM Fig. 3).
+
+    ``results[method][n][metric]``; accuracies are drawn in percent. Data written as JSON."""
+    path = Path(path)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 3.8))
+    axes = [axes] if len(metrics) == 1 else list(axes)
+    for ax, (key, label) in zip(axes, metrics, strict=True):
+        for method, by_n in results.items():
+            ns = sorted(int(n) for n in by_n)
+            scale = 100 if "accuracy" in key else 1
+            values = [scale * by_n[n][key] if n in by_n else scale * by_n[str(n)][key] for n in ns]
+            ax.plot(ns, values, "o-", label=method)
+        ax.set_xlabel("number of models n")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    with atomic_path(path.with_suffix(".json")) as tmp:
+        tmp.write_text(json.dumps(results, indent=2))
+    return _save(fig, path)
+
+
+def plot_landscape(landscape, path: str | Path, *, labels=("π₁(θ₁)", "π₂(θ₂)", "π₃(θ₃)")) -> Path:
+    """Contour plots of loss and accuracy on the plane through three models, points marked."""
+    path = Path(path)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
+    for ax, grid, name in (
+        (axes[0], landscape.loss, "test loss"),
+        (axes[1], [[100 * a for a in row] for row in landscape.accuracy], "test accuracy (%)"),
+    ):
+        cs = ax.contourf(landscape.xs, landscape.ys, grid, levels=20, cmap="viridis")
+        fig.colorbar(cs, ax=ax)
+        for (x, y), label in zip(landscape.points, labels, strict=True):
+            ax.plot(x, y, "o", color="white", mec="black")
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 5), color="white")
+        ax.set_title(name)
+        ax.set_aspect("equal")
+    with atomic_path(path.with_suffix(".json")) as tmp:
+        tmp.write_text(json.dumps(landscape.to_dict()))
+    return _save(fig, path)
+
+
+def plot_geometry(ratios, angles, path: str | Path, *, title: str = "") -> Path:
+    """Histograms of pairwise distance ratios and triplet angles (regular simplex: 1 and 60°)."""
+    path = Path(path)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    axes[0].hist(ratios, bins=20, color="C0")
+    axes[0].axvline(1.0, color="k", lw=0.8)
+    axes[0].set_xlabel("‖π_iθ_i − π_jθ_j‖ / mean")
+    axes[1].hist(angles, bins=20, color="C1")
+    axes[1].axvline(60.0, color="k", lw=0.8)
+    axes[1].set_xlabel("triplet angle (°)")
+    if title:
+        fig.suptitle(title)
+    with atomic_path(path.with_suffix(".json")) as tmp:
+        tmp.write_text(
+            json.dumps({"distance_ratios": list(ratios), "triplet_angles": list(angles)})
+        )
+    return _save(fig, path)

@@ -1,0 +1,89 @@
+"""Loss and accuracy on the plane through three models (Git-Re-Basin analysis, Fig. 5)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from lmckit.errors import ParamsError
+from lmckit.evaluate import bn_reset
+from lmckit.metrics import evaluate
+from lmckit.perm import Params
+
+
+@dataclass
+class Landscape:
+    """Grid evaluation on the plane ``θ(x, y) = θ_1 + x·u + y·v`` where ``u`` is the unit
+    vector towards θ_2 and ``v`` the unit vector of θ_3's orthogonal component.
+
+    ``points`` are the three models' ``(x, y)`` coordinates; ``loss``/``accuracy`` are
+    ``(len(ys), len(xs))`` grids."""
+
+    xs: list[float]
+    ys: list[float]
+    loss: list[list[float]]
+    accuracy: list[list[float]]
+    points: list[tuple[float, float]]
+
+    def to_dict(self) -> dict:
+        return vars(self)
+
+
+def _floating(params: Params) -> list[str]:
+    return [k for k, t in params.items() if t.dtype.is_floating_point]
+
+
+def plane_landscape(
+    model: nn.Module,
+    three: Sequence[Params],
+    loader: Iterable[tuple[Tensor, Tensor]],
+    *,
+    resolution: int = 11,
+    margin: float = 0.2,
+    bn_reset_loader: Iterable[tuple[Tensor, Tensor]] | None = None,
+    progress=None,
+) -> Landscape:
+    """Evaluate ``loader`` on a ``resolution × resolution`` grid covering the triangle of
+    the three models plus ``margin`` (a fraction of its extent) on every side."""
+    if len(three) != 3:
+        raise ParamsError(f"plane_landscape needs exactly 3 models, got {len(three)}")
+    keys = _floating(three[0])
+    flat = [torch.cat([p[k].reshape(-1).double() for k in keys]) for p in three]
+    u = flat[1] - flat[0]
+    u_norm = u.norm()
+    u = u / u_norm
+    w = flat[2] - flat[0]
+    v = w - (w @ u) * u
+    v_norm = v.norm()
+    if float(u_norm) == 0 or float(v_norm) == 0:
+        raise ParamsError("the three models are collinear or equal; no plane through them")
+    v = v / v_norm
+    points = [(0.0, 0.0), (float(u_norm), 0.0), (float(w @ u), float(v_norm))]
+    x_lo, x_hi = min(p[0] for p in points), max(p[0] for p in points)
+    y_lo, y_hi = min(p[1] for p in points), max(p[1] for p in points)
+    dx, dy = margin * (x_hi - x_lo), margin * (y_hi - y_lo)
+    xs = torch.linspace(x_lo - dx, x_hi + dx, resolution).tolist()
+    ys = torch.linspace(y_lo - dy, y_hi + dy, resolution).tolist()
+    shapes = [(k, three[0][k].shape, three[0][k].dtype) for k in keys]
+    loss = [[0.0] * resolution for _ in ys]
+    acc = [[0.0] * resolution for _ in ys]
+    done = 0
+    for iy, y in enumerate(ys):
+        for ix, x in enumerate(xs):
+            point = flat[0] + x * u + y * v
+            params, offset = dict(three[0]), 0
+            for k, shape, dtype in shapes:
+                n = int(torch.Size(shape).numel())
+                params[k] = point[offset : offset + n].view(shape).to(dtype)
+                offset += n
+            if bn_reset_loader is not None:
+                params = bn_reset(model, params, bn_reset_loader)
+            m = evaluate(model, loader, params)
+            loss[iy][ix], acc[iy][ix] = m.loss, m.accuracy
+            done += 1
+            if progress is not None:
+                progress(done, resolution * resolution)
+    return Landscape(xs, ys, loss, acc, points)
