@@ -79,7 +79,16 @@ def ste_matching(
 
     def project(perm, duals):
         current = {**params_a, **{k: v.detach() for k, v in proxy.items()}}
-        return weight_matching(spec, current, params_b, init=perm, duals=duals, seed=seed)
+        return weight_matching(
+            spec,
+            current,
+            params_b,
+            init=perm,
+            duals=duals,
+            seed=seed,
+            validate=False,
+            distances=False,
+        )
 
     wm = project(init, None)
     perm, duals = wm.perm, wm.duals

@@ -71,7 +71,16 @@ def ste_mm(
 
     def project(i: int) -> None:
         current = {**ref, **{k: v.detach() for k, v in proxies[i].items()}}
-        r = weight_matching(spec, current, params_list[i], init=perms[i], duals=duals[i], seed=seed)
+        r = weight_matching(
+            spec,
+            current,
+            params_list[i],
+            init=perms[i],
+            duals=duals[i],
+            seed=seed,
+            validate=False,
+            distances=False,
+        )
         perms[i], duals[i] = r.perm, r.duals
 
     history, steps = [], 0
