@@ -236,6 +236,13 @@ def _how_to_get(name: str) -> str:
     return "; ".join(tips) + "; or allow a download (download=True) on a machine with internet"
 
 
+def _not_found(name: str, what: str, looked: list[Path], failure: str) -> DatasetNotFoundError:
+    return DatasetNotFoundError(
+        f"{name} not found. Looked for {what} in: {', '.join(str(p) for p in looked)}. "
+        f"Download: {failure}. To get it: {_how_to_get(name)}."
+    )
+
+
 def load_idx_dataset(
     name: str, root=None, *, download_missing: bool = True, pad_to=None
 ) -> Dataset:
@@ -259,11 +266,7 @@ def load_idx_dataset(
             except DataError as exc:
                 failure = str(exc)
         if arrays is None:
-            raise DatasetNotFoundError(
-                f"{name} not found. Looked for {IDX_FILES['train_images']}[.gz] and friends in: "
-                + ", ".join(str(p) for p in looked)
-                + f". Download: {failure}. To get it: {_how_to_get(name)}."
-            )
+            raise _not_found(name, f"{IDX_FILES['train_images']}[.gz] and friends", looked, failure)
     for split in ("train", "test"):
         n_img, n_lab = len(arrays[f"{split}_images"]), len(arrays[f"{split}_labels"])
         if n_img != n_lab or arrays[f"{split}_images"].ndim != 3:
@@ -303,11 +306,7 @@ def load_cifar(name: str, root=None, *, download_missing: bool = True, pad_to=No
             except DataError as exc:
                 failure = str(exc)
         if where is None:
-            raise DatasetNotFoundError(
-                f"{name} not found. Looked for {subdir}/ with {files['test'][0]} in: "
-                + ", ".join(str(p) for p in looked)
-                + f". Download: {failure}. To get it: {_how_to_get(name)}."
-            )
+            raise _not_found(name, f"{subdir}/ with {files['test'][0]}", looked, failure)
     parts = {}
     for split in ("train", "test"):
         batches = [read_cifar_batch(where / f, label_key) for f in files[split]]

@@ -44,3 +44,19 @@ def parameter_names(model: nn.Module, params: Params) -> list[str]:
     if missing:
         raise ParamsError(f"parameters {missing[:5]} of the model are missing from params_a")
     return names
+
+
+def straight_through(proxy: Mapping[str, Tensor], projected: Mapping[str, Tensor]) -> dict:
+    """Forward values of ``projected``, gradients to ``proxy`` (for the keys it has):
+    ``proxy + (projected − proxy).detach()``; other entries pass through unchanged."""
+    return {
+        k: proxy[k] + (v - proxy[k]).detach() if k in proxy else v for k, v in projected.items()
+    }
+
+
+def optimise(optimizer: torch.optim.Optimizer, loss: Tensor) -> float:
+    """One optimiser step on ``loss``; returns its value."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.item()

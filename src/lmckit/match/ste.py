@@ -18,7 +18,14 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.errors import ParamsError
-from lmckit.match._functional import as_batches, batch_loss, midpoint, parameter_names
+from lmckit.match._functional import (
+    as_batches,
+    batch_loss,
+    midpoint,
+    optimise,
+    parameter_names,
+    straight_through,
+)
 from lmckit.match.result import MatchResult, check_inputs
 from lmckit.match.weight import weight_matching
 from lmckit.perm import Params, Permutation, PermutationSpec, params_distance
@@ -104,20 +111,13 @@ def ste_matching(
                 wm = project(perm, duals)
                 wm_seconds += time.perf_counter() - t0
                 perm, duals = wm.perm, wm.duals
-                permuted_b = perm.apply(params_b)
-                straight = {
-                    k: proxy[k] + (permuted_b[k] - proxy[k]).detach() if k in proxy else v
-                    for k, v in permuted_b.items()
-                }
-                loss = batch_loss(model, midpoint(params_a, straight), x, y)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+                straight = straight_through(proxy, perm.apply(params_b))
+                value = optimise(optimizer, batch_loss(model, midpoint(params_a, straight), x, y))
                 steps += 1
-                total += loss.item()
+                total += value
                 count += 1
                 if progress is not None:
-                    progress(epoch, steps, loss.item())
+                    progress(epoch, steps, value)
             history.append(total / max(count, 1))
             final = project(perm, duals)
             perm, duals = final.perm, final.duals

@@ -18,7 +18,13 @@ from torch import Tensor, nn
 from lmckit.errors import ParamsError
 from lmckit.evaluate import bn_reset
 from lmckit.match import weight_matching
-from lmckit.match._functional import as_batches, batch_loss, parameter_names
+from lmckit.match._functional import (
+    as_batches,
+    batch_loss,
+    optimise,
+    parameter_names,
+    straight_through,
+)
 from lmckit.merge.result import MergeResult, average_params, check_models, merge_with
 from lmckit.perm import Params, Permutation, PermutationSpec
 
@@ -92,28 +98,18 @@ def ste_mm(
                 for i in range(n - 1):
                     project(i)
                 lam = simplex_weights(n, generator, weights)
-                members = []
-                for i in range(n - 1):
-                    permuted = perms[i].apply(params_list[i])
-                    members.append(
-                        {
-                            k: proxies[i][k] + (v - proxies[i][k]).detach()
-                            if k in proxies[i]
-                            else v
-                            for k, v in permuted.items()
-                        }
-                    )
+                members = [
+                    straight_through(proxies[i], perms[i].apply(params_list[i]))
+                    for i in range(n - 1)
+                ]
                 members.append(dict(ref))
                 mixture = average_params(members, lam.tolist())
-                loss = batch_loss(model, mixture, x, y)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+                value = optimise(optimizer, batch_loss(model, mixture, x, y))
                 steps += 1
-                total += loss.item()
+                total += value
                 count += 1
                 if progress is not None:
-                    progress(epoch, steps, loss.item())
+                    progress(epoch, steps, value)
             history.append(total / max(count, 1))
         for i in range(n - 1):
             project(i)
