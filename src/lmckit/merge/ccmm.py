@@ -5,7 +5,8 @@ Every model i gets, per group, a map ``P_i`` into a shared "universe" of units; 
 inner products in the universe, ``f(P) = Σ_{i<j} ⟨P_i(θ_i), P_j(θ_j)⟩`` — equivalently the
 sum of all pairwise squared distances, minimised. It is maximised over the relaxation to
 doubly-stochastic matrices by Frank–Wolfe: the gradient of every ``P_i^g`` (autograd through
-the multilinear objective) is turned into a vertex by a LAP, and a line search picks the step.
+the multilinear objective) is turned into a vertex by a LAP, and an exact line search (the
+objective is a quartic in the step) picks the step.
 The result is rounded to permutations by one LAP per matrix and expressed in the frame of
 the reference model.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from lmckit.lap import solve_lap
@@ -120,28 +122,20 @@ def ccmm(
 
 
 @torch.no_grad()
-def _line_search(spec, floating, soft, vertices, evaluations: int = 12) -> float:
-    """Golden-section search of ``f(P + γ(V − P))`` over γ ∈ [0, 1] (plus the ends)."""
+def _line_search(spec, floating, soft, vertices) -> float:
+    """Exact line search of ``f(P + γ(V − P))`` on γ ∈ [0, 1].
 
-    def f(gamma: float) -> float:
+    Every aligned tensor is at most quadratic in γ (a group acts on at most two of its
+    axes), so each pairwise inner product — and ``f`` — is a polynomial of degree ≤ 4:
+    five evaluations determine it, and its maximum is read off a fine grid."""
+    gammas = np.linspace(0.0, 1.0, 5)
+    values = []
+    for gamma in gammas:
         mix = [
-            {g: s[g] + gamma * (v[g] - s[g]) for g in s}
+            {g: s[g] + float(gamma) * (v[g] - s[g]) for g in s}
             for s, v in zip(soft, vertices, strict=True)
         ]
-        return float(_objective(spec, floating, mix))
-
-    ratio = (5**0.5 - 1) / 2
-    lo, hi = 0.0, 1.0
-    c, d = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-    fc, fd = f(c), f(d)
-    for _ in range(evaluations):
-        if fc >= fd:
-            hi, d, fd = d, c, fc
-            c = hi - ratio * (hi - lo)
-            fc = f(c)
-        else:
-            lo, c, fc = c, d, fd
-            d = lo + ratio * (hi - lo)
-            fd = f(d)
-    candidates = {0.0: f(0.0), 1.0: f(1.0), (lo + hi) / 2: max(fc, fd)}
-    return max(candidates, key=candidates.get)
+        values.append(float(_objective(spec, floating, mix)))
+    poly = np.polynomial.Polynomial.fit(gammas, values, 4)
+    grid = np.linspace(0.0, 1.0, 1001)
+    return float(grid[int(np.argmax(poly(grid)))])
