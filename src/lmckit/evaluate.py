@@ -35,7 +35,7 @@ from scipy.optimize import minimize_scalar
 from torch import Tensor, nn
 
 from lmckit.errors import ParamsError
-from lmckit.metrics import Metrics, evaluate
+from lmckit.metrics import evaluate
 from lmckit.perm import Params, check_params_compatible
 
 __all__ = [
@@ -383,8 +383,3 @@ def interpolate(
         "ensemble": ensemble,
     }
     return Curve(lams, splits, curve_barriers, info)
-
-
-def endpoint_metrics(model: nn.Module, params: Params, loader: Loader) -> Metrics:
-    """Loss and accuracy of one parameter set (alias of :func:`lmckit.metrics.evaluate`)."""
-    return evaluate(model, loader, params)
