@@ -249,3 +249,20 @@ def test_sinkhorn_rejects_bad_options():
         sinkhorn_matching(spec, a, b, objective="kl")
     with pytest.raises(ParamsError, match="needs model= and loader="):
         sinkhorn_matching(spec, a, b, objective="mid")
+
+
+def test_weight_matcher_reuse_agrees_with_fresh_calls():
+    from lmckit.match import WeightMatcher
+
+    torch.manual_seed(0)
+    models = [build_model("resnet20", width_multiplier=0.5, in_channels=1) for _ in range(4)]
+    spec = permutation_spec(models[0])
+    b = models[0].state_dict()
+    matcher = WeightMatcher(spec, b)
+    previous = None
+    for m in models[1:] + models[1:2]:  # revisit a model after the caches have moved on
+        a = m.state_dict()
+        reused = matcher.match(a, init=previous)
+        fresh = weight_matching(spec, a, b, init=previous)
+        assert reused.perm == fresh.perm and reused.history == fresh.history
+        previous = reused.perm

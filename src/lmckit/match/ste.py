@@ -27,7 +27,7 @@ from lmckit.match._functional import (
     straight_through,
 )
 from lmckit.match.result import MatchResult, check_inputs
-from lmckit.match.weight import weight_matching
+from lmckit.match.weight import WeightMatcher
 from lmckit.perm import Params, Permutation, PermutationSpec, params_distance
 
 
@@ -84,17 +84,12 @@ def ste_matching(
     if not eval_set:
         raise ParamsError("ste_matching got an empty loader")
 
+    matcher = WeightMatcher(spec, params_b)
+
     def project(perm, duals):
         current = {**params_a, **{k: v.detach() for k, v in proxy.items()}}
-        return weight_matching(
-            spec,
-            current,
-            params_b,
-            init=perm,
-            duals=duals,
-            seed=seed,
-            validate=False,
-            distances=False,
+        return matcher.match(
+            current, init=perm, duals=duals, seed=seed, validate=False, distances=False
         )
 
     wm = project(init, None)

@@ -8,6 +8,9 @@ its current permutation. Stop after a sweep that improves nothing (or ``max_iter
 With ``warm_start=True`` every group keeps its LAP duals between solves (and between
 calls, through ``duals=``), so once the permutations settle each LAP is nearly solved
 before it starts and the time goes to forming ``C_g`` (matrix products).
+
+:class:`WeightMatcher` holds model B's layouts and the permuted copies of them between
+calls, for loops that match many A's to one B (STE, STE-MM, MergeMany-like schemes).
 """
 
 from __future__ import annotations
@@ -28,50 +31,172 @@ from lmckit.perm import Params, Permutation, PermutationSpec, params_distance
 
 @dataclass
 class _Term:
-    """One (tensor, axis) of a group: A laid out as ``(n, m)``; B as ``(n, *rest)`` with the
+    """One (tensor, axis) of a group on the B side: B laid out as ``(n, *rest)`` with the
     other grouped axes of the rest — ``(position in b_moved, group)`` — to permute. The
-    permuted B is cached and rebuilt only when one of those groups' permutations changed."""
+    permuted B is cached and rebuilt only when one of those groups' permutations changes
+    (also across calls of a :class:`WeightMatcher`)."""
 
     name: str
-    a2: Tensor
+    axis: int
     b_moved: Tensor
     others: tuple[tuple[int, str], ...]
-    cached_key: tuple[int, ...] | None = None
+    cached_perms: tuple[Tensor, ...] | None = None
     cached_b2: Tensor | None = None
 
-    def b2(self, perm: Mapping[str, Tensor], versions: Mapping[str, int]) -> Tensor:
-        key = tuple(versions[h] for _, h in self.others)
-        if key != self.cached_key:
+    def b2(self, perm: Mapping[str, Tensor]) -> Tensor:
+        current = tuple(perm[h] for _, h in self.others)
+        if self.cached_perms is None or not all(
+            p is q or torch.equal(p, q) for p, q in zip(current, self.cached_perms, strict=True)
+        ):
             b = self.b_moved
             for pos, h in self.others:
                 b = b.index_select(pos, perm[h])
-            self.cached_b2, self.cached_key = b.reshape(b.shape[0], -1), key
+            self.cached_b2, self.cached_perms = b.reshape(b.shape[0], -1), current
         return self.cached_b2
 
 
-def _build_terms(
-    spec: PermutationSpec, params_a: Params, params_b: Params, names: set[str]
-) -> dict[str, list[_Term]]:
-    terms: dict[str, list[_Term]] = {g: [] for g in spec.groups}
-    for g in spec.groups:
-        n = spec.groups[g]
-        for name, axis in spec.group_axes(g):
-            if name not in names:
-                continue
-            others = tuple(
-                (j + 1 if j < axis else j, h)  # position once `axis` is moved to the front
-                for j, h in enumerate(spec.axes[name])
-                if h is not None and j != axis
-            )
-            terms[g].append(
-                _Term(
-                    name=name,
-                    a2=params_a[name].movedim(axis, 0).reshape(n, -1).contiguous(),
-                    b_moved=params_b[name].movedim(axis, 0).contiguous(),
-                    others=others,
+class WeightMatcher:
+    """Weight matching of many parameter sets A against one fixed model B.
+
+    ``WeightMatcher(spec, params_b).match(params_a, ...)`` is
+    ``weight_matching(spec, params_a, params_b, ...)``, but B's matrix layouts (and the
+    permuted versions of them) are built once and kept, so a loop that re-matches a moving
+    A every step pays only for the products.
+    """
+
+    def __init__(
+        self,
+        spec: PermutationSpec,
+        params_b: Params,
+        *,
+        include_running_stats: bool = True,
+        lap_backend: str = "lapjv",
+    ) -> None:
+        self.spec = spec
+        self.params_b = params_b
+        self.lap_backend = lap_backend
+        self.include_running_stats = include_running_stats
+        self.names = set(matched_names(params_b, include_running_stats))
+        self.terms: dict[str, list[_Term]] = {g: [] for g in spec.groups}
+        for g in spec.groups:
+            for name, axis in spec.group_axes(g):
+                if name not in self.names:
+                    continue
+                others = tuple(
+                    (j + 1 if j < axis else j, h)  # position once `axis` is moved to the front
+                    for j, h in enumerate(spec.axes[name])
+                    if h is not None and j != axis
                 )
-            )
-    return terms
+                b_moved = params_b[name].movedim(axis, 0).contiguous()
+                self.terms[g].append(_Term(name, axis, b_moved, others))
+        self.groups = [g for g in spec.groups if self.terms[g]]
+        self.grouped = {t.name for g in self.groups for t in self.terms[g]}
+
+    def match(
+        self,
+        params_a: Params,
+        *,
+        init: Permutation | None = None,
+        duals: Mapping[str, LapDuals] | None = None,
+        max_iter: int = 100,
+        seed: int = 0,
+        warm_start: bool = True,
+        progress: Callable[[int, float], None] | None = None,
+        validate: bool = True,
+        distances: bool = True,
+    ) -> MatchResult:
+        """Match B onto ``params_a``; arguments as in :func:`weight_matching`."""
+        start = time.perf_counter()
+        spec, params_b = self.spec, self.params_b
+        if validate:
+            check_inputs(spec, params_a, params_b)
+        a2 = {
+            (t.name, t.axis): params_a[t.name].movedim(t.axis, 0).reshape(spec.groups[g], -1)
+            for g in self.groups
+            for t in self.terms[g]
+        }
+        device = next(iter(params_a.values())).device
+        init_perm = init or Permutation.identity(spec)
+        perm = {g: p.to(device) for g, p in init_perm.items()}
+        lap_duals: dict[str, LapDuals] = dict(duals or {}) if warm_start else {}
+        floating = params_a[next(iter(self.names))].dtype if self.names else torch.float32
+        rel_tol = 1e-12 if floating == torch.float64 else 1e-6
+        generator = torch.Generator().manual_seed(seed)
+        # The objective is tracked per tensor from the diagonals of the per-term products: a
+        # tensor's value is exact once the last of its groups has been solved in a sweep.
+        # Linearised self-map tensors are instead evaluated exactly at the end of each sweep.
+        constant = _objective(spec, params_a, params_b, perm, self.names - self.grouped)
+        contributions: dict[str, float] = {}
+        exact_each_sweep = bool(spec.self_maps & self.names)
+        history: list[float] = []
+        gemm_s = lap_s = 0.0
+        solves = sweeps = 0
+        for sweep in range(max_iter):
+            sweeps = sweep + 1
+            improved = False
+            for idx in torch.randperm(len(self.groups), generator=generator).tolist():
+                g = self.groups[idx]
+                n = spec.groups[g]
+                terms = self.terms[g]
+                t0 = time.perf_counter()
+                products = [a2[(t.name, t.axis)] @ t.b2(perm).T for t in terms]
+                gains = products[0].clone() if len(products) > 1 else products[0]
+                for product in products[1:]:
+                    gains += product
+                gains64 = gains.detach().to("cpu", torch.float64).numpy()
+                t1 = time.perf_counter()
+                g_dual = lap_duals.get(g)
+                if g_dual is not None and g_dual.u.shape != (n,):
+                    g_dual = None
+                new, new_dual = solve_lap(
+                    gains64, maximize=True, duals=g_dual, backend=self.lap_backend
+                )
+                lap_s += time.perf_counter() - t1
+                gemm_s += t1 - t0
+                solves += 1
+                if warm_start:
+                    lap_duals[g] = new_dual
+                rows = np.arange(n)
+                old_gain = float(gains64[rows, perm[g].cpu().numpy()].sum())
+                new_gain = float(gains64[rows, new.numpy()].sum())
+                if new_gain > old_gain + rel_tol * max(abs(old_gain), abs(new_gain), 1e-30):
+                    perm[g] = new.to(device)
+                    improved = True
+                chosen = perm[g][:, None]
+                for term, product in zip(terms, products, strict=True):
+                    contributions[term.name] = float(product.gather(1, chosen).double().sum())
+            if exact_each_sweep:
+                objective = constant + _objective(spec, params_a, params_b, perm, self.grouped)
+            else:
+                objective = constant + sum(contributions.values())
+            history.append(objective)
+            if progress is not None:
+                progress(sweeps, objective)
+            if not improved:
+                break
+        final = Permutation(spec, {g: p.cpu() for g, p in perm.items()})
+        before = after = math.nan
+        if distances:
+            start_b = params_b if init is None else init_perm.apply(params_b)
+            before = params_distance(params_a, start_b)
+            after = params_distance(params_a, final.apply(params_b))
+        return MatchResult(
+            perm=final,
+            method="weight_matching[warm]" if warm_start else "weight_matching",
+            history=tuple(history),
+            iterations=sweeps,
+            seconds=time.perf_counter() - start,
+            distance_before=before,
+            distance_after=after,
+            duals=lap_duals if warm_start else None,
+            info={
+                "gemm_seconds": gemm_s,
+                "lap_seconds": lap_s,
+                "lap_solves": solves,
+                "warm_start": warm_start,
+                "lap_backend": self.lap_backend,
+            },
+        )
 
 
 def weight_matching(
@@ -106,8 +231,7 @@ def weight_matching(
             its reduction duals.
         lap_backend: ``"lapjv"`` or ``"scipy"`` (see :func:`lmckit.lap.solve_lap`).
         progress: called as ``progress(sweep, objective)`` after each sweep.
-        validate: check the inputs (spec fit, matching shapes, finite values). Inner loops
-            that call weight matching on already-checked inputs every step turn it off.
+        validate: check the inputs (spec fit, matching shapes, finite values).
         distances: compute ``distance_before``/``distance_after`` (NaN when off; each costs a
             pass over all parameters).
 
@@ -119,93 +243,21 @@ def weight_matching(
     For tensors in ``spec.self_maps`` (one group on two axes), each LAP holds the other
     axis at the current permutation (a linearisation); the objective may then wobble.
     """
-    start = time.perf_counter()
     if validate:
         check_inputs(spec, params_a, params_b)
-    names = set(matched_names(params_a, include_running_stats))
-    terms = _build_terms(spec, params_a, params_b, names)
-    device = next(iter(params_a.values())).device
-    init_perm = init or Permutation.identity(spec)
-    perm = {g: p.to(device) for g, p in init_perm.items()}
-    versions = dict.fromkeys(spec.groups, 0)
-    lap_duals: dict[str, LapDuals] = dict(duals or {}) if warm_start else {}
-    floating = params_a[next(iter(names))].dtype if names else torch.float32
-    rel_tol = 1e-12 if floating == torch.float64 else 1e-6
-    generator = torch.Generator().manual_seed(seed)
-    groups = [g for g in spec.groups if terms[g]]
-    # The objective is tracked per tensor from the diagonals of the per-term products: a
-    # tensor's value is exact once the last of its groups has been solved in a sweep.
-    # Linearised self-map tensors are instead evaluated exactly at the end of each sweep.
-    grouped = {t.name for g in groups for t in terms[g]}
-    constant = _objective(spec, params_a, params_b, perm, names - grouped)
-    contributions: dict[str, float] = {}
-    exact_each_sweep = bool(spec.self_maps & names)
-    history: list[float] = []
-    gemm_s = lap_s = 0.0
-    solves = 0
-    sweeps = 0
-    for sweep in range(max_iter):
-        sweeps = sweep + 1
-        improved = False
-        for idx in torch.randperm(len(groups), generator=generator).tolist():
-            g = groups[idx]
-            n = spec.groups[g]
-            t0 = time.perf_counter()
-            products = [t.a2 @ t.b2(perm, versions).T for t in terms[g]]
-            gains = products[0].clone() if len(products) > 1 else products[0]
-            for product in products[1:]:
-                gains += product
-            gains64 = gains.detach().to("cpu", torch.float64).numpy()
-            t1 = time.perf_counter()
-            g_dual = lap_duals.get(g)
-            if g_dual is not None and g_dual.u.shape != (n,):
-                g_dual = None
-            new, new_dual = solve_lap(gains64, maximize=True, duals=g_dual, backend=lap_backend)
-            lap_s += time.perf_counter() - t1
-            gemm_s += t1 - t0
-            solves += 1
-            if warm_start:
-                lap_duals[g] = new_dual
-            rows = np.arange(n)
-            old_gain = float(gains64[rows, perm[g].cpu().numpy()].sum())
-            new_gain = float(gains64[rows, new.numpy()].sum())
-            if new_gain > old_gain + rel_tol * max(abs(old_gain), abs(new_gain), 1e-30):
-                perm[g] = new.to(device)
-                versions[g] += 1
-                improved = True
-            chosen = perm[g]
-            for term, product in zip(terms[g], products, strict=True):
-                contributions[term.name] = float(product.gather(1, chosen[:, None]).double().sum())
-        if exact_each_sweep:
-            objective = constant + _objective(spec, params_a, params_b, perm, grouped)
-        else:
-            objective = constant + sum(contributions.values())
-        history.append(objective)
-        if progress is not None:
-            progress(sweeps, objective)
-        if not improved:
-            break
-    final = Permutation(spec, {g: p.cpu() for g, p in perm.items()})
-    return MatchResult(
-        perm=final,
-        method="weight_matching[warm]" if warm_start else "weight_matching",
-        history=tuple(history),
-        iterations=sweeps,
-        seconds=time.perf_counter() - start,
-        distance_before=params_distance(
-            params_a, params_b if init is None else init_perm.apply(params_b)
-        )
-        if distances
-        else math.nan,
-        distance_after=params_distance(params_a, final.apply(params_b)) if distances else math.nan,
-        duals=lap_duals if warm_start else None,
-        info={
-            "gemm_seconds": gemm_s,
-            "lap_seconds": lap_s,
-            "lap_solves": solves,
-            "warm_start": warm_start,
-            "lap_backend": lap_backend,
-        },
+    matcher = WeightMatcher(
+        spec, params_b, include_running_stats=include_running_stats, lap_backend=lap_backend
+    )
+    return matcher.match(
+        params_a,
+        init=init,
+        duals=duals,
+        max_iter=max_iter,
+        seed=seed,
+        warm_start=warm_start,
+        progress=progress,
+        validate=False,
+        distances=distances,
     )
 
 

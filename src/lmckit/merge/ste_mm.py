@@ -17,7 +17,6 @@ from torch import Tensor, nn
 
 from lmckit.errors import ParamsError
 from lmckit.evaluate import bn_reset
-from lmckit.match import weight_matching
 from lmckit.match._functional import (
     as_batches,
     batch_loss,
@@ -25,6 +24,7 @@ from lmckit.match._functional import (
     parameter_names,
     straight_through,
 )
+from lmckit.match.weight import WeightMatcher
 from lmckit.merge.result import MergeResult, average_params, check_models, merge_with
 from lmckit.perm import Params, Permutation, PermutationSpec
 
@@ -75,17 +75,12 @@ def ste_mm(
     duals: list = [None] * (n - 1)
     generator = torch.Generator().manual_seed(seed)
 
+    matchers = [WeightMatcher(spec, params_list[i]) for i in range(n - 1)]
+
     def project(i: int) -> None:
         current = {**ref, **{k: v.detach() for k, v in proxies[i].items()}}
-        r = weight_matching(
-            spec,
-            current,
-            params_list[i],
-            init=perms[i],
-            duals=duals[i],
-            seed=seed,
-            validate=False,
-            distances=False,
+        r = matchers[i].match(
+            current, init=perms[i], duals=duals[i], seed=seed, validate=False, distances=False
         )
         perms[i], duals[i] = r.perm, r.duals
 
