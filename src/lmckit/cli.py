@@ -179,7 +179,7 @@ def cmd_match(args: argparse.Namespace) -> int:
 
     a, b = load_checkpoint(args.a), load_checkpoint(args.b)
     data = None
-    if args.method in NEEDS_DATA and args.method != "sinkhorn":
+    if args.method in NEEDS_DATA:
         data = _data_for_checkpoint(a, args.dataset, args.data_dir, args.no_download)
     result = match_checkpoints(
         a,
