@@ -179,3 +179,13 @@ def test_plots_write_png_and_data(pair, digits, tmp_path):
     assert (
         bars.exists() and json.loads((tmp_path / "bars.json").read_text())["naive"]["loss"] == 1.0
     )
+
+
+def test_demo_falls_back_to_digits_and_says_so(monkeypatch):
+    import lmckit.experiments.demo as demo
+
+    monkeypatch.setattr(demo, "fashion_mnist_available", lambda: False)
+    said = []
+    data = demo.choose_dataset(None, said.append)
+    assert data.name == "digits"
+    assert "apt-get install dataset-fashion-mnist" in said[0] and "digits" in said[0]

@@ -91,6 +91,12 @@ class WeightMatcher:
                 self.terms[g].append(_Term(name, axis, b_moved, others))
         self.groups = [g for g in spec.groups if self.terms[g]]
         self.grouped = {t.name for g in self.groups for t in self.terms[g]}
+        # The groups whose permutations a group's cost matrix depends on. A group whose
+        # neighbours have not changed since it was last solved would get the same matrix
+        # and cannot improve, so its solve is skipped (self-mapped groups never are).
+        self.neighbours = {
+            g: tuple(sorted({h for t in self.terms[g] for _, h in t.others})) for g in self.groups
+        }
 
     def match(
         self,
@@ -130,7 +136,8 @@ class WeightMatcher:
         exact_each_sweep = bool(spec.self_maps & self.names)
         history: list[float] = []
         gemm_s = lap_s = 0.0
-        solves = sweeps = 0
+        solves = sweeps = skipped = flops = 0
+        solved_with: dict[str, tuple[Tensor, ...]] = {}
         for sweep in range(max_iter):
             sweeps = sweep + 1
             improved = False
@@ -138,8 +145,18 @@ class WeightMatcher:
                 g = self.groups[idx]
                 n = spec.groups[g]
                 terms = self.terms[g]
+                neighbours = tuple(perm[h] for h in self.neighbours[g])
+                last = solved_with.get(g)
+                if (
+                    last is not None
+                    and g not in self.neighbours[g]
+                    and all(p is q for p, q in zip(neighbours, last, strict=True))
+                ):
+                    skipped += 1
+                    continue
                 t0 = time.perf_counter()
                 products = [a2[(t.name, t.axis)] @ t.b2(perm).T for t in terms]
+                flops += sum(2 * n * a2[(t.name, t.axis)].numel() for t in terms)
                 gains = products[0].clone() if len(products) > 1 else products[0]
                 for product in products[1:]:
                     gains += product
@@ -162,6 +179,7 @@ class WeightMatcher:
                 if new_gain > old_gain + rel_tol * max(abs(old_gain), abs(new_gain), 1e-30):
                     perm[g] = new.to(device)
                     improved = True
+                solved_with[g] = tuple(perm[h] for h in self.neighbours[g])
                 chosen = perm[g][:, None]
                 for term, product in zip(terms, products, strict=True):
                     contributions[term.name] = float(product.gather(1, chosen).double().sum())
@@ -193,6 +211,8 @@ class WeightMatcher:
                 "gemm_seconds": gemm_s,
                 "lap_seconds": lap_s,
                 "lap_solves": solves,
+                "skipped_solves": skipped,
+                "gemm_flops": flops,
                 "warm_start": warm_start,
                 "lap_backend": self.lap_backend,
             },
@@ -238,7 +258,9 @@ def weight_matching(
     Returns:
         :class:`MatchResult` with ``history`` the objective after each sweep (for specs
         without self-maps it never decreases), ``duals`` for reuse, and ``info`` holding
-        ``gemm_seconds``, ``lap_seconds`` and ``lap_solves``.
+        ``gemm_seconds``, ``lap_seconds``, ``lap_solves``, ``skipped_solves`` (groups whose
+        neighbours had not changed since their last solve, so their LAP could not improve)
+        and ``gemm_flops``.
 
     For tensors in ``spec.self_maps`` (one group on two axes), each LAP holds the other
     axis at the current permutation (a linearisation); the objective may then wobble.
