@@ -6,6 +6,26 @@ import pytest
 from lmckit.cli import main
 
 
+def digits_mlp_args(out, *, seeds, epochs, hidden):
+    """`lmckit train` arguments for small MLPs on the bundled digits."""
+    return [
+        "train",
+        "--model",
+        "mlp",
+        "--dataset",
+        "digits",
+        "--seeds",
+        *map(str, seeds),
+        "--epochs",
+        str(epochs),
+        "--hidden",
+        *map(str, hidden),
+        "--out",
+        str(out),
+        "-q",
+    ]
+
+
 def test_info_prints_symmetry_counts(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
@@ -32,24 +52,7 @@ def test_console_script_runs():
 
 
 def test_train_command_trains_then_skips(tmp_path, capsys):
-    args = [
-        "train",
-        "--model",
-        "mlp",
-        "--dataset",
-        "digits",
-        "--seeds",
-        "0",
-        "1",
-        "--epochs",
-        "2",
-        "--hidden",
-        "32",
-        "32",
-        "--out",
-        str(tmp_path),
-        "-q",
-    ]
+    args = digits_mlp_args(tmp_path, seeds=[0, 1], epochs=2, hidden=[32, 32])
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "seed 0: train acc" in out and "trained in" in out
@@ -72,24 +75,7 @@ def test_match_command_writes_a_loadable_permutation(tmp_path, capsys):
     from lmckit.experiments.matching import load_permutation
     from lmckit.perm import params_distance
 
-    train = [
-        "train",
-        "--model",
-        "mlp",
-        "--dataset",
-        "digits",
-        "--seeds",
-        "0",
-        "1",
-        "--epochs",
-        "1",
-        "--hidden",
-        "32",
-        "32",
-        "--out",
-        str(tmp_path),
-        "-q",
-    ]
+    train = digits_mlp_args(tmp_path, seeds=[0, 1], epochs=1, hidden=[32, 32])
     assert main(train) == 0
     a, b = (tmp_path / f"mlp-digits-seed{s}.safetensors" for s in (0, 1))
     for method in ("wm", "wm-fast", "am", "ste", "sinkhorn"):
@@ -107,24 +93,7 @@ def test_match_command_writes_a_loadable_permutation(tmp_path, capsys):
 
 
 def test_interpolate_command_writes_curves_and_plots(tmp_path, capsys):
-    train = [
-        "train",
-        "--model",
-        "mlp",
-        "--dataset",
-        "digits",
-        "--seeds",
-        "0",
-        "1",
-        "--epochs",
-        "3",
-        "--hidden",
-        "32",
-        "32",
-        "--out",
-        str(tmp_path),
-        "-q",
-    ]
+    train = digits_mlp_args(tmp_path, seeds=[0, 1], epochs=3, hidden=[32, 32])
     assert main(train) == 0
     a, b = (str(tmp_path / f"mlp-digits-seed{s}.safetensors") for s in (0, 1))
     out = tmp_path / "interp"
@@ -194,25 +163,7 @@ def test_demo_runs_on_digits_and_reuses_its_results(tmp_path, capsys):
 def test_merge_command_and_sweep(tmp_path, capsys):
     import json
 
-    train = [
-        "train",
-        "--model",
-        "mlp",
-        "--dataset",
-        "digits",
-        "--seeds",
-        "0",
-        "1",
-        "2",
-        "--epochs",
-        "3",
-        "--hidden",
-        "24",
-        "24",
-        "--out",
-        str(tmp_path),
-        "-q",
-    ]
+    train = digits_mlp_args(tmp_path, seeds=[0, 1, 2], epochs=3, hidden=[24, 24])
     assert main(train) == 0
     ckpts = [str(tmp_path / f"mlp-digits-seed{s}.safetensors") for s in range(3)]
     out = tmp_path / "merged"
