@@ -164,6 +164,8 @@ def test_interpolate_needs_loaders(pair):
     model, a, b = pair
     with pytest.raises(ParamsError, match="needs loaders"):
         interpolate(model, a, b, 3, {})
+    with pytest.raises(ParamsError, match="from 0 to 1"):
+        interpolate(model, a, b, [0.2, 0.5, 1.0], {"test": [(torch.zeros(1, 64), torch.zeros(1))]})
 
 
 def test_plots_write_png_and_data(pair, digits, tmp_path):

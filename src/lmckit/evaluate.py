@@ -309,7 +309,8 @@ def interpolate(
     """Evaluate the linear path from ``params_a`` (λ = 0) to ``params_b`` (λ = 1).
 
     Args:
-        lambdas: number of evenly spaced points in [0, 1], or the points themselves.
+        lambdas: number of evenly spaced points in [0, 1] (≥ 2), or the points themselves
+            (increasing, from exactly 0 to exactly 1).
         loaders: ``{split name: loader}`` (e.g. ``{"train": ..., "test": ...}``).
         bn_reset_loader: re-estimate BatchNorm statistics at every interior λ on this data
             (the endpoints keep their own statistics, so λ = 0/1 reproduce them exactly).
@@ -324,6 +325,11 @@ def interpolate(
     check_params_compatible(params_a, params_b)
     lams = list(np.linspace(0.0, 1.0, lambdas)) if isinstance(lambdas, int) else list(lambdas)
     lams = [float(x) for x in lams]
+    if len(lams) < 2 or lams[0] != 0.0 or lams[-1] != 1.0 or lams != sorted(lams):
+        raise ParamsError(
+            f"lambdas must increase from 0 to 1 (barriers and the ensemble use the endpoints), "
+            f"got {lams[:3]}...{lams[-2:]}"
+        )
     device = next(iter(params_a.values())).device
     collected: dict[str, list[Tensor]] = {s: [] for s in loaders}
     labels: dict[str, Tensor] = {}
