@@ -292,19 +292,21 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _step_bar(label: str):
+    """A callback that advances a progress bar (created on first use) once per call."""
+    bar = None
+
+    def callback(*_event) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = _bar(label)
+        bar.update(1)
+
+    return callback
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from lmckit.experiments.demo import format_table, run_demo
-
-    def step_progress(label):
-        bar = None
-
-        def cb(*event):
-            nonlocal bar
-            if bar is None:
-                bar = _bar(f"match {label}")
-            bar.update(1)
-
-        return cb
 
     summary = run_demo(
         args.out,
@@ -312,7 +314,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         ste_epochs=args.ste_epochs,
         train_progress=None if args.quiet else _progress_bar_factory("mlp"),
-        step_progress=None if args.quiet else step_progress,
+        step_progress=None if args.quiet else _step_bar,
     )
     from lmckit.experiments.demo import DemoRow
 
@@ -360,7 +362,15 @@ def cmd_merge(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.sweep_n:
         methods = args.methods or ["star-wm", "merge-many", "ccmm", "ste-mm"]
-        results = sweep(ckpts, methods, _parse_range(args.sweep_n), data, out, epochs=args.epochs)
+        results = sweep(
+            ckpts,
+            methods,
+            _parse_range(args.sweep_n),
+            data,
+            out,
+            epochs=args.epochs,
+            progress=_step_bar,
+        )
         png = plot_sweep(
             results,
             out / "sweep.png",
@@ -382,6 +392,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         lr=args.lr,
         batch_size=args.batch_size,
         seed=args.seed,
+        progress=_step_bar(args.method),
     )
     test = data.loader("test", batch_size=1000)
     bn_loader = bn_loader_for(ckpts[0], data)

@@ -124,7 +124,7 @@ def run_demo(
             method,
             data,
             epochs=ste_epochs,
-            progress=step_progress(label) if step_progress else None,
+            progress=step_progress(f"match {label}") if step_progress else None,
         )
         save_match(path, result, a=str(a.path), b=str(b.path))
         perms[label] = (result.perm, result.seconds)

@@ -84,10 +84,11 @@ def sweep(
     *,
     epochs: int = 10,
     log: Callable[[str], None] = print,
+    progress: Callable[[str], Callable | None] | None = None,
 ) -> dict[str, dict[int, dict[str, Any]]]:
     """For each ``n`` and method, merge the first ``n`` checkpoints and measure the merged
     model on the test set. Each finished (method, n) is stored in ``out/sweep/`` at once and
-    reused on a rerun."""
+    reused on a rerun. ``progress(label)`` may return a per-step callback for STE-MM."""
     results: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in methods}
     test = data.loader("test", batch_size=1000)
     for n in ns:
@@ -99,7 +100,13 @@ def sweep(
                 results[method][n] = json.loads(path.read_text())
                 log(f"n={n} {method:<10} cached")
                 continue
-            result = merge_checkpoints(ckpts[:n], method, data, epochs=epochs)
+            result = merge_checkpoints(
+                ckpts[:n],
+                method,
+                data,
+                epochs=epochs,
+                progress=progress(f"{method} n={n}") if progress else None,
+            )
             m = multi_model_metrics(
                 ckpts[0].model,
                 [c.params for c in ckpts[:n]],
