@@ -221,3 +221,54 @@ def test_merge_command_and_sweep(tmp_path, capsys):
     assert main(args) == 0
     assert capsys.readouterr().out.count("cached") == 6
     assert main(["merge", ckpts[0], "--out", str(tmp_path / "x")]) == 2
+
+
+def test_interpolate_and_merge_batchnorm_models(tmp_path, capsys):
+    """Conv nets with BatchNorm: 28×28-style padding, BN reset on the path, merged BN reset."""
+    args = [
+        "train",
+        "--model",
+        "resnet20",
+        "--dataset",
+        "digits",
+        "--seeds",
+        "0",
+        "1",
+        "--epochs",
+        "1",
+        "--width-multiplier",
+        "0.25",
+        "--lr",
+        "0.05",
+        "--out",
+        str(tmp_path),
+        "-q",
+    ]
+    assert main(args) == 0
+    a, b = (str(tmp_path / f"resnet20-digits-seed{s}.safetensors") for s in (0, 1))
+    assert (
+        main(
+            [
+                "interpolate",
+                a,
+                b,
+                "--method",
+                "none",
+                "wm-fast",
+                "--lambdas",
+                "3",
+                "--test-only",
+                "--bn-batches",
+                "2",
+                "--out",
+                str(tmp_path / "i"),
+            ]
+        )
+        == 0
+    )
+    import json
+
+    curves = json.loads((tmp_path / "i" / "interpolation.json").read_text())
+    assert curves["naive"]["info"]["bn_reset"] is True
+    assert main(["merge", a, b, "--method", "star-wm", "--out", str(tmp_path / "m")]) == 0
+    assert "merged test accuracy" in capsys.readouterr().out
