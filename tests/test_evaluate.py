@@ -73,7 +73,7 @@ def test_endpoints_reproduce_the_models_metrics(pair, digits):
     model, a, b = pair
     curve = interpolate(model, a, b, 5, loaders(digits), ensemble=True)
     for split, loader in loaders(digits).items():
-        ma, mb = evaluate(model, loader, a), evaluate(model, loader, b)
+        ma, mb = evaluate(model, a, loader), evaluate(model, b, loader)
         assert curve.splits[split]["loss"][0] == pytest.approx(ma.loss, rel=1e-6)
         assert curve.splits[split]["accuracy"][0] == ma.accuracy
         assert curve.splits[split]["loss"][-1] == pytest.approx(mb.loss, rel=1e-6)
@@ -108,17 +108,17 @@ def test_bn_reset_restores_a_model_with_corrupted_statistics(digits):
     model = trained({"hidden": [64, 64], "norm": "batch"}, 0, digits)
     params = model.state_dict()
     test = digits.loader("test", batch_size=360)
-    good = evaluate(model, test, params).accuracy
+    good = evaluate(model, params, test).accuracy
     broken = dict(params)
     for k in params:
         if k.endswith("running_mean"):
             broken[k] = params[k] + 3.0
         if k.endswith("running_var"):
             broken[k] = params[k] * 25
-    bad = evaluate(model, test, broken).accuracy
+    bad = evaluate(model, broken, test).accuracy
     fixed = bn_reset(model, broken, digits.loader("train", batch_size=128))
     assert bad < good - 0.2
-    assert evaluate(model, test, fixed).accuracy >= good - 0.02
+    assert evaluate(model, fixed, test).accuracy >= good - 0.02
     assert torch.equal(fixed["layers.0.weight"], params["layers.0.weight"])
     assert torch.equal(broken["norms.0.running_mean"], params["norms.0.running_mean"] + 3.0)
 
@@ -191,3 +191,21 @@ def test_demo_falls_back_to_digits_and_says_so(monkeypatch):
     data = demo.choose_dataset(None, said.append)
     assert data.name == "digits"
     assert "apt-get install dataset-fashion-mnist" in said[0] and "digits" in said[0]
+
+
+def test_predict_and_evaluate_agree(pair, digits):
+    from lmckit.errors import DataError
+    from lmckit.evaluate import predict
+
+    model, a, _ = pair
+    test = digits.loader("test", batch_size=100)
+    logits, labels = predict(model, a, test)
+    assert logits.shape == (360, 10) and labels.shape == (360,)
+    metrics = evaluate(model, a, test)
+    assert metrics.accuracy == (logits.argmax(1) == labels).double().mean().item()
+    assert metrics.loss == pytest.approx(torch.nn.functional.cross_entropy(logits, labels).item())
+    assert evaluate(model, None, test) == metrics  # the module's own weights are `a`
+    with pytest.raises(DataError, match="empty loader"):
+        evaluate(model, a, [])
+    with pytest.raises(DataError, match="empty loader"):
+        predict(model, a, [])

@@ -205,7 +205,7 @@ def midpoint_loss(model, a, b, perm, data):
     from lmckit.match._functional import midpoint
     from lmckit.metrics import evaluate
 
-    return evaluate(model, data.loader("test", batch_size=500), midpoint(a, perm.apply(b))).loss
+    return evaluate(model, midpoint(a, perm.apply(b)), data.loader("test", batch_size=500)).loss
 
 
 def test_ste_improves_the_midpoint_and_returns_an_equivalent_model(digits_pair):

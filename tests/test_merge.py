@@ -155,7 +155,7 @@ def test_multi_model_metrics_and_landscape(digits):
     assert land.points[0] == (0.0, 0.0) and land.points[1][1] == 0.0
     from lmckit.metrics import evaluate
 
-    corner = evaluate(model, test, aligned[0]).loss
+    corner = evaluate(model, aligned[0], test).loss
     assert land.loss[0][0] == pytest.approx(corner, rel=1e-4)
     with pytest.raises(ParamsError, match="exactly 3"):
         plane_landscape(model, aligned[:2], test)

@@ -10,7 +10,7 @@ every interpolated, merged or re-estimated parameter set.
 * :func:`bn_reset` re-estimates BatchNorm running statistics of a parameter set;
   :func:`repair` (Jordan et al., 2023) restores per-channel statistics of BN-free MLPs/VGGs.
 * :func:`fit_temperature`, :func:`calibration_metrics`: inverse temperature, ECE and
-  reliability-diagram data.
+  reliability-diagram data; :func:`evaluate` (loss, accuracy) and :func:`predict` (logits).
 
 Barriers (for a metric ``m`` where lower is better, e.g. the loss):
 
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from scipy.optimize import minimize_scalar
 from torch import Tensor, nn
 
-from lmckit.errors import ParamsError
+from lmckit.errors import DataError, ParamsError
 from lmckit.metrics import evaluate
 from lmckit.perm import Params, check_params_compatible
 
@@ -46,6 +46,7 @@ __all__ = [
     "fit_temperature",
     "interpolate",
     "lerp_params",
+    "predict",
     "repair",
 ]
 
@@ -280,13 +281,30 @@ def barriers(lambdas: Sequence[float], values: Sequence[float], higher_is_better
     }
 
 
-def _logits_and_labels(model, params, loader, device) -> tuple[Tensor, Tensor]:
+def predict(
+    model: nn.Module, params: Params | None, loader: Loader, *, device=None
+) -> tuple[Tensor, Tensor]:
+    """Logits ``(N, C)`` (float32, CPU) and labels ``(N,)`` of ``model`` with ``params``
+    (``None``: its own weights) over ``loader``, in eval mode (the mode is restored)."""
+    if device is None:
+        first = next(iter(params.values())) if params else next(model.parameters())
+        device = first.device
+    was_training = model.training
     model.eval()
     outs, ys = [], []
-    with torch.no_grad():
-        for x, y in loader:
-            outs.append(torch.func.functional_call(model, params, (x.to(device),)).float().cpu())
-            ys.append(y.cpu())
+    try:
+        with torch.no_grad():
+            for x, y in loader:
+                x = x.to(device)
+                out = (
+                    model(x) if params is None else torch.func.functional_call(model, params, (x,))
+                )
+                outs.append(out.float().cpu())
+                ys.append(y.cpu())
+    finally:
+        model.train(was_training)
+    if not outs:
+        raise DataError("predict() got an empty loader")
     return torch.cat(outs), torch.cat(ys)
 
 
@@ -341,7 +359,7 @@ def interpolate(
         elif interior and bn_reset_loader is not None:
             params = bn_reset(model, params, bn_reset_loader, bn_reset_batches)
         for split, loader in loaders.items():
-            logits, y = _logits_and_labels(model, params, loader, device)
+            logits, y = predict(model, params, loader, device=device)
             collected[split].append(logits)
             labels[split] = y
         if progress is not None:

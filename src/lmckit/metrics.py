@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmckit.errors import DataError
 from lmckit.perm import Params
 
 
@@ -31,12 +32,12 @@ class Metrics:
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
+    params: Params | None,
     loader: Iterable[tuple[Tensor, Tensor]],
-    params: Params | None = None,
     *,
     device: torch.device | str | None = None,
 ) -> Metrics:
-    """Evaluate ``model`` (with ``params`` substituted, if given) in eval mode.
+    """Evaluate ``model`` with ``params`` substituted (``None``: its own weights), eval mode.
 
     The model's train/eval mode is restored afterwards. Batches are moved to ``device``
     (default: the device of the model's first parameter).
@@ -57,5 +58,5 @@ def evaluate(
     finally:
         model.train(was_training)
     if count == 0:
-        raise ValueError("evaluate() got an empty loader")
+        raise DataError("evaluate() got an empty loader")
     return Metrics(loss=total_loss / count, accuracy=correct / count, count=count)

@@ -253,7 +253,7 @@ def train(
                 f"training diverged in epoch {epoch + 1} (loss {train_loss}); lower the "
                 f"learning rate (lr={config.lr})"
             )
-        test = evaluate(model, test_loader) if evaluate_each_epoch else None
+        test = evaluate(model, None, test_loader) if evaluate_each_epoch else None
         stats = EpochStats(
             epoch=epoch + 1,
             lr=lr,
@@ -278,7 +278,7 @@ def train(
                 )
             )
     train_eval = evaluate(
-        model, data.loader("train", batch_size=eval_batch_size, shuffle=False, device=device)
+        model, None, data.loader("train", batch_size=eval_batch_size, shuffle=False, device=device)
     )
-    test_eval = evaluate(model, test_loader)
+    test_eval = evaluate(model, None, test_loader)
     return TrainResult(history, train_eval, test_eval, time.perf_counter() - start)

@@ -81,7 +81,7 @@ def plane_landscape(
                 offset += n
             if bn_reset_loader is not None:
                 params = bn_reset(model, params, bn_reset_loader)
-            m = evaluate(model, loader, params)
+            m = evaluate(model, params, loader)
             loss[iy][ix], acc[iy][ix] = m.loss, m.accuracy
             done += 1
             if progress is not None:

@@ -59,15 +59,15 @@ def multi_model_metrics(
     def fix(params):
         return bn_reset(model, params, bn_reset_loader) if bn_reset_loader is not None else params
 
-    individual = [evaluate(model, loader, p) for p in params_list]
+    individual = [evaluate(model, p, loader) for p in params_list]
     mean_loss = sum(m.loss for m in individual) / len(individual)
     mean_acc = sum(m.accuracy for m in individual) / len(individual)
     merged_params = merged if merged is not None else fix(average_params(aligned))
-    merged_eval = evaluate(model, loader, merged_params)
+    merged_eval = evaluate(model, merged_params, loader)
     pair_gap = None
     if pairwise:
         losses = [
-            evaluate(model, loader, fix(lerp_params(aligned[i], aligned[j], 0.5))).loss
+            evaluate(model, fix(lerp_params(aligned[i], aligned[j], 0.5)), loader).loss
             for i, j in itertools.combinations(range(len(aligned)), 2)
         ]
         pair_gap = sum(losses) / len(losses) - mean_loss
