@@ -177,7 +177,7 @@ def cmd_match(args: argparse.Namespace) -> int:
     from lmckit.checkpoint import load_checkpoint
     from lmckit.experiments.matching import NEEDS_DATA, match_checkpoints, save_match
 
-    a, b = load_checkpoint(args.a), load_checkpoint(args.b)
+    a, b = load_checkpoint(args.a, device=args.device), load_checkpoint(args.b, device=args.device)
     data = None
     if args.method in NEEDS_DATA:
         data = _data_for_checkpoint(a, args.dataset, args.data_dir, args.no_download)
@@ -225,7 +225,7 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
     from lmckit.perm import Permutation
     from lmckit.plots import plot_barriers, plot_interpolation
 
-    a, b = load_checkpoint(args.a), load_checkpoint(args.b)
+    a, b = load_checkpoint(args.a, device=args.device), load_checkpoint(args.b, device=args.device)
     check_same_architecture(a, b)
     data = _data_for_checkpoint(a, args.dataset, args.data_dir, args.no_download)
     out = args.out
@@ -354,7 +354,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from lmckit.experiments.merging import bn_loader_for, merge_checkpoints, sweep
     from lmckit.plots import plot_geometry, plot_landscape, plot_sweep
 
-    ckpts = [load_checkpoint(p) for p in args.checkpoints]
+    ckpts = [load_checkpoint(p, device=args.device) for p in args.checkpoints]
     if len(ckpts) < 2:
         raise LmcError("merge needs at least two checkpoints")
     data = _data_for_checkpoint(ckpts[0], args.dataset, args.data_dir, args.no_download)
@@ -551,6 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=1, help="STE epochs")
     p.add_argument("--lr", type=float, help="STE (1e-3) / Sinkhorn (0.1) learning rate")
     p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
     p.set_defaults(func=cmd_match)
 
     p = sub.add_parser(
@@ -578,6 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", type=Path)
     p.add_argument("--no-download", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
     p.set_defaults(func=cmd_interpolate)
 
     p = sub.add_parser(
@@ -636,6 +638,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset")
     p.add_argument("--data-dir", type=Path)
     p.add_argument("--no-download", action="store_true")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
     p.set_defaults(func=cmd_merge)
     return parser
 

@@ -34,8 +34,10 @@ def batch_loss(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, y: Ten
     """Cross-entropy of ``model`` run with ``params`` in train mode: BatchNorm layers use the
     batch's statistics, i.e. the interpolated network's statistics are re-estimated on every
     batch (a BN reset), as an interpolated BN model needs."""
+    device = next(iter(params.values())).device
     model.train()
-    return F.cross_entropy(torch.func.functional_call(model, dict(params), (x,)), y)
+    out = torch.func.functional_call(model, dict(params), (x.to(device),))
+    return F.cross_entropy(out, y.to(device))
 
 
 def parameter_names(model: nn.Module, params: Params) -> list[str]:
