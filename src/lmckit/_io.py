@@ -36,6 +36,7 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
 
 
 def atomic_write_bytes(dest: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``dest`` atomically (flushed and fsynced before the rename)."""
     with atomic_path(dest) as tmp, open(tmp, "wb") as fh:
         fh.write(data)
         fh.flush()
@@ -43,4 +44,5 @@ def atomic_write_bytes(dest: str | os.PathLike, data: bytes) -> None:
 
 
 def atomic_write_json(dest: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as indented JSON to ``dest`` atomically."""
     atomic_write_bytes(dest, (json.dumps(obj, indent=2) + "\n").encode())

@@ -79,6 +79,7 @@ class Checkpoint:
 
     @property
     def spec(self) -> PermutationSpec:
+        """The model's permutation spec."""
         return permutation_spec(self.model)
 
 
@@ -152,6 +153,7 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
 
 
 def read_safetensors(path: str | os.PathLike) -> dict[str, Tensor]:
+    """Read a safetensors file into a tensor dict; :class:`CheckpointError` if unreadable."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"weights file {path} not found")

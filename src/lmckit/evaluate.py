@@ -260,6 +260,7 @@ class Curve:
         return self.splits[split][metric][i]
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
         return {
             "lambdas": self.lambdas,
             "splits": self.splits,

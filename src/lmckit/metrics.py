@@ -26,6 +26,7 @@ class Metrics:
     count: int
 
     def to_dict(self) -> dict[str, float]:
+        """JSON-ready fields."""
         return asdict(self)
 
 

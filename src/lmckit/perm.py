@@ -241,6 +241,7 @@ class Permutation:
         return len(self._perms)
 
     def items(self):
+        """``(group, index vector)`` pairs."""
         return self._perms.items()
 
     def to_dict(self) -> dict[str, list[int]]:
@@ -265,6 +266,7 @@ class Permutation:
         return f"Permutation({sizes})"
 
     def is_identity(self) -> bool:
+        """Whether every group's index vector is ``arange(n)``."""
         return all(torch.equal(p, torch.arange(p.numel())) for p in self._perms.values())
 
     # -- algebra ---------------------------------------------------------------------------

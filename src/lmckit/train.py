@@ -80,15 +80,18 @@ class TrainConfig:
             )
 
     def effective_warmup_epochs(self) -> float:
+        """``warmup_epochs``, or its default: 5, or a fifth of the run when shorter."""
         if self.warmup_epochs is not None:
             return float(self.warmup_epochs)
         return min(5.0, self.epochs / 5)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
+        """Inverse of :meth:`to_dict`; unknown keys are an error."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -130,6 +133,8 @@ def lr_factor(config: TrainConfig, step: int, steps_per_epoch: int) -> float:
 
 @dataclass(frozen=True)
 class EpochStats:
+    """Per-epoch record: running train loss/accuracy, last learning rate, time, test metrics."""
+
     epoch: int
     lr: float
     train_loss: float
@@ -155,6 +160,8 @@ class TrainProgress:
 
 @dataclass(frozen=True)
 class TrainResult:
+    """History and final eval-mode metrics of a training run."""
+
     history: list[EpochStats]
     train: Metrics
     test: Metrics
@@ -162,6 +169,7 @@ class TrainResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def metrics_dict(self) -> dict[str, float]:
+        """Final train/test loss and accuracy, as stored in checkpoint sidecars."""
         return {
             "train_loss": self.train.loss,
             "train_accuracy": self.train.accuracy,

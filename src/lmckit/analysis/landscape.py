@@ -29,6 +29,7 @@ class Landscape:
     points: list[tuple[float, float]]
 
     def to_dict(self) -> dict:
+        """JSON-ready fields."""
         return vars(self)
 
 

@@ -37,6 +37,7 @@ class MultiModelMetrics:
     triplet_angles: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
+        """JSON-ready fields."""
         return vars(self)
 
 

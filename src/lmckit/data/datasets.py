@@ -135,6 +135,7 @@ class Dataset:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
+        """Shape of one input, e.g. ``(1, 28, 28)``."""
         return tuple(self.train_x.shape[1:])
 
     def subset(self, train_idx: Tensor | None = None, test_idx: Tensor | None = None) -> Dataset:
@@ -387,6 +388,7 @@ def make_synthetic(
 
 
 def canonical_name(name: str) -> str:
+    """The registry name of a dataset (accepts aliases such as ``fmnist``, ``cifar-10``)."""
     key = name.lower()
     key = ALIASES.get(key, key)
     if key not in DATASETS:

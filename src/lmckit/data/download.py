@@ -17,6 +17,7 @@ TIMEOUT_S = 60
 
 
 def file_md5(path: str | os.PathLike) -> str:
+    """Hex MD5 of a file (integrity check of downloads; not used for security)."""
     digest = hashlib.md5(usedforsecurity=False)
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

@@ -86,9 +86,11 @@ class TensorLoader:
 
     @property
     def num_examples(self) -> int:
+        """Number of examples the loader covers."""
         return len(self.x)
 
     def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` visit epoch ``epoch``'s order."""
         self.epoch = int(epoch)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:

@@ -33,6 +33,8 @@ TRAIN_SUBSET = 10_000
 
 @dataclass
 class DemoRow:
+    """One line of the demo's table (test-set barriers, Git Re-Basin definition)."""
+
     method: str
     seconds: float
     l2_before: float
@@ -44,6 +46,7 @@ class DemoRow:
 
 
 def choose_dataset(preferred: str | None, log: Callable[[str], None]) -> Dataset:
+    """``preferred`` if given, else Fashion-MNIST when installed, else digits (saying so)."""
     if preferred:
         return load_dataset(preferred)
     if fashion_mnist_available():

@@ -24,6 +24,7 @@ NEEDS_DATA = ("am", "ste")  # sinkhorn here uses the weight-distance objective
 
 
 def check_same_architecture(a: Checkpoint, b: Checkpoint) -> None:
+    """Raise :class:`ParamsError` unless both checkpoints record the same model config."""
     if a.meta["model"] != b.meta["model"]:
         raise ParamsError(
             f"checkpoints have different architectures: {a.path} is {a.meta['model']}, "

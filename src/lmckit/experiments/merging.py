@@ -71,6 +71,7 @@ def merge_checkpoints(
 
 
 def bn_loader_for(ckpt: Checkpoint, data: Dataset):
+    """A training loader for BN reset when the model has BatchNorm, else ``None``."""
     uses_bn = any(k.endswith("running_mean") for k in ckpt.params)
     return data.loader("train", batch_size=500, shuffle=True) if uses_bn else None
 

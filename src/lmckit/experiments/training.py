@@ -25,6 +25,7 @@ CONV_MIN_SIZE = 32
 
 
 def model_name_key(name: str) -> str:
+    """The registry key of ``name``; :class:`ModelConfigError` if unknown."""
     key = name.lower()
     if key not in MODELS and key not in ALIASES:
         raise ModelConfigError(f"unknown model {name!r}; available: {sorted([*MODELS, *ALIASES])}")
@@ -78,6 +79,8 @@ def model_config_for(
 
 @dataclass(frozen=True)
 class SeedOutcome:
+    """What happened to one seed: trained (with its time) or skipped, and its metrics."""
+
     seed: int
     path: Path
     skipped: bool
@@ -86,6 +89,7 @@ class SeedOutcome:
 
 
 def checkpoint_stem(out: Path, model_name: str, dataset: str, seed: int) -> Path:
+    """``out/<model>-<dataset>-seed<N>`` (no suffix)."""
     return out / f"{model_name_key(model_name)}-{dataset}-seed{seed}"
 
 

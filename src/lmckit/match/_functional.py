@@ -41,6 +41,7 @@ def batch_loss(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, y: Ten
 
 
 def parameter_names(model: nn.Module, params: Params) -> list[str]:
+    """Names of the module's parameters (not buffers), all of which must be in ``params``."""
     names = [n for n, _ in model.named_parameters()]
     missing = [n for n in names if n not in params]
     if missing:

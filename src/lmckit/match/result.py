@@ -66,6 +66,7 @@ def is_running_stat(name: str) -> bool:
 
 
 def matched_names(params: Mapping[str, Tensor], include_running_stats: bool) -> list[str]:
+    """Floating tensors that enter weight matching's objective."""
     return [
         k
         for k, t in params.items()

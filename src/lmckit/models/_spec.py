@@ -52,6 +52,7 @@ class SpecBuilder:
             self._add(f"{prefix}.{name}", (group,) if buf.ndim == 1 else ())
 
     def build(self) -> PermutationSpec:
+        """The :class:`PermutationSpec` of everything declared."""
         return PermutationSpec(
             groups=self.groups, axes=self.axes, self_maps=frozenset(self.self_maps)
         )

@@ -90,6 +90,7 @@ class MLP(nn.Module):
         return {g: [f"taps.{i}"] for i, g in enumerate(spec_groups)}
 
     def permutation_spec(self) -> PermutationSpec:
+        """This MLP's spec, built from its configuration."""
         b = SpecBuilder()
         n_hidden = len(self.layers) - 1
         names = [

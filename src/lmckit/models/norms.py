@@ -24,6 +24,7 @@ class ChannelLayerNorm(nn.LayerNorm):
 
 
 def check_norm(norm: str | None) -> None:
+    """Raise :class:`ModelConfigError` for an unknown normalisation name."""
     if norm not in NORMS:
         raise ModelConfigError(f"norm must be one of {NORMS}, got {norm!r}")
 

@@ -108,6 +108,7 @@ class ResNet20(nn.Module):
         return taps
 
     def permutation_spec(self) -> PermutationSpec:
+        """This ResNet's spec, built from its configuration."""
         b = SpecBuilder()
         stream = b.group("stage0", self.conv1.out_channels)
         b.dense("conv1", self.conv1, out=stream, inp=None)

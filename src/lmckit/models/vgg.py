@@ -94,6 +94,7 @@ class VGG(nn.Module):
         return {f"conv{i}": [f"taps.{i}"] for i in range(len(self.convs))}
 
     def permutation_spec(self) -> PermutationSpec:
+        """This VGG's spec, built from its configuration."""
         b = SpecBuilder()
         prev = None
         for i, conv in enumerate(self.convs):
