@@ -125,6 +125,8 @@ def test_interpolate_command_writes_curves_and_plots(tmp_path, capsys):
         "perm-wm-fast.json",
     ):
         assert (out / name).exists(), name
+    repaired = ["interpolate", a, b, "--method", "wm-fast", "--repair", "--lambdas", "3"]
+    assert main([*repaired, "--test-only", "--out", str(tmp_path / "repaired")]) == 0
     assert (
         main(
             [

@@ -250,6 +250,11 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
         loaders = {"train": data.loader("train", batch_size=1000, shuffle=False), **loaders}
     uses_bn = any(k.endswith("running_mean") for k in a.params)
     bn_loader = data.loader("train", batch_size=500, shuffle=True) if uses_bn else None
+    repair_loader = None
+    if args.repair:
+        if uses_bn:
+            raise LmcError("--repair is for networks without BatchNorm (BN nets are BN-reset)")
+        repair_loader = data.loader("train", batch_size=1000, shuffle=False)
     curves = {}
     for label, perm in perms.items():
         bar = _bar(f"interpolate {label}", args.lambdas)
@@ -261,6 +266,7 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
             loaders,
             bn_reset_loader=bn_loader,
             bn_reset_batches=args.bn_batches,
+            repair_loader=repair_loader,
             calibrated=args.calibrated,
             ensemble=True,
             progress=lambda done, total, bar=bar: bar.update(1),
@@ -575,6 +581,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibrated", action="store_true", help="temperature-calibrated loss too")
     p.add_argument("--test-only", action="store_true", help="skip the training split")
     p.add_argument("--bn-batches", type=int, default=20, help="batches for BN reset")
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="REPAIR channel statistics at every interior λ (BN-free nets)",
+    )
     p.add_argument("--dataset")
     p.add_argument("--data-dir", type=Path)
     p.add_argument("--no-download", action="store_true")
