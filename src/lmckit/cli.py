@@ -477,6 +477,14 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by the commands that evaluate checkpoints on data."""
+    p.add_argument("--dataset", help="default: the dataset the checkpoint records")
+    p.add_argument("--data-dir", type=Path, help="where the dataset files are")
+    p.add_argument("--no-download", action="store_true", help="never download datasets")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lmckit",
@@ -550,14 +558,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--method", choices=["wm", "wm-fast", "am", "ste", "sinkhorn"], default="wm-fast"
     )
     p.add_argument("--out", type=Path, default=Path("perm.json"))
-    p.add_argument("--dataset", help="data for am/ste (default: the checkpoint's dataset)")
-    p.add_argument("--data-dir", type=Path)
-    p.add_argument("--no-download", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=1, help="STE epochs")
     p.add_argument("--lr", type=float, help="STE (1e-3) / Sinkhorn (0.1) learning rate")
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
+    _add_data_arguments(p)
     p.set_defaults(func=cmd_match)
 
     p = sub.add_parser(
@@ -586,11 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="REPAIR channel statistics at every interior λ (BN-free nets)",
     )
-    p.add_argument("--dataset")
-    p.add_argument("--data-dir", type=Path)
-    p.add_argument("--no-download", action="store_true")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
+    _add_data_arguments(p)
     p.set_defaults(func=cmd_interpolate)
 
     p = sub.add_parser(
@@ -646,10 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RES",
         help="plot loss on the plane through the first three aligned models",
     )
-    p.add_argument("--dataset")
-    p.add_argument("--data-dir", type=Path)
-    p.add_argument("--no-download", action="store_true")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
+    _add_data_arguments(p)
     p.set_defaults(func=cmd_merge)
     return parser
 
