@@ -66,7 +66,9 @@ def main() -> None:
                     m(x)
 
     def functional():
-        interpolate(model, pa, pb, args.lambdas, {"test": data.loader("test", batch_size=2000)})
+        interpolate(
+            model, pa, pb, {"test": data.loader("test", batch_size=2000)}, lambdas=args.lambdas
+        )
 
     def vmapped():
         stacked = {

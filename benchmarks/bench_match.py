@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from lmckit.checkpoint import load_checkpoint
-from lmckit.match import weight_matching
+from lmckit.match import ProfiledWeightMatcher, weight_matching
 from lmckit.models import permutation_spec
-from lmckit.perm import params_distance
+from lmckit.params import params_distance
 from lmckit.train import init_model
 
 MODELS = {
@@ -65,6 +65,11 @@ def flops_per_sweep(spec, params) -> int:
     )
 
 
+def profiled_wm(spec, a, b, *, lap_backend: str = "lapjv", **options):
+    """Weight matching with time and FLOP counters (``result.info``)."""
+    return ProfiledWeightMatcher(spec, b, lap_backend=lap_backend).match(a, **options)
+
+
 def run_variants(spec, a, b, throughput: float) -> dict:
     out = {}
     per_sweep = flops_per_sweep(spec, a)
@@ -73,7 +78,7 @@ def run_variants(spec, a, b, throughput: float) -> dict:
         ("warm", {"warm_start": True}),
         ("scipy", {"warm_start": False, "lap_backend": "scipy"}),
     ]:
-        r = weight_matching(spec, a, b, **kwargs)
+        r = profiled_wm(spec, a, b, **kwargs)
         floor = r.info["gemm_flops"] / throughput
         full = per_sweep * r.iterations / throughput
         out[label] = {
@@ -116,7 +121,7 @@ def ste_like(spec, a, b, steps: int, lr: float = 1e-3, seed: int = 0) -> dict:
             for k, v in proxy.items():
                 if v.dtype.is_floating_point and not k.endswith(("running_mean", "running_var")):
                     v.add_(lr * torch.sign(torch.randn(v.shape, generator=g)))
-            r = weight_matching(
+            r = profiled_wm(
                 spec, proxy, b, init=perm, duals=duals, warm_start=warm, lap_backend=backend
             )
             perm, duals = r.perm, r.duals

@@ -1,8 +1,30 @@
 import pytest
 import torch
 
+from tests.zoo import train_mlp
+
 
 @pytest.fixture(autouse=True)
 def _deterministic_torch():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="session")
+def digits():
+    """scikit-learn's bundled 8×8 digits (1,437 train / 360 test)."""
+    from lmckit.data import load_dataset
+
+    return load_dataset("digits")
+
+
+@pytest.fixture(scope="session")
+def digits_pair(digits):
+    """``(model, params_a, params_b)``: two 64-64 MLPs trained 8 epochs on digits from
+    seeds 0 and 1 (``model`` holds A's weights). Treat the dicts as read-only."""
+    a, b = train_mlp(digits, 0), train_mlp(digits, 1)
+    return a, clone(a.state_dict()), clone(b.state_dict())
+
+
+def clone(params):
+    return {k: v.clone() for k, v in params.items()}

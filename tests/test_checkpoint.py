@@ -7,16 +7,8 @@ import pytest
 import torch
 
 from lmckit.checkpoint import import_state_dict, load_checkpoint, read_meta, save_checkpoint
-from lmckit.data import load_dataset
 from lmckit.errors import CheckpointError
-from lmckit.experiments.training import model_config_for, train_seeds
 from lmckit.models import build_model
-from lmckit.train import TrainConfig
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_dataset("digits")
 
 
 def small_vgg():
@@ -98,41 +90,6 @@ def test_foreign_pt_files_are_loaded_with_weights_only(tmp_path):
         import_state_dict(tmp_path / "junk.pt")
 
 
-def test_train_seeds_is_resumable_and_bit_identical(tmp_path, digits):
-    cfg = TrainConfig(epochs=1, batch_size=256)
-    model_cfg = model_config_for("mlp", digits, hidden=[32, 32])
-
-    class Interrupt(Exception):
-        pass
-
-    def progress(seed):
-        def cb(event):
-            if seed == 1 and event.step == 2:
-                raise Interrupt
-
-        return cb
-
-    with pytest.raises(Interrupt):
-        train_seeds("mlp", model_cfg, digits, cfg, [0, 1], tmp_path / "a", progress=progress)
-    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
-        "mlp-digits-seed0.json",
-        "mlp-digits-seed0.safetensors",
-    ]  # the interrupted seed left nothing behind
-    first = (tmp_path / "a" / "mlp-digits-seed0.safetensors").read_bytes()
-    outcomes = train_seeds("mlp", model_cfg, digits, cfg, [0, 1], tmp_path / "a")
-    assert [o.skipped for o in outcomes] == [True, False]
-    assert (tmp_path / "a" / "mlp-digits-seed0.safetensors").read_bytes() == first
-    again = train_seeds("mlp", model_cfg, digits, cfg, [1], tmp_path / "b")
-    assert again[0].path.read_bytes() == outcomes[1].path.read_bytes()  # same seed, same bytes
-    meta = read_meta(outcomes[1].path)
-    assert meta["seed"] == 1 and meta["train"]["seed"] == 1 and meta["dataset"] == "digits"
-    assert set(meta["metrics"]) == {"train_loss", "train_accuracy", "test_loss", "test_accuracy"}
-    with pytest.raises(CheckpointError, match=r"train\.epochs: found 1, wanted 2"):
-        train_seeds(
-            "mlp", model_cfg, digits, TrainConfig(epochs=2, batch_size=256), [0], tmp_path / "a"
-        )
-
-
 def test_checkpoint_params_do_not_alias_the_module(tmp_path):
     model = build_model("mlp", in_dim=8, hidden=[4], out_dim=3)
     save_checkpoint(tmp_path / "m", model)
@@ -140,3 +97,24 @@ def test_checkpoint_params_do_not_alias_the_module(tmp_path):
     before = {k: v.clone() for k, v in ckpt.params.items()}
     ckpt.model.load_state_dict({k: torch.zeros_like(v) for k, v in ckpt.params.items()})
     assert all(torch.equal(ckpt.params[k], before[k]) for k in before)
+
+
+def test_the_sidecar_is_checked_against_the_weights_before_anything_is_built(tmp_path):
+    model = build_model("mlp", in_dim=8, hidden=[4], out_dim=3)
+    save_checkpoint(tmp_path / "m", model)
+    sidecar = tmp_path / "m.json"
+    meta = json.loads(sidecar.read_text())
+    huge = dict(meta, model={**meta["model"], "hidden": [3_000_000]})
+    sidecar.write_text(json.dumps(huge))
+    with pytest.raises(CheckpointError, match=r"'layers.0.weight' has shape \(4, 8\), the model"):
+        load_checkpoint(tmp_path / "m")
+    for version, message in ((99, "newer lmckit"), ("1", "not a version"), (None, "not a version")):
+        sidecar.write_text(json.dumps(dict(meta, format_version=version)))
+        with pytest.raises(CheckpointError, match=message):
+            load_checkpoint(tmp_path / "m")
+    sidecar.write_text(json.dumps(dict(meta, model={**meta["model"], "name": "alexnet"})))
+    with pytest.raises(CheckpointError, match="cannot rebuild the model"):
+        load_checkpoint(tmp_path / "m")
+    sidecar.write_text(json.dumps(dict(meta, model={**meta["model"], "hidden": "wide"})))
+    with pytest.raises(CheckpointError, match="cannot rebuild the model"):
+        load_checkpoint(tmp_path / "m")

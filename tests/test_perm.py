@@ -6,47 +6,10 @@ import math
 import pytest
 import torch
 
-from lmckit import ParamsError, Permutation, PermutationError, PermutationSpec, SpecError
-from lmckit.perm import check_params_compatible, group_cost_matrix, params_distance, params_inner
-
-
-def tiny_spec() -> PermutationSpec:
-    # 5 → 4 → 3 → 2 MLP with a BatchNorm on the first hidden layer
-    return PermutationSpec(
-        groups={"h0": 4, "h1": 3},
-        axes={
-            "l0.weight": ("h0", None),
-            "l0.bias": ("h0",),
-            "bn.weight": ("h0",),
-            "bn.bias": ("h0",),
-            "bn.running_mean": ("h0",),
-            "bn.running_var": ("h0",),
-            "bn.num_batches_tracked": (),
-            "l1.weight": ("h1", "h0"),
-            "l1.bias": ("h1",),
-            "l2.weight": (None, "h1"),
-            "l2.bias": (None,),
-        },
-    )
-
-
-def tiny_params(seed: int = 0, dtype=torch.float64) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    shapes = {
-        "l0.weight": (4, 5),
-        "l0.bias": (4,),
-        "bn.weight": (4,),
-        "bn.bias": (4,),
-        "bn.running_mean": (4,),
-        "bn.running_var": (4,),
-        "l1.weight": (3, 4),
-        "l1.bias": (3,),
-        "l2.weight": (2, 3),
-        "l2.bias": (2,),
-    }
-    params = {k: torch.randn(s, generator=g, dtype=dtype) for k, s in shapes.items()}
-    params["bn.num_batches_tracked"] = torch.tensor(7)
-    return params
+from lmckit import Permutation, PermutationError, PermutationSpec, SpecError
+from lmckit.params import params_inner
+from lmckit.perm import group_cost_matrix
+from tests.zoo import tiny_params, tiny_spec
 
 
 def test_convention_aligned_i_is_b_at_p_i():
@@ -190,21 +153,17 @@ def test_group_cost_matrix_is_the_exact_linear_part_of_the_objective(group):
     assert max(offsets) - min(offsets) < 1e-9
 
 
-def test_distance_and_inner_product_are_consistent():
+def test_group_cost_matrix_names_selects_the_contributing_tensors():
+    spec = tiny_spec()
     a, b = tiny_params(1), tiny_params(2)
-    d2 = params_distance(a, b) ** 2
-    assert d2 == pytest.approx(params_inner(a, a) + params_inner(b, b) - 2 * params_inner(a, b))
-    assert params_distance(a, a) == 0.0
-    # integer buffers do not count
-    c = dict(a, **{"bn.num_batches_tracked": torch.tensor(99)})
-    assert params_distance(a, c) == 0.0
-
-
-def test_check_params_compatible_names_the_problem():
-    a = tiny_params()
-    with pytest.raises(ParamsError, match="only in A"):
-        check_params_compatible(a, {k: v for k, v in a.items() if k != "l0.bias"})
-    with pytest.raises(ParamsError, match=r"'l0.bias' has shape \(4,\) in A but \(5,\) in B"):
-        check_params_compatible(a, dict(a, **{"l0.bias": torch.zeros(5, dtype=torch.float64)}))
-    with pytest.raises(ParamsError, match="dtype"):
-        check_params_compatible(a, dict(a, **{"l0.bias": torch.zeros(4, dtype=torch.float32)}))
+    perm = Permutation.random(spec, 3)
+    names = {k for k in a if not k.startswith("bn.running")}
+    zeroed = {k: v if k in names else torch.zeros_like(v) for k, v in a.items()}
+    assert torch.allclose(
+        group_cost_matrix(spec, a, b, perm, "h0", names=names),
+        group_cost_matrix(spec, zeroed, b, perm, "h0"),
+    )
+    assert torch.equal(
+        group_cost_matrix(spec, a, b, perm, "h0", names=set()),
+        torch.zeros(4, 4, dtype=a["l0.weight"].dtype),
+    )

@@ -15,11 +15,6 @@ def synthetic():
     return load_dataset("synthetic")
 
 
-@pytest.fixture(scope="module")
-def digits():
-    return load_dataset("digits")
-
-
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -59,8 +54,12 @@ def test_mlp_learns_synthetic_data_and_reports_progress(synthetic):
     assert len(result.history) == 3 and result.history[-1].test_accuracy is not None
     assert result.test.accuracy > 0.9 and result.train.count == 4000
     assert result.history[-1].train_loss < result.history[0].train_loss
-    assert sum(e.epoch_done is not None for e in events) == 3
-    assert len(events) == 3 * (4000 // 128) + 3
+    steps = 3 * (4000 // 128)
+    done = [e for e in events if e.metrics.get("epoch_done")]
+    assert [e.metrics["epoch"] for e in done] == [1, 2, 3]
+    assert done[-1].metrics["test_accuracy"] == result.history[-1].test_accuracy
+    assert len(events) == steps + 3 and all(e.total == steps for e in events)
+    assert [e.step for e in events if not e.metrics.get("epoch_done")] == list(range(1, steps + 1))
 
 
 def state_equal(a, b):

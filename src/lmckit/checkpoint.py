@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
@@ -28,6 +28,7 @@ from lmckit import __version__
 from lmckit._io import atomic_path, atomic_write_json
 from lmckit.errors import CheckpointError, LmcError
 from lmckit.models import build_model, model_config, permutation_spec
+from lmckit.params import check_finite, short_list
 from lmckit.perm import PermutationSpec
 
 FORMAT = "lmckit-checkpoint"
@@ -94,36 +95,43 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"cannot read checkpoint sidecar {sidecar}: {exc}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or "model" not in meta:
         raise CheckpointError(f"{sidecar} is not an lmckit checkpoint sidecar")
+    version = meta.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CheckpointError(f"{sidecar}: format_version {version!r} is not a version number")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{sidecar}: format_version {version} was written by a newer lmckit; this one "
+            f"({__version__}) reads versions up to {FORMAT_VERSION}"
+        )
+    if not isinstance(meta["model"], dict) or not isinstance(meta["model"].get("name"), str):
+        raise CheckpointError(f"{sidecar}: 'model' must be a configuration with a 'name'")
     return meta
 
 
-def check_finite(params: Mapping[str, Tensor], what: str) -> None:
-    """Raise :class:`CheckpointError` naming the first tensor with NaN or infinite entries."""
-    for name, t in params.items():
-        if t.dtype.is_floating_point and not torch.isfinite(t).all():
-            bad = (~torch.isfinite(t)).sum().item()
-            raise CheckpointError(f"{what}: tensor {name!r} has {bad} NaN/infinite value(s)")
+def fit_shapes(shapes: Mapping[str, torch.Size], model: nn.Module, what: str) -> None:
+    """Raise :class:`CheckpointError` naming every name or shape of ``shapes`` that does
+    not match ``model.state_dict()``."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{what} does not fit {type(model).__name__}: missing {short_list(missing)}, "
+            f"unexpected {short_list(unexpected)}"
+        )
+    for k, ref in expected.items():
+        if tuple(shapes[k]) != tuple(ref.shape):
+            raise CheckpointError(
+                f"{what}: {k!r} has shape {tuple(shapes[k])}, the model expects {tuple(ref.shape)}"
+            )
 
 
 def fit_state_dict(model: nn.Module, params: Mapping[str, Tensor], what: str) -> dict[str, Tensor]:
     """Check ``params`` against ``model.state_dict()`` (names, shapes, finiteness) and cast
     to the model's dtypes; raises :class:`CheckpointError` naming every mismatch."""
+    fit_shapes({k: v.shape for k, v in params.items()}, model, what)
+    check_finite(params, what, error=CheckpointError)
     expected = model.state_dict()
-    missing = sorted(set(expected) - set(params))
-    unexpected = sorted(set(params) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{what} does not fit {type(model).__name__}: missing {missing[:8]}"
-            f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
-            f"{' ...' if len(unexpected) > 8 else ''}"
-        )
-    for k, ref in expected.items():
-        if params[k].shape != ref.shape:
-            raise CheckpointError(
-                f"{what}: {k!r} has shape {tuple(params[k].shape)}, the model expects "
-                f"{tuple(ref.shape)}"
-            )
-    check_finite(params, what)
     return {k: params[k].to(dtype=expected[k].dtype) for k in expected}
 
 
@@ -136,12 +144,13 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
     """
     weights, _ = checkpoint_paths(path)
     meta = read_meta(path)
-    try:
-        model = build_model(meta["model"]["name"], **meta["model"])
-    except (LmcError, TypeError, KeyError) as exc:
-        raise CheckpointError(
-            f"{weights}: cannot rebuild the model from its sidecar: {exc}"
-        ) from None
+    # The sidecar says what to build: check it against the weights file's header on the
+    # meta device first, so an absurd or tampered config allocates nothing.
+    header = read_safetensors_header(weights)
+    with torch.device("meta"):
+        skeleton = _build_from_sidecar(meta, weights)
+    fit_shapes({k: torch.Size(v) for k, v in header.items()}, skeleton, str(weights))
+    model = _build_from_sidecar(meta, weights)
     params = read_safetensors(weights)
     params = fit_state_dict(model, params, str(weights))
     model.load_state_dict(params)
@@ -150,6 +159,31 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
     # module later (e.g. a merged model) never changes this checkpoint's parameters.
     params = {k: v.to(device) for k, v in params.items()}
     return Checkpoint(model, params, meta, weights)
+
+
+def _build_from_sidecar(meta: dict[str, Any], weights: Path) -> nn.Module:
+    try:
+        return build_model(meta["model"]["name"], **meta["model"])
+    except (LmcError, TypeError, KeyError, ValueError) as exc:
+        raise CheckpointError(
+            f"{weights}: cannot rebuild the model from its sidecar: {exc}"
+        ) from None
+
+
+def read_safetensors_header(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of a safetensors file, from its header (no data is read).
+
+    Raises:
+        CheckpointError: missing file or unreadable header.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"weights file {path} not found")
+    try:
+        with safe_open(path, framework="pt") as fh:
+            return {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {path} as safetensors: {exc}") from None
 
 
 def read_safetensors(path: str | os.PathLike) -> dict[str, Tensor]:

@@ -1,14 +1,24 @@
-"""The ``lmckit`` command line."""
+"""The ``lmckit`` command line: parse and check the arguments, call one library function,
+print what it returns.
+
+Exit status: 0 on success; 2 for a command line that cannot be carried out (an argument out
+of range, a path of the wrong kind, inputs that do not fit each other); 1 when a valid
+command fails (an unreadable file, a diverged training run). Errors are one line on
+stderr; ``lmckit --debug COMMAND ...`` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from lmckit import __version__
-from lmckit.errors import LmcError
+from lmckit.errors import LmcError, UsageError
 
 # Zoo entries shown by `lmckit info`: the papers' configurations.
 INFO_MODELS: list[tuple[str, dict]] = [
@@ -19,14 +29,204 @@ INFO_MODELS: list[tuple[str, dict]] = [
     ("resnet20", {"width_multiplier": 1}),
     ("resnet20", {"width_multiplier": 16}),
 ]
+MAX_SEED = 2**32 - 1
+
+
+# -- argument types: each raises ArgumentTypeError with a message naming what is wrong ----
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _int_at_least(low: int, *, zero_means_off: bool = False) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = _integer(text)
+        if value < low and not (zero_means_off and value == 0):
+            off = " (or 0 for off)" if zero_means_off else ""
+            raise argparse.ArgumentTypeError(f"must be ≥ {low}{off}, got {value}")
+        return value
+
+    return parse
+
+
+def _seed(text: str) -> int:
+    value = _integer(text)
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"seeds are integers in [0, {MAX_SEED}], got {value}")
+    return value
+
+
+def _float_in(
+    low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = True
+) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        too_low = value <= low if low_open else value < low
+        too_high = value >= high if high_open else value > high
+        if not math.isfinite(value) or too_low or too_high:
+            lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+            raise argparse.ArgumentTypeError(f"must be in {lo}{low}, {high}{hi}, got {text}")
+        return value
+
+    return parse
+
+
+_positive = _float_in(0.0, low_open=True)
+
+
+def _device(text: str) -> str:
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"unknown device {text!r}; use cpu, cuda, cuda:N or mps"
+        ) from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(f"{text}: CUDA is not available on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(
+                f"{text}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise argparse.ArgumentTypeError(f"{text}: MPS is not available on this machine")
+    elif device.type != "cpu":
+        raise argparse.ArgumentTypeError(f"device type {device.type!r} is not supported")
+    return str(device)
+
+
+def _checkpoint(text: str) -> Path:
+    from lmckit.checkpoint import checkpoint_paths
+
+    weights, sidecar = checkpoint_paths(text)
+    missing = [str(p) for p in (weights, sidecar) if not p.is_file()]
+    if missing:
+        raise argparse.ArgumentTypeError(f"checkpoint {text}: {', '.join(missing)} not found")
+    return weights
+
+
+def _existing_file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(
+            f"{text} is a folder, not a file" if path.is_dir() else f"{text} not found"
+        )
+    return path
+
+
+def _existing_dir(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text} is a file, not a folder" if path.exists() else f"{text} does not exist"
+        )
+    return path
+
+
+def _dataset(text: str) -> str:
+    from lmckit.data import DATASETS, canonical_name
+
+    try:
+        return canonical_name(text)
+    except LmcError:
+        raise argparse.ArgumentTypeError(
+            f"unknown dataset {text!r}; choose from {', '.join(DATASETS)}"
+        ) from None
+
+
+def _model_name(text: str) -> str:
+    from lmckit.experiments.training import model_name_key
+
+    try:
+        return model_name_key(text)
+    except LmcError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _range(text: str) -> list[int]:
+    from lmckit.experiments.merging import parse_range
+
+    try:
+        return parse_range(text)
+    except LmcError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _as_usage() -> Iterator[None]:
+    """Library complaints about values taken from the command line are usage errors."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except LmcError as exc:
+        raise UsageError(str(exc)) from None
+
+
+# -- progress: one helper turns every Progress event stream into a bar --------------------
+class ProgressBars:
+    """``bars(label)`` returns a callback that drives a tqdm bar for ``label`` (created on
+    the first event, total taken from the events, metrics in the postfix), or ``None`` when
+    quiet. Used as a context manager; every bar is closed on exit."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bars: list[Any] = []
+
+    def __enter__(self) -> ProgressBars:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for bar in self.bars:
+            bar.close()
+
+    def __call__(self, label: str):
+        if not self.enabled:
+            return None
+        from tqdm.auto import tqdm
+
+        state: dict[str, Any] = {}
+
+        def callback(event) -> None:
+            bar = state.get("bar")
+            if bar is None:
+                bar = state["bar"] = tqdm(
+                    total=event.total,
+                    desc=label,
+                    dynamic_ncols=True,
+                    leave=True,
+                    mininterval=0.1 if sys.stderr.isatty() else 10.0,
+                )
+                self.bars.append(bar)
+            if event.total != bar.total:
+                bar.total = event.total
+            if event.step > bar.n:
+                bar.update(event.step - bar.n)
+            shown = {
+                k: f"{v:.4g}" if isinstance(v, float) else v
+                for k, v in event.metrics.items()
+                if not isinstance(v, bool) and k not in ("seconds",)
+            }
+            if shown:
+                bar.set_postfix(shown, refresh=False)
+
+        return callback
+
+
+# -- commands ------------------------------------------------------------------------------
+MLP_SHAPE = ("in_dim", "out_dim", "hidden")
 
 
 def _describe(name: str, config: dict) -> str:
-    parts = []
-    for k, v in config.items():
-        if k in ("in_dim", "out_dim", "hidden") and name == "mlp":
-            continue
-        parts.append(f"{k}={v}")
+    parts = [f"{k}={v}" for k, v in config.items() if not (name == "mlp" and k in MLP_SHAPE)]
     if name == "mlp":
         widths = [config["in_dim"], *config["hidden"], config["out_dim"]]
         parts.insert(0, "-".join(str(w) for w in widths))
@@ -59,54 +259,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_bar_factory(desc: str):
-    """``seed -> callback`` that drives one tqdm bar per seed (loss/acc in the postfix)."""
-    from tqdm.auto import tqdm
-
-    def factory(seed: int):
-        bar = None
-
-        def callback(event) -> None:
-            nonlocal bar
-            if bar is None:
-                bar = tqdm(
-                    total=event.epochs * event.steps_per_epoch,
-                    desc=f"{desc} seed {seed}",
-                    unit="step",
-                    dynamic_ncols=True,
-                    leave=True,
-                    mininterval=0.1 if sys.stderr.isatty() else 10.0,
-                )
-            if event.epoch_done is None:
-                bar.update(1)
-                if event.step % 10 == 0:
-                    bar.set_postfix(
-                        epoch=event.epoch + 1,
-                        loss=f"{event.loss:.3f}",
-                        acc=f"{event.accuracy:.3f}",
-                        refresh=False,
-                    )
-            else:
-                done = event.epoch_done
-                bar.set_postfix(
-                    epoch=done.epoch,
-                    loss=f"{done.train_loss:.3f}",
-                    test_acc=f"{done.test_accuracy:.3f}",
-                )
-                if done.epoch == event.epochs:
-                    bar.close()
-
-        return callback
-
-    return factory
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
+    from lmckit._io import check_output_dir
     from lmckit.experiments.training import load_for_model, model_config_for, train_seeds
     from lmckit.train import TrainConfig
 
+    check_output_dir(args.out, "--out")
     if args.threads:
         torch.set_num_threads(args.threads)
     data = load_for_model(args.model, args.dataset, args.data_dir, download=not args.no_download)
@@ -114,31 +274,30 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"dataset {data.name}: {len(data.train_x)} train / {len(data.test_x)} test, input "
         f"{data.input_shape}, {data.num_classes} classes (from {data.source})"
     )
-    model_cfg = model_config_for(
-        args.model,
-        data,
-        width_multiplier=args.width_multiplier,
-        hidden=args.hidden,
-        norm="default" if args.norm is None else (None if args.norm == "none" else args.norm),
-        skip=args.skip,
-    )
-    overrides = {
-        k: v
-        for k, v in {
-            "epochs": args.epochs,
-            "lr": args.lr,
-            "optimizer": args.optimizer,
-            "batch_size": args.batch_size,
-            "weight_decay": args.weight_decay,
-            "schedule": args.schedule,
-            "warmup_epochs": args.warmup_epochs,
-            "momentum": args.momentum,
-            "label_smoothing": args.label_smoothing,
-            "augment": args.augment,
-        }.items()
-        if v is not None
+    options = {
+        "epochs": args.epochs,
+        "lr": args.lr,
+        "optimizer": args.optimizer,
+        "batch_size": args.batch_size,
+        "weight_decay": args.weight_decay,
+        "schedule": args.schedule,
+        "warmup_epochs": args.warmup_epochs,
+        "momentum": args.momentum,
+        "label_smoothing": args.label_smoothing,
+        "augment": args.augment,
     }
-    config = TrainConfig.paper_defaults(args.model, data.name, **overrides)
+    with _as_usage():
+        model_cfg = model_config_for(
+            args.model,
+            data,
+            width_multiplier=args.width_multiplier,
+            hidden=args.hidden,
+            norm="default" if args.norm is None else (None if args.norm == "none" else args.norm),
+            skip=args.skip,
+        )
+        config = TrainConfig.paper_defaults(
+            args.model, data.name, **{k: v for k, v in options.items() if v is not None}
+        )
 
     def report(outcome) -> None:
         m = outcome.metrics
@@ -150,47 +309,63 @@ def cmd_train(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    train_seeds(
-        args.model,
-        model_cfg,
-        data,
-        config,
-        args.seeds,
-        args.out,
-        progress=None if args.quiet else _progress_bar_factory(args.model),
-        on_seed_done=report,
-        device=args.device,
-    )
+    with ProgressBars(not args.quiet) as bars:
+        train_seeds(
+            args.model,
+            model_cfg,
+            data,
+            config,
+            args.seeds,
+            args.out,
+            progress=lambda seed: bars(f"{args.model} seed {seed}"),
+            on_seed_done=report,
+            device=args.device,
+        )
     return 0
 
 
-def _data_for_checkpoint(ckpt, dataset: str | None, data_dir, no_download: bool):
+def _load_checkpoints(paths: Sequence[Path], device: str):
+    from lmckit.checkpoint import load_checkpoint
+
+    return [load_checkpoint(p, device=device) for p in paths]
+
+
+def _data_for(ckpt, args: argparse.Namespace):
+    from lmckit.experiments.matching import check_data_fits
     from lmckit.experiments.training import load_for_model
 
-    name = dataset or ckpt.meta.get("dataset")
+    name = args.dataset or ckpt.meta.get("dataset")
     if not name:
-        raise LmcError(f"{ckpt.path} does not record its dataset; pass --dataset")
-    return load_for_model(ckpt.meta["model"]["name"], name, data_dir, download=not no_download)
+        raise UsageError(f"{ckpt.path} does not record its dataset; pass --dataset")
+    data = load_for_model(
+        ckpt.meta["model"]["name"], name, args.data_dir, download=not args.no_download
+    )
+    check_data_fits(ckpt, data)
+    return data
 
 
 def cmd_match(args: argparse.Namespace) -> int:
-    from lmckit.checkpoint import load_checkpoint
-    from lmckit.experiments.matching import NEEDS_DATA, match_checkpoints, save_match
+    from lmckit._io import prepare_output_file
+    from lmckit.experiments.matching import check_same_architecture, match_checkpoints, save_match
+    from lmckit.match import METHODS
 
-    a, b = load_checkpoint(args.a, device=args.device), load_checkpoint(args.b, device=args.device)
-    data = None
-    if args.method in NEEDS_DATA:
-        data = _data_for_checkpoint(a, args.dataset, args.data_dir, args.no_download)
-    result = match_checkpoints(
-        a,
-        b,
-        args.method,
-        data,
-        seed=args.seed,
-        epochs=args.epochs,
-        lr=args.lr,
-        batch_size=args.batch_size,
-    )
+    prepare_output_file(args.out, "--out")
+    a, b = _load_checkpoints([args.a, args.b], args.device)
+    check_same_architecture(a, b)
+    data = _data_for(a, args) if METHODS[args.method].needs_data else None
+    with ProgressBars(not args.quiet) as bars:
+        result = match_checkpoints(
+            a,
+            b,
+            args.method,
+            data,
+            seed=args.seed,
+            progress=bars(f"match {args.method}"),
+            epochs=args.epochs,
+            lr=args.lr,
+            batch_size=args.batch_size,
+            restarts=args.restarts,
+        )
     save_match(args.out, result, a=str(a.path), b=str(b.path))
     objective = f"{result.history[-1]:.6g}" if result.history else "n/a"
     print(f"method        {result.method}")
@@ -201,129 +376,54 @@ def cmd_match(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bar(desc: str, total: int | None = None):
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total,
-        desc=desc,
-        dynamic_ncols=True,
-        leave=False,
-        mininterval=0.1 if sys.stderr.isatty() else 10.0,
-    )
-
-
 def cmd_interpolate(args: argparse.Namespace) -> int:
-    from lmckit.checkpoint import load_checkpoint
-    from lmckit.evaluate import interpolate
-    from lmckit.experiments.matching import (
-        check_same_architecture,
-        load_permutation,
-        match_checkpoints,
-        save_match,
-    )
-    from lmckit.perm import Permutation
-    from lmckit.plots import plot_barriers, plot_interpolation
+    from lmckit._io import check_output_dir
+    from lmckit.experiments.interpolation import run_interpolate
 
-    a, b = load_checkpoint(args.a, device=args.device), load_checkpoint(args.b, device=args.device)
-    check_same_architecture(a, b)
-    data = _data_for_checkpoint(a, args.dataset, args.data_dir, args.no_download)
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    if args.perm is not None:
-        perms = {"given": load_permutation(args.perm, a.spec)}
-    else:
-        perms = {}
-        for method in args.method:
-            if method == "none":
-                perms["naive"] = Permutation.identity(a.spec)
-                continue
-            result = match_checkpoints(a, b, method, data, seed=args.seed)
-            save_match(out / f"perm-{method}.json", result, a=str(a.path), b=str(b.path))
-            print(
-                f"{method}: L2 {result.distance_before:.3f} -> {result.distance_after:.3f} "
-                f"in {result.seconds:.2f} s"
-            )
-            perms[method] = result.perm
-    loaders = {"test": data.loader("test", batch_size=1000)}
-    if not args.test_only:
-        loaders = {"train": data.loader("train", batch_size=1000, shuffle=False), **loaders}
-    uses_bn = any(k.endswith("running_mean") for k in a.params)
-    bn_loader = data.loader("train", batch_size=500, shuffle=True) if uses_bn else None
-    repair_loader = None
-    if args.repair:
-        if uses_bn:
-            raise LmcError("--repair is for networks without BatchNorm (BN nets are BN-reset)")
-        repair_loader = data.loader("train", batch_size=1000, shuffle=False)
-    curves = {}
-    for label, perm in perms.items():
-        bar = _bar(f"interpolate {label}", args.lambdas)
-        curve = interpolate(
-            a.model,
-            a.params,
-            perm.apply(b.params),
-            args.lambdas,
-            loaders,
-            bn_reset_loader=bn_loader,
-            bn_reset_batches=args.bn_batches,
-            repair_loader=repair_loader,
+    check_output_dir(args.out, "--out")
+    a, b = _load_checkpoints([args.a, args.b], args.device)
+    data = _data_for(a, args)
+    with ProgressBars(not args.quiet) as bars:
+        summary = run_interpolate(
+            a,
+            b,
+            data,
+            args.out,
+            methods=args.method,
+            perm_file=args.perm,
+            lambdas=args.lambdas,
             calibrated=args.calibrated,
-            ensemble=True,
-            progress=lambda done, total, bar=bar: bar.update(1),
+            test_only=args.test_only,
+            bn_batches=args.bn_batches,
+            repair=args.repair,
+            seed=args.seed,
+            progress=bars,
         )
-        bar.close()
-        curves[label] = curve
-    png = plot_interpolation(
-        curves, out / "interpolation.png", title=f"{a.path.stem} → {b.path.stem}"
-    )
-    barriers = {
-        k: {
-            "loss": c.barriers["test"]["loss"]["rebasin"],
-            "accuracy": c.barriers["test"]["accuracy"]["rebasin"],
-        }
-        for k, c in curves.items()
-    }
-    plot_barriers(barriers, out / "barriers.png")
     print(f"{'curve':<10} {'loss barrier':>13} {'convex':>9} {'acc barrier':>12} {'acc(λ=½)':>9}")
-    for label, c in curves.items():
+    for label, c in summary["curves"].items():
         t = c.barriers["test"]
         print(
             f"{label:<10} {t['loss']['rebasin']:>13.4f} {t['loss']['convex']:>9.4f} "
             f"{100 * t['accuracy']['rebasin']:>11.2f}% "
             f"{100 * c.midpoint('test', 'accuracy'):>8.2f}%"
         )
-    print(
-        f"curves, barriers and plots -> {out} ({png.name}, barriers.png, interpolation.json/.csv)"
-    )
+    print(f"curves, barriers and plots -> {args.out}")
     return 0
 
 
-def _step_bar(label: str):
-    """A callback that advances a progress bar (created on first use) once per call."""
-    bar = None
-
-    def callback(*_event) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = _bar(label)
-        bar.update(1)
-
-    return callback
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
-    from lmckit.experiments.demo import format_table, run_demo
+    from lmckit._io import check_output_dir
+    from lmckit.experiments.demo import DemoRow, format_table, run_demo
 
-    summary = run_demo(
-        args.out,
-        dataset=args.dataset,
-        epochs=args.epochs,
-        ste_epochs=args.ste_epochs,
-        train_progress=None if args.quiet else _progress_bar_factory("mlp"),
-        step_progress=None if args.quiet else _step_bar,
-    )
-    from lmckit.experiments.demo import DemoRow
-
+    check_output_dir(args.out, "--out")
+    with ProgressBars(not args.quiet) as bars:
+        summary = run_demo(
+            args.out,
+            dataset=args.dataset,
+            epochs=args.epochs,
+            ste_epochs=args.ste_epochs,
+            progress=bars,
+        )
     rows = [DemoRow(**r) for r in summary["rows"]]
     ends = summary["endpoints"]
     print()
@@ -343,129 +443,52 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_range(text: str) -> list[int]:
-    """``"2..5"`` -> [2, 3, 4, 5]; ``"4"`` -> [2, 3, 4]."""
-    if ".." in text:
-        lo, hi = (int(x) for x in text.split(".."))
-    else:
-        lo, hi = 2, int(text)
-    if lo < 2 or hi < lo:
-        raise LmcError(f"--sweep-n needs a range like 2..5, got {text!r}")
-    return list(range(lo, hi + 1))
-
-
 def cmd_merge(args: argparse.Namespace) -> int:
-    from lmckit.analysis import multi_model_metrics, plane_landscape, sharpness
-    from lmckit.checkpoint import load_checkpoint, save_checkpoint
-    from lmckit.experiments.merging import bn_loader_for, merge_checkpoints, sweep
-    from lmckit.plots import plot_geometry, plot_landscape, plot_sweep
+    from lmckit._io import check_output_dir
+    from lmckit.experiments.merging import check_checkpoints, run_merge, sweep
 
-    ckpts = [load_checkpoint(p, device=args.device) for p in args.checkpoints]
-    if len(ckpts) < 2:
-        raise LmcError("merge needs at least two checkpoints")
-    data = _data_for_checkpoint(ckpts[0], args.dataset, args.data_dir, args.no_download)
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    if args.sweep_n:
-        methods = args.methods or ["star-wm", "merge-many", "ccmm", "ste-mm"]
-        results = sweep(
-            ckpts,
-            methods,
-            _parse_range(args.sweep_n),
-            data,
-            out,
-            epochs=args.epochs,
-            progress=_step_bar,
-        )
-        png = plot_sweep(
-            results,
-            out / "sweep.png",
-            title=f"merging {ckpts[0].meta['model']['name']} on {data.name}",
-        )
-        print(f"{'n':>3} " + " ".join(f"{m:>12}" for m in methods) + "   (merged test acc %)")
-        for n in _parse_range(args.sweep_n):
-            print(
-                f"{n:>3} "
-                + " ".join(f"{100 * results[m][n]['merged_accuracy']:>12.2f}" for m in methods)
+    if args.methods and not args.sweep_n:
+        raise UsageError("--methods is for --sweep-n; use --method for a single merge")
+    check_output_dir(args.out, "--out")
+    ckpts = _load_checkpoints(args.checkpoints, args.device)
+    check_checkpoints(ckpts)
+    data = _data_for(ckpts[0], args)
+    options = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size}
+    with ProgressBars(not args.quiet) as bars:
+        if args.sweep_n:
+            methods = args.methods or ["star-wm", "merge-many", "ccmm", "ste-mm"]
+            results = sweep(
+                ckpts,
+                methods,
+                args.sweep_n,
+                data,
+                args.out,
+                seed=args.seed,
+                progress=bars,
+                **options,
             )
-        print(f"sweep plot -> {png}")
-        return 0
-    result = merge_checkpoints(
-        ckpts,
-        args.method,
-        data,
-        epochs=args.epochs,
-        lr=args.lr,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        progress=_step_bar(args.method),
-    )
-    test = data.loader("test", batch_size=1000)
-    bn_loader = bn_loader_for(ckpts[0], data)
-    merged = result.merged
-    if bn_loader is not None and args.method != "ste-mm":
-        from lmckit.evaluate import bn_reset
-
-        merged = bn_reset(ckpts[0].model, merged, bn_loader)
-    metrics = multi_model_metrics(
-        ckpts[0].model,
-        [c.params for c in ckpts],
-        result.perms,
-        test,
-        bn_reset_loader=bn_loader,
-        merged=merged,
-    )
-    report = {
-        "method": result.method,
-        "seconds": result.seconds,
-        "checkpoints": [str(c.path) for c in ckpts],
-        **metrics.to_dict(),
-    }
-    if args.sharpness_probes:
-        model = ckpts[0].model
-        s_merged = sharpness(model, merged, test, probes=args.sharpness_probes)
-        base = [sharpness(model, c.params, test, probes=args.sharpness_probes) for c in ckpts]
-        report["sharpness_merged"] = {"value": s_merged.value, "stderr": s_merged.stderr}
-        report["sharpness_models_mean"] = sum(s.value for s in base) / len(base)
-    from lmckit.models import build_model
-
-    model = ckpts[0].model
-    merged_model = build_model(ckpts[0].meta["model"]["name"], **ckpts[0].meta["model"])
-    merged_model.load_state_dict(merged)
-    save_checkpoint(
-        out / "merged",
-        merged_model,
-        {
-            "merged_from": [str(c.path) for c in ckpts],
-            "merge_method": result.method,
-            "dataset": ckpts[0].meta.get("dataset"),
-            "metrics": {"test_loss": metrics.merged_loss, "test_accuracy": metrics.merged_accuracy},
-        },
-    )
-    from lmckit._io import atomic_write_json
-
-    atomic_write_json(
-        out / "permutations.json",
-        {"groups": dict(ckpts[0].spec.groups), "perms": [p.to_dict() for p in result.perms]},
-    )
-    atomic_write_json(out / "metrics.json", report)
-    plot_geometry(
-        metrics.distance_ratios,
-        metrics.triplet_angles,
-        out / "geometry.png",
-        title=f"{result.method}: aligned models",
-    )
-    if args.landscape and len(ckpts) >= 3:
-        aligned = [p.apply(c.params) for p, c in zip(result.perms, ckpts, strict=True)][:3]
-        land = plane_landscape(
-            model, aligned, test, resolution=args.landscape, bn_reset_loader=bn_loader
+            print(f"{'n':>3} " + " ".join(f"{m:>12}" for m in methods) + "   (merged test acc %)")
+            for n in args.sweep_n:
+                accs = " ".join(f"{100 * results[m][n]['merged_accuracy']:>12.2f}" for m in methods)
+                print(f"{n:>3} {accs}")
+            print(f"sweep results and plot -> {args.out}")
+            return 0
+        report = run_merge(
+            ckpts,
+            args.method,
+            data,
+            args.out,
+            seed=args.seed,
+            sharpness_probes=args.sharpness_probes,
+            landscape=args.landscape,
+            progress=bars,
+            **options,
         )
-        plot_landscape(land, out / "landscape.png")
-    print(f"method {result.method}: {result.seconds:.1f} s")
+    print(f"method {report['method']}: {report['seconds']:.1f} s")
     print(
-        f"merged test accuracy {100 * metrics.merged_accuracy:.2f} % (models: mean "
-        f"{100 * metrics.mean_accuracy:.2f} %), loss {metrics.merged_loss:.4f} "
-        f"(gap {metrics.loss_gap:+.4f}, pairwise gap {metrics.pairwise_gap:+.4f})"
+        f"merged test accuracy {100 * report['merged_accuracy']:.2f} % (models: mean "
+        f"{100 * report['mean_accuracy']:.2f} %), loss {report['merged_loss']:.4f} "
+        f"(gap {report['loss_gap']:+.4f}, pairwise gap {report['pairwise_gap']:+.4f})"
     )
     if "sharpness_merged" in report:
         print(
@@ -473,24 +496,44 @@ def cmd_merge(args: argparse.Namespace) -> int:
             f"{report['sharpness_merged']['stderr']:.2g}, models' mean "
             f"{report['sharpness_models_mean']:.4g}"
         )
-    print(f"merged checkpoint, permutations.json, metrics.json, plots -> {out}")
+    print(f"merged checkpoint, permutations.json, metrics.json, plots -> {args.out}")
     return 0
+
+
+# -- the parser ----------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
 
 
 def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by the commands that evaluate checkpoints on data."""
-    p.add_argument("--dataset", help="default: the dataset the checkpoint records")
-    p.add_argument("--data-dir", type=Path, help="where the dataset files are")
+    p.add_argument("--dataset", type=_dataset, help="default: the dataset the checkpoint records")
+    p.add_argument("--data-dir", type=_existing_dir, help="where the dataset files are")
     p.add_argument("--no-download", action="store_true", help="never download datasets")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
+    p.add_argument("--device", type=_device, default="cpu", help="torch device, e.g. cuda")
+    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+
+
+def _methods_help(methods) -> str:
+    return "; ".join(f"{name}: {m.summary}" for name, m in methods.items())
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The ``lmckit`` argument parser (method choices come from the registries)."""
+    from lmckit.match import METHODS as MATCHERS
+    from lmckit.merge import METHODS as MERGERS
+
+    parser = _Parser(
         prog="lmckit",
         description="Align, merge and analyse neural networks modulo permutation symmetries.",
     )
     parser.add_argument("--version", action="version", version=f"lmckit {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -506,17 +549,20 @@ def build_parser() -> argparse.ArgumentParser:
         "papers' recipe for the model (MLP: Adam 1e-3, batch 512; conv nets: SGD 0.4 with "
         "Nesterov momentum, weight decay 5e-4, batch 500, warm-up + linear decay).",
     )
-    p.add_argument("--model", required=True, help="mlp, vgg11, vgg16 or resnet20")
+    p.add_argument("--model", required=True, type=_model_name, help="mlp, vgg11, vgg16, resnet20")
     p.add_argument(
         "--dataset",
+        type=_dataset,
         default="fashion-mnist",
         help="fashion-mnist, mnist, cifar10, cifar100, digits or synthetic",
     )
-    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="one model per seed")
+    p.add_argument("--seeds", type=_seed, nargs="+", default=[0], help="one model per seed")
     p.add_argument("--out", required=True, type=Path, help="folder for the checkpoints")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--width-multiplier", type=float, default=1.0)
-    p.add_argument("--hidden", type=int, nargs="+", help="MLP hidden widths (default 3×512·k)")
+    p.add_argument("--epochs", type=_int_at_least(1))
+    p.add_argument("--width-multiplier", type=_positive, default=1.0)
+    p.add_argument(
+        "--hidden", type=_int_at_least(1), nargs="+", help="MLP hidden widths (default 3×512·k)"
+    )
     p.add_argument(
         "--norm",
         choices=["none", "batch", "layer"],
@@ -525,43 +571,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--skip", action="store_true", help="MLP with residual connections")
     p.add_argument("--optimizer", choices=["adam", "adamw", "sgd"])
-    p.add_argument("--lr", type=float)
-    p.add_argument("--momentum", type=float)
-    p.add_argument("--weight-decay", type=float)
-    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=_positive)
+    p.add_argument("--momentum", type=_float_in(0.0, 1.0))
+    p.add_argument("--weight-decay", type=_float_in(0.0))
+    p.add_argument("--batch-size", type=_int_at_least(1))
     p.add_argument("--schedule", choices=["constant", "warmup_linear"])
-    p.add_argument("--warmup-epochs", type=float)
-    p.add_argument("--label-smoothing", type=float)
+    p.add_argument("--warmup-epochs", type=_float_in(0.0))
+    p.add_argument("--label-smoothing", type=_float_in(0.0, 1.0))
     p.add_argument(
         "--augment",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="random crop + flip (default: on for CIFAR)",
     )
-    p.add_argument("--data-dir", type=Path, help="where the dataset files are")
+    p.add_argument("--data-dir", type=_existing_dir, help="where the dataset files are")
     p.add_argument("--no-download", action="store_true", help="never download datasets")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--device", type=_device, default="cpu")
+    p.add_argument("--threads", type=_int_at_least(1), help="torch CPU threads")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser(
         "match",
         help="find the permutation of checkpoint B that aligns it to checkpoint A",
-        description="Methods: wm (weight matching, cold LAPs), wm-fast (weight matching with "
-        "dual warm starts), am (activation matching), ste (straight-through estimator), "
-        "sinkhorn (Sinkhorn re-basin on the weight distance).",
+        description="Methods: " + _methods_help(MATCHERS) + ".",
     )
-    p.add_argument("a", type=Path, help="reference checkpoint (.safetensors)")
-    p.add_argument("b", type=Path, help="checkpoint to permute")
+    p.add_argument("a", type=_checkpoint, help="reference checkpoint (.safetensors)")
+    p.add_argument("b", type=_checkpoint, help="checkpoint to permute")
+    p.add_argument("--method", choices=sorted(MATCHERS), default="wm-fast")
+    p.add_argument("--out", type=Path, default=Path("perm.json"), help="permutation file")
+    p.add_argument("--epochs", type=_int_at_least(1), help="STE / Sinkhorn-mid epochs (1)")
+    p.add_argument("--lr", type=_positive, help="STE (1e-3) / Sinkhorn (0.1) learning rate")
+    p.add_argument("--batch-size", type=_int_at_least(1), help="STE / Sinkhorn-mid batch (256)")
     p.add_argument(
-        "--method", choices=["wm", "wm-fast", "am", "ste", "sinkhorn"], default="wm-fast"
+        "--restarts", type=_int_at_least(1), help="weight matching: best of this many starts"
     )
-    p.add_argument("--out", type=Path, default=Path("perm.json"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epochs", type=int, default=1, help="STE epochs")
-    p.add_argument("--lr", type=float, help="STE (1e-3) / Sinkhorn (0.1) learning rate")
-    p.add_argument("--batch-size", type=int, default=256)
     _add_data_arguments(p)
     p.set_defaults(func=cmd_match)
 
@@ -572,26 +616,28 @@ def build_parser() -> argparse.ArgumentParser:
         "matching method (or a given permutation file), with barriers, ensemble reference and "
         "plots. BatchNorm statistics are re-estimated at every interior λ.",
     )
-    p.add_argument("a", type=Path)
-    p.add_argument("b", type=Path)
-    p.add_argument("--perm", type=Path, help="use this permutation file instead of --method")
+    p.add_argument("a", type=_checkpoint)
+    p.add_argument("b", type=_checkpoint)
+    p.add_argument(
+        "--perm", type=_existing_file, help="use this permutation file instead of --method"
+    )
     p.add_argument(
         "--method",
         nargs="+",
         default=["none", "wm-fast"],
-        choices=["none", "wm", "wm-fast", "am", "ste", "sinkhorn"],
+        choices=["none", *sorted(MATCHERS)],
+        help="none = the naive path",
     )
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--lambdas", type=int, default=25)
+    p.add_argument("--out", type=Path, required=True, help="folder for curves and plots")
+    p.add_argument("--lambdas", type=_int_at_least(2), default=25, help="points on the path")
     p.add_argument("--calibrated", action="store_true", help="temperature-calibrated loss too")
     p.add_argument("--test-only", action="store_true", help="skip the training split")
-    p.add_argument("--bn-batches", type=int, default=20, help="batches for BN reset")
+    p.add_argument("--bn-batches", type=_int_at_least(1), default=20, help="batches for BN reset")
     p.add_argument(
         "--repair",
         action="store_true",
         help="REPAIR channel statistics at every interior λ (BN-free nets)",
     )
-    p.add_argument("--seed", type=int, default=0)
     _add_data_arguments(p)
     p.set_defaults(func=cmd_interpolate)
 
@@ -603,9 +649,13 @@ def build_parser() -> argparse.ArgumentParser:
         "interpolate naive vs matched and print the table. Finished pieces are cached in --out.",
     )
     p.add_argument("--out", type=Path, default=Path("demo-out"))
-    p.add_argument("--dataset", help="override the dataset (default: fashion-mnist or digits)")
-    p.add_argument("--epochs", type=int, help="default 5 (Fashion-MNIST) or 40 (digits)")
-    p.add_argument("--ste-epochs", type=int, default=1)
+    p.add_argument(
+        "--dataset", type=_dataset, help="override the dataset (default: fashion-mnist or digits)"
+    )
+    p.add_argument(
+        "--epochs", type=_int_at_least(1), help="default 5 (Fashion-MNIST) or 40 (digits)"
+    )
+    p.add_argument("--ste-epochs", type=_int_at_least(1), default=1)
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=cmd_demo)
 
@@ -615,35 +665,32 @@ def build_parser() -> argparse.ArgumentParser:
         description="Merge checkpoints of one architecture; the last is the reference. "
         "Writes the merged checkpoint, permutations, multi-model metrics and plots. With "
         "--sweep-n 2..N, merges the first n checkpoints for every n and method and plots "
-        "metric vs n.",
+        "metric vs n. Methods: " + _methods_help(MERGERS) + ".",
     )
-    p.add_argument("checkpoints", nargs="+", type=Path)
-    p.add_argument(
-        "--method",
-        default="merge-many",
-        choices=["star-wm", "star-ste", "merge-many", "ste-mm", "ccmm"],
-    )
-    p.add_argument("--sweep-n", help="e.g. 2..5: sweep the number of models")
+    p.add_argument("checkpoints", nargs="+", type=_checkpoint)
+    p.add_argument("--method", default="merge-many", choices=sorted(MERGERS))
+    p.add_argument("--sweep-n", type=_range, help="e.g. 2..5: sweep the number of models")
     p.add_argument(
         "--methods",
         nargs="+",
-        choices=["star-wm", "star-ste", "merge-many", "ste-mm", "ccmm"],
+        choices=sorted(MERGERS),
         help="methods for --sweep-n (default: star-wm merge-many ccmm ste-mm)",
     )
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--epochs", type=int, default=10, help="STE / STE-MM epochs (paper: 10)")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True, help="folder for the results")
+    p.add_argument(
+        "--epochs", type=_int_at_least(1), help="STE-MM (paper: 10) / star-STE (1) epochs"
+    )
+    p.add_argument("--lr", type=_positive, help="STE / STE-MM learning rate (1e-3)")
+    p.add_argument("--batch-size", type=_int_at_least(1), help="STE / STE-MM batch (256)")
     p.add_argument(
         "--sharpness-probes",
-        type=int,
+        type=_int_at_least(2, zero_means_off=True),
         default=0,
         help="estimate tr(H⊙θθᵀ) of merged and input models with this many probes",
     )
     p.add_argument(
         "--landscape",
-        type=int,
+        type=_int_at_least(2, zero_means_off=True),
         default=0,
         metavar="RES",
         help="plot loss on the plane through the first three aligned models",
@@ -653,17 +700,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fail(message: str, status: int) -> int:
+    print(f"lmckit: error: {' '.join(message.split())}", file=sys.stderr)
+    return status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (see the module docstring)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a one-line usage error already printed
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return int(args.func(args) or 0)
-    except LmcError as exc:
-        print(f"lmckit: error: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # `lmckit info | head`
-        sys.stderr.close()
-        return 0
+    except Exception as exc:
+        if args.debug:
+            raise
+        if isinstance(exc, UsageError):
+            return _fail(str(exc), 2)
+        if isinstance(exc, LmcError):
+            return _fail(str(exc), 1)
+        if isinstance(exc, BrokenPipeError):  # `lmckit info | head`
+            sys.stderr.close()
+            return 0
+        if isinstance(exc, OSError):
+            return _fail(f"{exc.strerror or exc}: {exc.filename or ''}", 1)
+        return _fail(
+            f"internal error ({type(exc).__name__}: {exc}); rerun with --debug for the "
+            "traceback and please report it",
+            1,
+        )
     except KeyboardInterrupt:
         print("lmckit: interrupted; finished results are kept", file=sys.stderr)
         return 130

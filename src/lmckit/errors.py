@@ -46,3 +46,14 @@ class TrainConfigError(LmcError, ValueError):
 
 class LapError(LmcError, ValueError):
     """An assignment problem is malformed (not square, not finite)."""
+
+
+class UsageError(LmcError, ValueError):
+    """A request that cannot be carried out as asked: arguments out of range, paths of the
+    wrong kind, or inputs that do not fit each other (a dataset that does not fit a
+    checkpoint, one checkpoint given twice). The command line exits with status 2."""
+
+
+class OutputPathError(UsageError):
+    """An output path that cannot be written: a file where a folder is needed or the
+    reverse, a path under a file, or no permission."""

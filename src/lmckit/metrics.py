@@ -1,12 +1,13 @@
-"""Loss and accuracy of a model (or of any parameter set for it) over a loader.
+"""Loss, accuracy and logits of a model — or of any parameter set for it — over a loader.
 
 Runs functionally (``torch.func.functional_call``) when ``params`` is given, so one
-``nn.Module`` evaluates any number of parameter sets without copies.
+``nn.Module`` evaluates any number of parameter sets without copies. Evaluation is in eval
+mode; the module's own modes are restored afterwards.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -14,7 +15,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmckit.errors import DataError
-from lmckit.perm import Params
+from lmckit.functional import check_model_fits, module_mode
+from lmckit.params import Params
+
+__all__ = ["Metrics", "evaluate", "predict"]
+
+Loader = Iterable[tuple[Tensor, Tensor]]
 
 
 @dataclass(frozen=True)
@@ -30,34 +36,67 @@ class Metrics:
         return asdict(self)
 
 
-@torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    params: Params | None,
-    loader: Iterable[tuple[Tensor, Tensor]],
-    *,
-    device: torch.device | str | None = None,
-) -> Metrics:
-    """Evaluate ``model`` with ``params`` substituted (``None``: its own weights), eval mode.
-
-    The model's train/eval mode is restored afterwards. Batches are moved to ``device``
-    (default: the device of the model's first parameter).
-    """
+def _outputs(
+    model: nn.Module, params: Params | None, loader: Loader, device, caller: str
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """``(logits, labels)`` per batch, in eval mode without gradients; labels on the
+    logits' device. Raises :class:`DataError` for an empty loader."""
+    if params is not None:
+        check_model_fits(model, params)
     if device is None:
         first = next(iter(params.values())) if params else next(model.parameters())
         device = first.device
-    was_training = model.training
-    model.eval()
-    total_loss, correct, count = 0.0, 0, 0
-    try:
+    seen = False
+    with torch.no_grad(), module_mode(model, False):
         for x, y in loader:
-            x, y = x.to(device), y.to(device)
-            logits = model(x) if params is None else torch.func.functional_call(model, params, (x,))
-            total_loss += F.cross_entropy(logits.float(), y, reduction="sum").item()
-            correct += (logits.argmax(1) == y).sum().item()
-            count += len(y)
-    finally:
-        model.train(was_training)
-    if count == 0:
-        raise DataError("evaluate() got an empty loader")
+            x = x.to(device)
+            out = model(x) if params is None else torch.func.functional_call(model, params, (x,))
+            seen = True
+            y = y.to(out.device)
+            if y.ndim != 1 or len(y) != len(out):
+                raise DataError(
+                    f"{caller}(): labels of shape {tuple(y.shape)} for {len(out)} outputs"
+                )
+            if len(y) and (int(y.min()) < 0 or int(y.max()) >= out.shape[-1]):
+                raise DataError(
+                    f"{caller}(): labels range over [{int(y.min())}, {int(y.max())}] but the "
+                    f"model has {out.shape[-1]} outputs (classes 0..{out.shape[-1] - 1})"
+                )
+            yield out, y
+    if not seen:
+        raise DataError(f"{caller}() got an empty loader")
+
+
+def evaluate(
+    model: nn.Module,
+    params: Params | None,
+    loader: Loader,
+    *,
+    device: torch.device | str | None = None,
+) -> Metrics:
+    """Evaluate ``model`` with ``params`` substituted (``None``: its own weights).
+
+    Batches are moved to ``device`` (default: the device of the parameters).
+    """
+    total_loss, correct, count = 0.0, 0, 0
+    for logits, y in _outputs(model, params, loader, device, "evaluate"):
+        total_loss += F.cross_entropy(logits.float(), y, reduction="sum").item()
+        correct += (logits.argmax(1) == y).sum().item()
+        count += len(y)
     return Metrics(loss=total_loss / count, accuracy=correct / count, count=count)
+
+
+def predict(
+    model: nn.Module,
+    params: Params | None,
+    loader: Loader,
+    *,
+    device: torch.device | str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Logits ``(N, C)`` (float32, CPU) and labels ``(N,)`` of ``model`` with ``params``
+    (``None``: its own weights) over ``loader``."""
+    outs, ys = [], []
+    for logits, y in _outputs(model, params, loader, device, "predict"):
+        outs.append(logits.float().cpu())
+        ys.append(y.cpu())
+    return torch.cat(outs), torch.cat(ys)

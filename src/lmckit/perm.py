@@ -19,27 +19,17 @@ Below the model zoo, lmckit only knows parameter dicts (``dict[str, Tensor]``, t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import torch
 from torch import Tensor
 
-from lmckit.errors import ParamsError, PermutationError, SpecError
+from lmckit.errors import PermutationError, SpecError
+from lmckit.params import Params, short_list
 
-__all__ = [
-    "Params",
-    "Permutation",
-    "PermutationSpec",
-    "check_params_compatible",
-    "group_cost_matrix",
-    "params_distance",
-    "params_inner",
-]
-
-Params = Mapping[str, Tensor]
-"""A parameter dict: ``state_dict()`` keys to tensors (parameters and buffers)."""
+__all__ = ["Params", "Permutation", "PermutationSpec", "group_cost_matrix"]
 
 Axes = tuple[str | None, ...]
 
@@ -123,14 +113,20 @@ class PermutationSpec:
             SpecError: naming the unknown or missing parameters, or the first tensor whose
                 number of axes or axis length disagrees with the spec.
         """
+        if not isinstance(params, Mapping):
+            hint = " (pass model.state_dict())" if hasattr(params, "state_dict") else ""
+            raise SpecError(f"{what} must be a dict of tensors{hint}, got {type(params).__name__}")
+        not_tensors = [k for k, t in params.items() if not isinstance(t, Tensor)]
+        if not_tensors:
+            raise SpecError(f"{what} entries {short_list(not_tensors)} are not tensors")
         missing = [k for k in self.axes if k not in params]
         unknown = [k for k in params if k not in self.axes]
         if missing or unknown:
             parts = []
             if missing:
-                parts.append(f"missing parameter(s) {_short_list(missing)}")
+                parts.append(f"missing parameter(s) {short_list(missing)}")
             if unknown:
-                parts.append(f"unknown parameter(s) {_short_list(unknown)} not in the spec")
+                parts.append(f"unknown parameter(s) {short_list(unknown)} not in the spec")
             raise SpecError(f"{what} do not match the permutation spec: " + "; ".join(parts))
         for name, ax in self.axes.items():
             t = params[name]
@@ -149,11 +145,6 @@ class PermutationSpec:
     def log10_num_symmetries(self) -> float:
         """log10 of the number of distinct permutations, ``Σ_g log10(n_g!)`` (exact, by lgamma)."""
         return sum(math.lgamma(n + 1) for n in self.groups.values()) / math.log(10)
-
-
-def _short_list(items: list[str], limit: int = 6) -> str:
-    shown = ", ".join(repr(x) for x in items[:limit])
-    return f"[{shown}{', ...' if len(items) > limit else ''}] ({len(items)} in all)"
 
 
 class Permutation:
@@ -300,29 +291,14 @@ class Permutation:
         return out
 
 
-def check_params_compatible(params_a: Params, params_b: Params) -> None:
-    """Raise :class:`ParamsError` unless both dicts have the same keys, shapes and dtypes."""
-    if set(params_a) != set(params_b):
-        only_a = sorted(set(params_a) - set(params_b))
-        only_b = sorted(set(params_b) - set(params_a))
-        raise ParamsError(
-            f"parameter dicts have different keys: only in A {_short_list(only_a)}, only in B "
-            f"{_short_list(only_b)}"
-        )
-    for k, a in params_a.items():
-        b = params_b[k]
-        if a.shape != b.shape:
-            raise ParamsError(f"{k!r} has shape {tuple(a.shape)} in A but {tuple(b.shape)} in B")
-        if a.dtype != b.dtype:
-            raise ParamsError(f"{k!r} has dtype {a.dtype} in A but {b.dtype} in B")
-
-
 def group_cost_matrix(
     spec: PermutationSpec,
     params_a: Params,
     params_b: Params,
     perm: Permutation,
     group: str,
+    *,
+    names: Collection[str] | None = None,
 ) -> Tensor:
     """The weight-matching LAP gain matrix of one group, others held fixed.
 
@@ -333,12 +309,18 @@ def group_cost_matrix(
     For a tensor in ``spec.self_maps`` (the group on two axes) the term of each axis holds the
     other axis at the current ``perm[group]``: a linearisation, exact once ``perm`` is fixed.
 
+    Args:
+        names: only these tensors contribute (default: every tensor the group acts on).
+
     Returns:
         ``(n, n)`` tensor on the parameters' device and dtype; rows index A's units, columns
-        B's units.
+        B's units. All zeros when no contributing tensor carries the group.
     """
-    axes = spec.group_axes(group)
+    axes = [(k, i) for k, i in spec.group_axes(group) if names is None or k in names]
     n = spec.groups[group]
+    if not axes:
+        first = next(t for t in params_a.values() if t.dtype.is_floating_point)
+        return first.new_zeros(n, n)
     cost: Tensor | None = None
     for name, axis in axes:
         a = params_a[name]
@@ -350,26 +332,5 @@ def group_cost_matrix(
         b2 = b.movedim(axis, 0).reshape(n, -1)
         term = a2 @ b2.T
         cost = term if cost is None else cost + term
-    assert cost is not None  # the spec guarantees every group has an axis
+    assert cost is not None
     return cost
-
-
-def _float_items(params_a: Params, params_b: Params):
-    check_params_compatible(params_a, params_b)
-    for k, a in params_a.items():
-        if a.dtype.is_floating_point:
-            yield a, params_b[k]
-
-
-def params_inner(params_a: Params, params_b: Params) -> float:
-    """``Σ_k <A_k, B_k>`` over all floating-point tensors (integer buffers are skipped)."""
-    return float(sum((a.double() * b.double()).sum() for a, b in _float_items(params_a, params_b)))
-
-
-def params_distance(params_a: Params, params_b: Params) -> float:
-    """Euclidean distance ``sqrt(Σ_k ||A_k - B_k||²)`` over all floating-point tensors."""
-    sq = 0.0
-    for a, b in _float_items(params_a, params_b):
-        diff = (a - b).flatten().double()
-        sq += float(diff @ diff)
-    return math.sqrt(sq)

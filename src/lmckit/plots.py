@@ -1,10 +1,10 @@
-"""Figures: interpolation curves and barrier bars, saved as PNG with their data beside
-them (JSON and CSV), so every plot can be redrawn or tabulated without rerunning."""
+"""Figures, saved as PNG. Plotting only draws: the data behind a figure is written by its
+caller (``evaluate.save_curves`` for curves, JSON for the rest), so every plot can be
+redrawn or tabulated without rerunning."""
 
 from __future__ import annotations
 
-import csv
-import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -27,19 +27,6 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _write_curves_data(curves: Mapping[str, Curve], stem: Path) -> None:
-    with atomic_path(stem.with_suffix(".json")) as tmp:
-        tmp.write_text(json.dumps({k: c.to_dict() for k, c in curves.items()}, indent=2))
-    with atomic_path(stem.with_suffix(".csv")) as tmp, open(tmp, "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["curve", "split", "metric", "lambda", "value"])
-        for label, curve in curves.items():
-            for split, metrics in curve.splits.items():
-                for metric, values in metrics.items():
-                    for lam, value in zip(curve.lambdas, values, strict=True):
-                        writer.writerow([label, split, metric, f"{lam:.6g}", f"{value:.8g}"])
-
-
 def plot_interpolation(
     curves: Mapping[str, Curve], path: str | Path, *, title: str = "", loss_key: str = "loss"
 ) -> Path:
@@ -47,7 +34,6 @@ def plot_interpolation(
 
     Train is dashed, test solid; one colour per curve. If a curve carries ensemble
     metrics, the ensemble of the first such curve is drawn in grey as the reference.
-    Writes ``path`` (PNG) and the data as ``.json``/``.csv`` beside it.
     """
     path = Path(path)
     fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.2))
@@ -98,7 +84,6 @@ def plot_interpolation(
     axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     if title:
         fig.suptitle(title)
-    _write_curves_data(curves, path.with_suffix(""))
     return _save(fig, path)
 
 
@@ -106,7 +91,7 @@ def plot_barriers(
     barriers: Mapping[str, Mapping[str, float]], path: str | Path, *, title: str = ""
 ) -> Path:
     """Bar chart of barriers: ``{method: {"loss": x, "accuracy": y}}`` (accuracy in [0, 1],
-    drawn in percentage points). Writes the data as ``.json`` beside the PNG."""
+    drawn in percentage points)."""
     path = Path(path)
     methods = list(barriers)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
@@ -122,8 +107,6 @@ def plot_barriers(
         ax.grid(axis="y", alpha=0.3)
     if title:
         fig.suptitle(title)
-    with atomic_path(path.with_suffix(".json")) as tmp:
-        tmp.write_text(json.dumps(barriers, indent=2))
     return _save(fig, path)
 
 
@@ -139,7 +122,7 @@ def plot_sweep(
 ) -> Path:
     """Metric vs number of merged models, one line per method (STE-MM Fig. 3).
 
-    ``results[method][n][metric]``; accuracies are drawn in percent. Data written as JSON."""
+    ``results[method][n][metric]``; accuracies are drawn in percent."""
     path = Path(path)
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 3.8))
     axes = [axes] if len(metrics) == 1 else list(axes)
@@ -155,8 +138,6 @@ def plot_sweep(
     axes[-1].legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    with atomic_path(path.with_suffix(".json")) as tmp:
-        tmp.write_text(json.dumps(results, indent=2))
     return _save(fig, path)
 
 
@@ -175,8 +156,6 @@ def plot_landscape(landscape, path: str | Path, *, labels=("π₁(θ₁)", "π�
             ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 5), color="white")
         ax.set_title(name)
         ax.set_aspect("equal")
-    with atomic_path(path.with_suffix(".json")) as tmp:
-        tmp.write_text(json.dumps(landscape.to_dict()))
     return _save(fig, path)
 
 
@@ -184,16 +163,13 @@ def plot_geometry(ratios, angles, path: str | Path, *, title: str = "") -> Path:
     """Histograms of pairwise distance ratios and triplet angles (regular simplex: 1 and 60°)."""
     path = Path(path)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    axes[0].hist(ratios, bins=20, color="C0")
+    # NaN marks undefined ratios/angles (coinciding models): nothing to draw for them.
+    axes[0].hist([r for r in ratios if math.isfinite(r)], bins=20, color="C0")
     axes[0].axvline(1.0, color="k", lw=0.8)
     axes[0].set_xlabel("‖π_iθ_i − π_jθ_j‖ / mean")
-    axes[1].hist(angles, bins=20, color="C1")
+    axes[1].hist([a for a in angles if math.isfinite(a)], bins=20, color="C1")
     axes[1].axvline(60.0, color="k", lw=0.8)
     axes[1].set_xlabel("triplet angle (°)")
     if title:
         fig.suptitle(title)
-    with atomic_path(path.with_suffix(".json")) as tmp:
-        tmp.write_text(
-            json.dumps({"distance_ratios": list(ratios), "triplet_angles": list(angles)})
-        )
     return _save(fig, path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -22,6 +22,7 @@ from lmckit.data.datasets import Dataset
 from lmckit.errors import TrainConfigError
 from lmckit.metrics import Metrics, evaluate
 from lmckit.models import build_model
+from lmckit.progress import ProgressCallback, notify
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "warmup_linear")
@@ -145,20 +146,6 @@ class EpochStats:
 
 
 @dataclass(frozen=True)
-class TrainProgress:
-    """What the progress callback receives after every step."""
-
-    epoch: int
-    step: int
-    steps_per_epoch: int
-    loss: float
-    accuracy: float
-    lr: float
-    epochs: int
-    epoch_done: EpochStats | None = None
-
-
-@dataclass(frozen=True)
 class TrainResult:
     """History and final eval-mode metrics of a training run."""
 
@@ -204,7 +191,7 @@ def train(
     data: Dataset,
     config: TrainConfig,
     *,
-    progress: Callable[[TrainProgress], None] | None = None,
+    progress: ProgressCallback | None = None,
     evaluate_each_epoch: bool = True,
     eval_batch_size: int = 1000,
 ) -> TrainResult:
@@ -212,6 +199,10 @@ def train(
 
     Final metrics are computed in eval mode on the full train and test sets. Training stops
     with an error if the loss becomes non-finite (diverged learning rate).
+
+    ``progress`` receives a :class:`~lmckit.progress.Progress` after every step (``metrics``:
+    ``epoch``, ``loss``, ``accuracy``, ``lr``) and, at the end of each epoch, one with
+    ``epoch_done=True`` and the epoch's :class:`EpochStats` fields.
     """
     device = next(model.parameters()).device
     loader = data.loader(
@@ -250,10 +241,14 @@ def train(
             correct += (logits.detach().argmax(1) == y).sum()
             seen += len(y)
             if progress is not None:
-                progress(
-                    TrainProgress(
-                        epoch, step, steps, loss.item(), correct.item() / seen, lr, config.epochs
-                    )
+                notify(
+                    progress,
+                    epoch * steps + step + 1,
+                    config.epochs * steps,
+                    epoch=epoch + 1,
+                    loss=loss.item(),
+                    accuracy=correct.item() / seen,
+                    lr=lr,
                 )
         train_loss = loss_sum.item() / seen
         if not math.isfinite(train_loss):
@@ -272,19 +267,9 @@ def train(
             test_accuracy=test.accuracy if test else None,
         )
         history.append(stats)
-        if progress is not None:
-            progress(
-                TrainProgress(
-                    epoch,
-                    steps - 1,
-                    steps,
-                    train_loss,
-                    stats.train_accuracy,
-                    lr,
-                    config.epochs,
-                    stats,
-                )
-            )
+        # The epoch's summary, at the step count its last step already reported.
+        summary = {k: v for k, v in vars(stats).items() if v is not None}
+        notify(progress, (epoch + 1) * steps, config.epochs * steps, epoch_done=True, **summary)
     train_eval = evaluate(
         model, None, data.loader("train", batch_size=eval_batch_size, shuffle=False, device=device)
     )

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from lmckit.data import DataSource
 from lmckit.errors import ParamsError
-from lmckit.evaluate import bn_reset
-from lmckit.metrics import evaluate
-from lmckit.perm import Params
+from lmckit.evaluate import bn_reset, evaluate
+from lmckit.params import Params, floating_names
+from lmckit.progress import ProgressCallback, notify
 
 
 @dataclass
@@ -33,10 +35,6 @@ class Landscape:
         return vars(self)
 
 
-def _floating(params: Params) -> list[str]:
-    return [k for k, t in params.items() if t.dtype.is_floating_point]
-
-
 def plane_landscape(
     model: nn.Module,
     three: Sequence[Params],
@@ -44,15 +42,21 @@ def plane_landscape(
     *,
     resolution: int = 11,
     margin: float = 0.2,
-    bn_reset_loader: Iterable[tuple[Tensor, Tensor]] | None = None,
-    progress=None,
+    bn_reset_data: DataSource | None = None,
+    progress: ProgressCallback | None = None,
 ) -> Landscape:
     """Evaluate ``loader`` on a ``resolution × resolution`` grid covering the triangle of
-    the three models plus ``margin`` (a fraction of its extent) on every side."""
+    the three models plus ``margin`` (a fraction of its extent) on every side; BN models are
+    BN-reset on ``bn_reset_data`` at every point when given. ``progress`` gets a
+    :class:`~lmckit.progress.Progress` after every point."""
     if len(three) != 3:
         raise ParamsError(f"plane_landscape needs exactly 3 models, got {len(three)}")
-    keys = _floating(three[0])
-    flat = [torch.cat([p[k].reshape(-1).double() for k in keys]) for p in three]
+    if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 2:
+        raise ParamsError(f"resolution must be an integer ≥ 2, got {resolution!r}")
+    if not (math.isfinite(margin) and margin >= 0):
+        raise ParamsError(f"margin must be a finite number ≥ 0, got {margin!r}")
+    keys = floating_names(three[0])
+    flat = [torch.cat([p[k].detach().reshape(-1).double() for k in keys]) for p in three]
     u = flat[1] - flat[0]
     u_norm = u.norm()
     u = u / u_norm
@@ -80,11 +84,10 @@ def plane_landscape(
                 n = int(torch.Size(shape).numel())
                 params[k] = point[offset : offset + n].view(shape).to(dtype)
                 offset += n
-            if bn_reset_loader is not None:
-                params = bn_reset(model, params, bn_reset_loader)
+            if bn_reset_data is not None:
+                params = bn_reset(model, params, bn_reset_data)
             m = evaluate(model, params, loader)
             loss[iy][ix], acc[iy][ix] = m.loss, m.accuracy
             done += 1
-            if progress is not None:
-                progress(done, resolution * resolution)
+            notify(progress, done, resolution * resolution)
     return Landscape(xs, ys, loss, acc, points)

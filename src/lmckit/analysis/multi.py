@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from torch import Tensor, nn
 
 from lmckit.analysis.geometry import distance_ratios, triplet_angles
-from lmckit.evaluate import bn_reset, lerp_params
-from lmckit.merge.result import average_params
-from lmckit.metrics import evaluate
-from lmckit.perm import Params, Permutation
+from lmckit.data import DataSource
+from lmckit.errors import ParamsError
+from lmckit.evaluate import bn_reset, evaluate
+from lmckit.params import Params, average_params, lerp_params
+from lmckit.perm import Permutation
 
 
 @dataclass
@@ -43,22 +44,25 @@ class MultiModelMetrics:
 
 def multi_model_metrics(
     model: nn.Module,
-    params_list: Sequence[dict],
+    params_list: Sequence[Params],
     perms: Sequence[Permutation],
     loader: Iterable[tuple[Tensor, Tensor]],
     *,
-    bn_reset_loader: Iterable[tuple[Tensor, Tensor]] | None = None,
+    bn_reset_data: DataSource | None = None,
     pairwise: bool = True,
     merged: Params | None = None,
 ) -> MultiModelMetrics:
     """Evaluate the merged model and the geometry of the aligned models on ``loader``.
 
-    ``merged`` overrides the plain average (e.g. STE-MM's BN-reset result). Merged and
-    pairwise midpoints of BN models are BN-reset on ``bn_reset_loader`` when given."""
+    ``merged`` overrides the plain average (e.g. a merger's BN-reset result). The plain
+    average and the pairwise midpoints of BN models are BN-reset on ``bn_reset_data``
+    when given."""
+    if len(perms) != len(params_list):
+        raise ParamsError(f"{len(perms)} permutations for {len(params_list)} models")
     aligned = [p.apply(params) for p, params in zip(perms, params_list, strict=True)]
 
     def fix(params):
-        return bn_reset(model, params, bn_reset_loader) if bn_reset_loader is not None else params
+        return bn_reset(model, params, bn_reset_data) if bn_reset_data is not None else params
 
     individual = [evaluate(model, p, loader) for p in params_list]
     mean_loss = sum(m.loss for m in individual) / len(individual)

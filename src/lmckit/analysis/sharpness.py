@@ -11,13 +11,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import islice
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmckit.errors import ParamsError
-from lmckit.perm import Params
+from lmckit.functional import check_model_fits, module_mode
+from lmckit.params import Params
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,13 @@ def _loss_fn(model: nn.Module, params: Params, names: list[str], batches):
     return loss
 
 
+def _fixed_batches(loader, n_batches: int | None, device) -> list[tuple[Tensor, Tensor]]:
+    batches = [(x.to(device), y.to(device)) for x, y in islice(loader, n_batches)]
+    if not batches:
+        raise ParamsError("sharpness needs at least one batch of data")
+    return batches
+
+
 def sharpness(
     model: nn.Module,
     params: Params,
@@ -56,29 +65,22 @@ def sharpness(
     seed: int = 0,
 ) -> Sharpness:
     """Hutchinson estimate of ``tr(H ⊙ θθᵀ)`` at ``params`` on the first ``n_batches``
-    batches of ``loader`` (all when None), with ``probes`` Rademacher probes."""
-    if probes < 2:
-        raise ParamsError("sharpness needs at least 2 probes for a standard error")
+    batches of ``loader`` (all when None), with ``probes`` Rademacher probes (eval mode;
+    the module's modes are restored)."""
+    if isinstance(probes, bool) or not isinstance(probes, int) or probes < 2:
+        raise ParamsError(f"sharpness needs at least 2 probes for a standard error, got {probes!r}")
+    check_model_fits(model, params)
     names = [n for n, _ in model.named_parameters()]
-    device = next(iter(params.values())).device
-    batches = []
-    for i, (x, y) in enumerate(loader):
-        if n_batches is not None and i >= n_batches:
-            break
-        batches.append((x.to(device), y.to(device)))
+    batches = _fixed_batches(loader, n_batches, next(iter(params.values())).device)
     theta = [params[n].detach() for n in names]
     loss = _loss_fn(model, params, names, batches)
     g = torch.Generator().manual_seed(seed)
-    was_training = model.training
-    model.eval()
     samples = []
-    try:
+    with module_mode(model, False):
         for _ in range(probes):
             v = [t * (torch.randint(0, 2, t.shape, generator=g).to(t) * 2 - 1) for t in theta]
             _, hv = torch.autograd.functional.hvp(loss, tuple(theta), tuple(v))
             samples.append(float(sum((a * b).sum() for a, b in zip(v, hv, strict=True))))
-    finally:
-        model.train(was_training)
     mean = sum(samples) / probes
     var = sum((s - mean) ** 2 for s in samples) / (probes - 1)
     return Sharpness(mean, math.sqrt(var / probes), probes, tuple(samples))
@@ -91,8 +93,9 @@ def exact_weighted_hessian_trace(
     n_batches: int | None = 4,
 ) -> float:
     """``Σ_k H_kk θ_k²`` from the full Hessian — only for tiny models (tests, checks)."""
+    check_model_fits(model, params)
     names = [n for n, _ in model.named_parameters()]
-    batches = [b for i, b in enumerate(loader) if n_batches is None or i < n_batches]
+    batches = _fixed_batches(loader, n_batches, next(iter(params.values())).device)
     theta = [params[n].detach() for n in names]
     sizes = [t.numel() for t in theta]
     loss = _loss_fn(model, params, names, batches)
@@ -102,6 +105,6 @@ def exact_weighted_hessian_trace(
         return loss(*[p.view_as(t) for p, t in zip(parts, theta, strict=True)])
 
     flat = torch.cat([t.reshape(-1) for t in theta])
-    model.eval()
-    hessian = torch.autograd.functional.hessian(flat_loss, flat)
+    with module_mode(model, False):
+        hessian = torch.autograd.functional.hessian(flat_loss, flat)
     return float((torch.diagonal(hessian) * flat**2).sum())

@@ -3,7 +3,10 @@
 from lmckit.data.cifar import read_cifar_batch, write_cifar_batch
 from lmckit.data.datasets import (
     DATASETS,
+    Batches,
     Dataset,
+    DataSource,
+    as_batches,
     canonical_name,
     fashion_mnist_available,
     load_dataset,
@@ -20,8 +23,11 @@ from lmckit.data.splits import (
 
 __all__ = [
     "DATASETS",
+    "Batches",
+    "DataSource",
     "Dataset",
     "TensorLoader",
+    "as_batches",
     "canonical_name",
     "class_imbalanced_split",
     "fashion_mnist_available",

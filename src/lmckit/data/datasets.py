@@ -28,6 +28,7 @@ the cache, verified by MD5. CIFAR is looked up the same way (directory
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -180,6 +181,44 @@ class Dataset:
         )
 
 
+Batches = Iterable[tuple[Tensor, Tensor]]
+"""Anything that yields ``(x, y)`` batches: a :class:`TensorLoader`, a ``DataLoader``, a list."""
+
+DataSource = Dataset | Batches
+"""What the data-driven methods accept as ``data=``: a :class:`Dataset` or batches."""
+
+
+def as_batches(
+    data: DataSource,
+    *,
+    batch_size: int = 256,
+    shuffle: bool = True,
+    seed: int = 0,
+    split: str = "train",
+    passes: int = 1,
+) -> Batches:
+    """``data`` as ``(x, y)`` batches: a :class:`Dataset` becomes a loader over ``split``
+    (shuffled by ``seed`` when ``shuffle``), anything iterable is used as given.
+
+    Raises:
+        DataError: ``data`` is not iterable, or is a one-shot iterator although the caller
+            makes ``passes > 1`` over it (the later passes would silently see nothing).
+    """
+    if isinstance(data, Dataset):
+        return data.loader(split, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    if isinstance(data, str | bytes) or not isinstance(data, Iterable):
+        raise DataError(
+            f"data must be an lmckit Dataset or an iterable of (x, y) batches, got "
+            f"{type(data).__name__}"
+        )
+    if passes > 1 and iter(data) is data:
+        raise DataError(
+            f"data is a one-shot iterator ({type(data).__name__}) but {passes} passes are "
+            "needed; pass a list of batches, a DataLoader or an lmckit Dataset"
+        )
+    return data
+
+
 def _normalise(images: np.ndarray, scale: float, mean, std, pad_to: int | None) -> Tensor:
     """uint8 ``(N, C, H, W)`` → float32, padded (background 0) then standardised per channel."""
     x = torch.from_numpy(images).float().div_(scale)
@@ -201,6 +240,11 @@ def _cache_dir() -> Path:
 def _candidates(name: str, root: str | os.PathLike | None, subdir: str) -> list[Path]:
     out: list[Path] = []
     if root is not None:
+        # An explicit folder that does not exist is a mistake to report, not a hint to
+        # ignore in favour of some other copy of the data.
+        if not Path(root).is_dir():
+            what = "is not a folder" if Path(root).exists() else "does not exist"
+            raise DatasetNotFoundError(f"data folder {root} {what}")
         out += [Path(root), Path(root) / subdir]
     env = os.environ.get("LMCKIT_DATA")
     if env:
@@ -244,6 +288,15 @@ def _not_found(name: str, what: str, looked: list[Path], failure: str) -> Datase
     )
 
 
+def _check_labels(labels: np.ndarray, num_classes: int, what: str) -> None:
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        bad = int(((labels < 0) | (labels >= num_classes)).sum())
+        raise DataError(
+            f"{what}: {bad} label(s) outside [0, {num_classes}) (found {int(labels.min())}.."
+            f"{int(labels.max())}); the file is corrupted or not this dataset"
+        )
+
+
 def load_idx_dataset(
     name: str, root=None, *, download_missing: bool = True, pad_to=None
 ) -> Dataset:
@@ -275,6 +328,7 @@ def load_idx_dataset(
                 f"{name} in {where}: {split} images {arrays[f'{split}_images'].shape} do not "
                 f"match labels {arrays[f'{split}_labels'].shape}"
             )
+        _check_labels(arrays[f"{split}_labels"], 10, f"{name} {split} labels in {where}")
     mean, std = NORMALISATION[name]
     return Dataset(
         name=name,
@@ -309,8 +363,11 @@ def load_cifar(name: str, root=None, *, download_missing: bool = True, pad_to=No
         if where is None:
             raise _not_found(name, f"{subdir}/ with {files['test'][0]}", looked, failure)
     parts = {}
+    num_classes = 10 if name == "cifar10" else 100
     for split in ("train", "test"):
         batches = [read_cifar_batch(where / f, label_key) for f in files[split]]
+        for f, (_, labels) in zip(files[split], batches, strict=True):
+            _check_labels(labels, num_classes, f"{name} labels in {where / f}")
         parts[split] = (
             np.concatenate([b[0] for b in batches]),
             np.concatenate([b[1] for b in batches]),
@@ -322,7 +379,7 @@ def load_cifar(name: str, root=None, *, download_missing: bool = True, pad_to=No
         train_y=torch.from_numpy(parts["train"][1]),
         test_x=_normalise(parts["test"][0], 255.0, mean, std, pad_to),
         test_y=torch.from_numpy(parts["test"][1]),
-        num_classes=10 if name == "cifar10" else 100,
+        num_classes=num_classes,
         augment=True,
         source=str(where),
     )

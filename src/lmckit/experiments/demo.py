@@ -16,14 +16,17 @@ from typing import Any
 
 import torch
 
-from lmckit._io import atomic_write_json
+from lmckit._io import atomic_write_bytes, atomic_write_json, prepare_output_dir
 from lmckit.checkpoint import load_checkpoint
 from lmckit.data import Dataset, fashion_mnist_available, load_dataset
-from lmckit.evaluate import Curve, interpolate
+from lmckit.evaluate import Curve, interpolate, save_curves
 from lmckit.experiments.matching import load_permutation, match_checkpoints, save_match
 from lmckit.experiments.training import model_config_for, train_seeds
-from lmckit.perm import Permutation, params_distance
+from lmckit.match import weight_matching
+from lmckit.params import params_distance
+from lmckit.perm import Permutation
 from lmckit.plots import plot_barriers, plot_interpolation
+from lmckit.progress import ProgressCallback
 from lmckit.train import TrainConfig
 
 METHODS = {"wm": "wm-fast", "am": "am", "ste": "ste", "sinkhorn": "sinkhorn"}
@@ -65,8 +68,7 @@ def _curve_path(out: Path, label: str) -> Path:
 def _cached_curve(path: Path) -> Curve | None:
     if not path.exists():
         return None
-    d = json.loads(path.read_text())
-    return Curve(d["lambdas"], d["splits"], d["barriers"], d.get("info", {}))
+    return Curve.from_dict(json.loads(path.read_text()))
 
 
 def run_demo(
@@ -78,15 +80,15 @@ def run_demo(
     lambdas: int = 25,
     ste_epochs: int = 1,
     log: Callable[[str], None] = print,
-    train_progress=None,
-    step_progress: Callable[[str], Callable | None] | None = None,
+    progress: Callable[[str], ProgressCallback | None] | None = None,
 ) -> dict[str, Any]:
     """Run the demo into ``out``; returns the summary that is also written to
     ``out/results.json`` (rows of the table, pairwise barriers, paths of the figures).
 
     ``epochs`` defaults to 5 on Fashion-MNIST and 40 on the 1,437 digits images (the same
-    order of optimisation steps is needed either way)."""
-    out = Path(out)
+    order of optimisation steps is needed either way). ``progress(label)`` may return a
+    callback for the :class:`~lmckit.progress.Progress` events of each long step."""
+    out = prepare_output_dir(out, "--out")
     data = choose_dataset(dataset, log)
     if epochs is None:
         epochs = 40 if data.name == "digits" else 5
@@ -100,7 +102,7 @@ def run_demo(
         config,
         seeds,
         out / "models",
-        progress=train_progress,
+        progress=(lambda seed: progress(f"train seed {seed}")) if progress else None,
         on_seed_done=lambda o: log(
             f"  seed {o.seed}: test accuracy {o.metrics['test_accuracy']:.4f}"
             f"{' (cached)' if o.skipped else ''}"
@@ -127,7 +129,7 @@ def run_demo(
             method,
             data,
             epochs=ste_epochs,
-            progress=step_progress(f"match {label}") if step_progress else None,
+            progress=progress(f"match {label}") if progress else None,
         )
         save_match(path, result, a=str(a.path), b=str(b.path))
         perms[label] = (result.perm, result.seconds)
@@ -146,8 +148,8 @@ def run_demo(
                 a.model,
                 a.params,
                 aligned,
-                lambdas,
                 loaders,
+                lambdas=lambdas,
                 calibrated=True,
                 ensemble=label == "naive",
             )
@@ -167,6 +169,9 @@ def run_demo(
             )
         )
         log(f"interpolate {LABELS[label]:8s} test loss barrier {rows[-1].loss_barrier:.4f}")
+    save_curves(curves, out / "interpolation")
+    bars = {r.method: {"loss": r.loss_barrier, "accuracy": r.accuracy_barrier} for r in rows}
+    atomic_write_json(out / "barriers.json", bars)
     figures = {
         "interpolation": str(
             plot_interpolation(
@@ -177,7 +182,7 @@ def run_demo(
         ),
         "barriers": str(
             plot_barriers(
-                {r.method: {"loss": r.loss_barrier, "accuracy": r.accuracy_barrier} for r in rows},
+                bars,
                 out / "barriers.png",
                 title="test barriers (Git Re-Basin definition)",
             )
@@ -194,14 +199,12 @@ def run_demo(
         "figures": figures,
     }
     atomic_write_json(out / "results.json", summary)
-    (out / "results.md").write_text(format_table(rows) + "\n")
+    atomic_write_bytes(out / "results.md", (format_table(rows) + "\n").encode())
     return summary
 
 
 def _pairwise_wm(ckpts, test_loader, out: Path) -> list[dict[str, Any]]:
     """Naive vs weight-matched test-loss barrier for every pair of the trained seeds."""
-    from lmckit.match import weight_matching
-
     path = out / "curves" / "pairwise.json"
     if path.exists():
         return json.loads(path.read_text())
@@ -211,8 +214,8 @@ def _pairwise_wm(ckpts, test_loader, out: Path) -> list[dict[str, Any]]:
             a, b = ckpts[i], ckpts[j]
             wm = weight_matching(a.spec, a.params, b.params)
             loaders = {"test": test_loader}
-            naive = interpolate(a.model, a.params, b.params, 11, loaders)
-            matched = interpolate(a.model, a.params, wm.perm.apply(b.params), 11, loaders)
+            naive = interpolate(a.model, a.params, b.params, loaders, lambdas=11)
+            matched = interpolate(a.model, a.params, wm.perm.apply(b.params), loaders, lambdas=11)
             rows.append(
                 {
                     "pair": [a.meta["seed"], b.meta["seed"]],

@@ -1,4 +1,5 @@
-"""Matching two checkpoints by name of method, and permutation files."""
+"""Matching two checkpoints by method name, permutation files, and the checks that come
+before any expensive work (same architecture, data that fits the checkpoint)."""
 
 from __future__ import annotations
 
@@ -6,30 +7,46 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from lmckit._io import atomic_write_json
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset
-from lmckit.errors import LmcError, ParamsError, PermutationError
-from lmckit.match import (
-    MatchResult,
-    activation_matching,
-    sinkhorn_matching,
-    ste_matching,
-    weight_matching,
-)
+from lmckit.errors import PermutationError, UsageError
+from lmckit.functional import module_mode
+from lmckit.match import METHODS, MatchResult
 from lmckit.perm import Permutation, PermutationSpec
+from lmckit.progress import ProgressCallback
 
-METHODS = ("wm", "wm-fast", "am", "ste", "sinkhorn")
-NEEDS_DATA = ("am", "ste")  # sinkhorn here uses the weight-distance objective
+PERMUTATION_FORMAT = "lmckit-permutation"
 
 
 def check_same_architecture(a: Checkpoint, b: Checkpoint) -> None:
-    """Raise :class:`ParamsError` unless both checkpoints record the same model config."""
+    """Raise :class:`UsageError` unless both checkpoints record the same model config."""
     if a.meta["model"] != b.meta["model"]:
-        raise ParamsError(
+        raise UsageError(
             f"checkpoints have different architectures: {a.path} is {a.meta['model']}, "
             f"{b.path} is {b.meta['model']}"
         )
+
+
+def check_data_fits(ckpt: Checkpoint, data: Dataset) -> None:
+    """Raise :class:`UsageError` unless ``data``'s inputs run through the checkpoint's model
+    and its classes match the model's outputs (one forward pass on two examples)."""
+    model = ckpt.model
+    what = (
+        f"dataset {data.name} (inputs {data.input_shape}, {data.num_classes} classes) does "
+        f"not fit {ckpt.path.name} ({ckpt.meta['model'].get('name')})"
+    )
+    device = next(iter(ckpt.params.values())).device
+    try:
+        with torch.no_grad(), module_mode(model, False):
+            out = torch.func.functional_call(model, ckpt.params, (data.test_x[:2].to(device),))
+    except (RuntimeError, ValueError, IndexError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"{what}: {first}") from None
+    if out.ndim != 2 or out.shape[1] != data.num_classes:
+        raise UsageError(f"{what}: the model has {tuple(out.shape[1:])} outputs")
 
 
 def match_checkpoints(
@@ -39,43 +56,26 @@ def match_checkpoints(
     data: Dataset | None = None,
     *,
     seed: int = 0,
-    epochs: int = 1,
-    lr: float | None = None,
-    batch_size: int = 256,
-    progress=None,
+    progress: ProgressCallback | None = None,
+    **options: Any,
 ) -> MatchResult:
-    """Permute checkpoint B onto A with ``method``:
+    """Permute checkpoint B onto A with the matcher ``method`` of :data:`lmckit.match.METHODS`.
 
-    ``wm`` weight matching with cold LAP solves; ``wm-fast`` weight matching with dual warm
-    starts (same optimum, faster); ``am`` activation matching (correlation) on the training
-    split; ``ste`` the straight-through estimator (Adam, ``lr`` default 1e-3); ``sinkhorn``
-    Sinkhorn re-basin on the weight distance (``lr`` default 0.1).
+    ``options`` are passed on where the matcher takes them (``epochs``, ``lr``,
+    ``batch_size`` ...) and ignored where it does not, so one set of command-line options
+    serves several methods; ``None`` values mean "the method's default".
     """
     if method not in METHODS:
-        raise LmcError(f"method must be one of {METHODS}, got {method!r}")
+        raise UsageError(f"unknown matching method {method!r}; choose from {sorted(METHODS)}")
+    matcher = METHODS[method]
     check_same_architecture(a, b)
-    if method in NEEDS_DATA and data is None:
-        raise LmcError(f"method {method!r} needs data")
-    spec = a.spec
-    if method in ("wm", "wm-fast"):
-        return weight_matching(spec, a.params, b.params, seed=seed, warm_start=method == "wm-fast")
-    if method == "am":
-        loader = data.loader("train", batch_size=1000, shuffle=False)
-        return activation_matching(a.model, a.params, b.params, loader, spec=spec)
-    if method == "ste":
-        return ste_matching(
-            a.model,
-            a.params,
-            b.params,
-            data,
-            spec=spec,
-            epochs=epochs,
-            lr=lr or 1e-3,
-            batch_size=batch_size,
-            seed=seed,
-            progress=progress,
-        )
-    return sinkhorn_matching(spec, a.params, b.params, lr=lr or 0.1, seed=seed, progress=progress)
+    if matcher.needs_data and data is None:
+        raise UsageError(f"method {method!r} needs data")
+    accepted = set(matcher.options())
+    kwargs = {k: v for k, v in options.items() if k in accepted and v is not None}
+    return matcher(
+        a.spec, a.params, b.params, model=a.model, data=data, seed=seed, progress=progress, **kwargs
+    )
 
 
 def save_match(path: str | Path, result: MatchResult, **extra: Any) -> None:
@@ -83,7 +83,7 @@ def save_match(path: str | Path, result: MatchResult, **extra: Any) -> None:
     atomic_write_json(
         Path(path),
         {
-            "format": "lmckit-permutation",
+            "format": PERMUTATION_FORMAT,
             "method": result.method,
             "groups": dict(result.perm.spec.groups),
             "perm": result.perm.to_dict(),
@@ -98,15 +98,33 @@ def save_match(path: str | Path, result: MatchResult, **extra: Any) -> None:
 
 
 def load_permutation(path: str | Path, spec: PermutationSpec) -> Permutation:
-    """Read a permutation file written by :func:`save_match` (or ``{group: [indices]}``)."""
+    """Read a permutation file written by :func:`save_match` (or a bare ``{group: [indices]}``
+    mapping), validated against ``spec``.
+
+    Raises:
+        PermutationError: unreadable file, wrong structure or types, or groups that are not
+            the spec's; the message names the file.
+    """
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PermutationError(f"cannot read permutation file {path}: {exc}") from None
-    perm = data.get("perm", data) if isinstance(data, dict) else data
-    groups = data.get("groups") if isinstance(data, dict) else None
-    if groups is not None and dict(groups) != dict(spec.groups):
+    if not isinstance(data, dict):
+        raise PermutationError(
+            f"{path}: expected a JSON object (a permutation file), found {type(data).__name__}"
+        )
+    perm = data.get("perm") if data.get("format") == PERMUTATION_FORMAT else data
+    groups = data.get("groups") if data.get("format") == PERMUTATION_FORMAT else None
+    if groups is not None and (not isinstance(groups, dict) or dict(groups) != dict(spec.groups)):
         raise PermutationError(
             f"{path} was made for groups {groups}, this model has {dict(spec.groups)}"
         )
-    return Permutation.from_dict(perm, spec)
+    if not isinstance(perm, dict) or not all(
+        isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+        for v in perm.values()
+    ):
+        raise PermutationError(f"{path}: 'perm' must map each group to a list of integer indices")
+    try:
+        return Permutation.from_dict(perm, spec)
+    except PermutationError as exc:
+        raise PermutationError(f"{path}: {exc}") from None

@@ -1,4 +1,5 @@
-"""Merging checkpoints by method name, and the resumable "metric vs n" sweep."""
+"""Merging checkpoints by method name, ``lmckit merge``'s report, and the resumable
+"metric vs n" sweep."""
 
 from __future__ import annotations
 
@@ -7,15 +8,43 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from lmckit._io import atomic_write_json
-from lmckit.analysis import multi_model_metrics
-from lmckit.checkpoint import Checkpoint
-from lmckit.data import Dataset
-from lmckit.errors import LmcError
-from lmckit.experiments.matching import check_same_architecture
-from lmckit.merge import MergeResult, ccmm, merge_many, star, ste_mm
+import torch
 
-METHODS = ("star-wm", "star-ste", "merge-many", "ste-mm", "ccmm")
+from lmckit._io import atomic_write_json, prepare_output_dir
+from lmckit.analysis import multi_model_metrics, plane_landscape, sharpness
+from lmckit.checkpoint import Checkpoint, checkpoint_paths, save_checkpoint
+from lmckit.data import Dataset
+from lmckit.errors import UsageError
+from lmckit.experiments.matching import check_data_fits, check_same_architecture
+from lmckit.merge import METHODS, MergeResult
+from lmckit.models import build_model
+from lmckit.params import has_batchnorm
+from lmckit.plots import plot_geometry, plot_landscape, plot_sweep
+from lmckit.progress import ProgressCallback
+
+
+def check_checkpoints(ckpts: Sequence[Checkpoint], data: Dataset | None = None) -> None:
+    """At least two checkpoints of one architecture, no checkpoint given twice (by path or
+    by identical weights), and ``data`` (if given) fitting them. :class:`UsageError` if not."""
+    if len(ckpts) < 2:
+        raise UsageError(f"merging needs at least two checkpoints, got {len(ckpts)}")
+    seen: dict[Path, Path] = {}
+    for c in ckpts:
+        key = checkpoint_paths(c.path)[0].resolve()
+        if key in seen:
+            raise UsageError(f"checkpoint {c.path} is given twice (as {seen[key]} and {c.path})")
+        seen[key] = c.path
+    for c in ckpts[1:]:
+        check_same_architecture(ckpts[0], c)
+    for i, c in enumerate(ckpts):
+        for other in ckpts[:i]:
+            if all(torch.equal(c.params[k], other.params[k]) for k in c.params):
+                raise UsageError(
+                    f"checkpoints {other.path} and {c.path} hold identical weights; merging a "
+                    "model with itself measures nothing"
+                )
+    if data is not None:
+        check_data_fits(ckpts[0], data)
 
 
 def merge_checkpoints(
@@ -23,57 +52,139 @@ def merge_checkpoints(
     method: str,
     data: Dataset | None,
     *,
-    epochs: int = 10,
-    lr: float = 1e-3,
-    batch_size: int = 256,
     seed: int = 0,
-    progress=None,
+    progress: ProgressCallback | None = None,
+    **options: Any,
 ) -> MergeResult:
-    """Merge checkpoints (the last one is the reference) with ``method`` (see ``METHODS``)."""
+    """Merge checkpoints (the last one is the reference) with the merger ``method`` of
+    :data:`lmckit.merge.METHODS`; ``options`` are passed where the merger takes them
+    (``None``: its default). The merged model is BN-reset on ``data`` when it has BatchNorm."""
     if method not in METHODS:
-        raise LmcError(f"method must be one of {METHODS}, got {method!r}")
-    for c in ckpts[1:]:
-        check_same_architecture(ckpts[0], c)
-    spec = ckpts[0].spec
-    params = [c.params for c in ckpts]
-    model = ckpts[0].model
-    if method in ("star-ste", "ste-mm") and data is None:
-        raise LmcError(f"{method} needs data")
-    if method == "star-wm":
-        return star(spec, params, seed=seed)
-    if method == "star-ste":
-        return star(
-            spec,
-            params,
-            method="ste",
-            model=model,
-            loader=data,
-            epochs=epochs,
-            lr=lr,
-            batch_size=batch_size,
-            seed=seed,
-        )
-    if method == "merge-many":
-        return merge_many(spec, params, seed=seed)
-    if method == "ccmm":
-        return ccmm(spec, params, seed=seed)
-    return ste_mm(
-        model,
-        params,
-        data,
-        spec=spec,
-        epochs=epochs,
-        lr=lr,
-        batch_size=batch_size,
+        raise UsageError(f"unknown merging method {method!r}; choose from {sorted(METHODS)}")
+    merger = METHODS[method]
+    if merger.needs_data and data is None:
+        raise UsageError(f"{method} needs data")
+    accepted = set(merger.options())
+    kwargs = {k: v for k, v in options.items() if k in accepted and v is not None}
+    first = ckpts[0]
+    return merger(
+        first.spec,
+        [c.params for c in ckpts],
+        model=first.model,
+        data=data,
+        reference=-1,
         seed=seed,
         progress=progress,
+        **kwargs,
     )
 
 
-def bn_loader_for(ckpt: Checkpoint, data: Dataset):
-    """A training loader for BN reset when the model has BatchNorm, else ``None``."""
-    uses_bn = any(k.endswith("running_mean") for k in ckpt.params)
-    return data.loader("train", batch_size=500, shuffle=True) if uses_bn else None
+def _bn_data(ckpt: Checkpoint, data: Dataset):
+    """Training batches for BN resets when the model has BatchNorm, else ``None``."""
+    return (
+        data.loader("train", batch_size=500, shuffle=True) if has_batchnorm(ckpt.params) else None
+    )
+
+
+def run_merge(
+    ckpts: Sequence[Checkpoint],
+    method: str,
+    data: Dataset,
+    out: str | Path,
+    *,
+    seed: int = 0,
+    sharpness_probes: int = 0,
+    landscape: int = 0,
+    progress: Callable[[str], ProgressCallback | None] | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """``lmckit merge``: merge, evaluate and write the merged checkpoint, ``permutations.json``,
+    ``metrics.json`` (multi-model metrics, optional sharpness) and plots into ``out``.
+
+    Returns the report written to ``metrics.json``.
+    """
+    check_checkpoints(ckpts, data)
+    if sharpness_probes and sharpness_probes < 2:
+        raise UsageError(f"sharpness needs at least 2 probes, got {sharpness_probes}")
+    if landscape and landscape < 2:
+        raise UsageError(f"the landscape needs a resolution of at least 2, got {landscape}")
+    out = prepare_output_dir(out, "--out")
+    result = merge_checkpoints(
+        ckpts,
+        method,
+        data,
+        seed=seed,
+        progress=progress(method) if progress else None,
+        **options,
+    )
+    model = ckpts[0].model
+    test = data.loader("test", batch_size=1000)
+    metrics = multi_model_metrics(
+        model,
+        [c.params for c in ckpts],
+        result.perms,
+        test,
+        bn_reset_data=_bn_data(ckpts[0], data),
+        merged=result.merged,
+    )
+    report: dict[str, Any] = {
+        "method": result.method,
+        "seconds": result.seconds,
+        "checkpoints": [str(c.path) for c in ckpts],
+        **metrics.to_dict(),
+    }
+    if sharpness_probes:
+        s_merged = sharpness(model, result.merged, test, probes=sharpness_probes, seed=seed)
+        base = [sharpness(model, c.params, test, probes=sharpness_probes, seed=seed) for c in ckpts]
+        report["sharpness_merged"] = {"value": s_merged.value, "stderr": s_merged.stderr}
+        report["sharpness_models_mean"] = sum(s.value for s in base) / len(base)
+    merged_model = build_model(ckpts[0].meta["model"]["name"], **ckpts[0].meta["model"])
+    merged_model.load_state_dict(result.merged)
+    save_checkpoint(
+        out / "merged",
+        merged_model,
+        {
+            "merged_from": [str(c.path) for c in ckpts],
+            "merge_method": result.method,
+            "dataset": ckpts[0].meta.get("dataset"),
+            "metrics": {"test_loss": metrics.merged_loss, "test_accuracy": metrics.merged_accuracy},
+        },
+    )
+    atomic_write_json(
+        out / "permutations.json",
+        {"groups": dict(ckpts[0].spec.groups), "perms": [p.to_dict() for p in result.perms]},
+    )
+    atomic_write_json(out / "metrics.json", report)
+    plot_geometry(
+        metrics.distance_ratios,
+        metrics.triplet_angles,
+        out / "geometry.png",
+        title=f"{result.method}: aligned models",
+    )
+    if landscape and len(ckpts) >= 3:
+        aligned = [p.apply(c.params) for p, c in zip(result.perms, ckpts, strict=True)][:3]
+        land = plane_landscape(
+            model,
+            aligned,
+            test,
+            resolution=landscape,
+            bn_reset_data=_bn_data(ckpts[0], data),
+            progress=progress("landscape") if progress else None,
+        )
+        atomic_write_json(out / "landscape.json", land.to_dict())
+        plot_landscape(land, out / "landscape.png")
+    return report
+
+
+def parse_range(text: str) -> list[int]:
+    """``"2..5"`` -> [2, 3, 4, 5]; ``"4"`` -> [2, 3, 4]. :class:`UsageError` otherwise."""
+    try:
+        lo, hi = (int(x) for x in text.split("..")) if ".." in text else (2, int(text))
+    except ValueError:
+        raise UsageError(f"expected a range like 2..5 or a count like 4, got {text!r}") from None
+    if lo < 2 or hi < lo:
+        raise UsageError(f"expected a range of model counts from 2 up, like 2..5; got {text!r}")
+    return list(range(lo, hi + 1))
 
 
 def sweep(
@@ -81,20 +192,26 @@ def sweep(
     methods: Sequence[str],
     ns: Sequence[int],
     data: Dataset,
-    out: Path,
+    out: str | Path,
     *,
-    epochs: int = 10,
+    seed: int = 0,
     log: Callable[[str], None] = print,
-    progress: Callable[[str], Callable | None] | None = None,
+    progress: Callable[[str], ProgressCallback | None] | None = None,
+    **options: Any,
 ) -> dict[str, dict[int, dict[str, Any]]]:
     """For each ``n`` and method, merge the first ``n`` checkpoints and measure the merged
     model on the test set. Each finished (method, n) is stored in ``out/sweep/`` at once and
-    reused on a rerun. ``progress(label)`` may return a per-step callback for STE-MM."""
+    reused on a rerun. Writes ``out/sweep.json`` and ``out/sweep.png``."""
+    check_checkpoints(ckpts, data)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise UsageError(f"unknown merging method(s) {unknown}; choose from {sorted(METHODS)}")
+    if max(ns) > len(ckpts):
+        raise UsageError(f"--sweep-n asks for {max(ns)} models but {len(ckpts)} were given")
+    out = prepare_output_dir(out, "--out")
     results: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in methods}
     test = data.loader("test", batch_size=1000)
     for n in ns:
-        if n > len(ckpts):
-            raise LmcError(f"--sweep-n asks for {n} models but {len(ckpts)} checkpoints were given")
         for method in methods:
             path = out / "sweep" / f"{method}-n{n}.json"
             if path.exists():
@@ -105,16 +222,17 @@ def sweep(
                 ckpts[:n],
                 method,
                 data,
-                epochs=epochs,
+                seed=seed,
                 progress=progress(f"{method} n={n}") if progress else None,
+                **options,
             )
             m = multi_model_metrics(
                 ckpts[0].model,
                 [c.params for c in ckpts[:n]],
                 result.perms,
                 test,
-                bn_reset_loader=bn_loader_for(ckpts[0], data),
-                merged=result.merged if method == "ste-mm" else None,
+                bn_reset_data=_bn_data(ckpts[0], data),
+                merged=result.merged,
             )
             entry = {**m.to_dict(), "seconds": result.seconds}
             atomic_write_json(path, entry)
@@ -123,4 +241,10 @@ def sweep(
                 f"n={n} {method:<10} merged test acc {100 * m.merged_accuracy:.2f} %, loss gap "
                 f"{m.loss_gap:+.4f}, pairwise gap {m.pairwise_gap:+.4f} ({result.seconds:.1f} s)"
             )
+    atomic_write_json(out / "sweep.json", results)
+    plot_sweep(
+        results,
+        out / "sweep.png",
+        title=f"merging {ckpts[0].meta['model']['name']} on {data.name}",
+    )
     return results

@@ -13,13 +13,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from lmckit._io import prepare_output_dir
 from lmckit.checkpoint import checkpoint_paths, read_meta, save_checkpoint
 from lmckit.data import Dataset, canonical_name, load_dataset
 from lmckit.data.datasets import INPUT_SHAPES
 from lmckit.errors import CheckpointError, ModelConfigError
 from lmckit.models import ALIASES, MODELS, build_model
 from lmckit.models import model_config as config_of
-from lmckit.train import TrainConfig, TrainProgress, init_model, train
+from lmckit.progress import ProgressCallback
+from lmckit.train import TrainConfig, init_model, train
 
 CONV_MIN_SIZE = 32
 
@@ -55,6 +59,10 @@ def model_config_for(
     """
     key = model_name_key(model_name)
     family = ALIASES[key][0] if key in ALIASES else key
+    if not (math.isfinite(width_multiplier) and width_multiplier > 0):
+        raise ModelConfigError(
+            f"width_multiplier must be a positive number, got {width_multiplier}"
+        )
     extra: dict[str, Any] = {} if norm == "default" else {"norm": norm}
     if family == "mlp":
         widths = list(hidden) if hidden else [max(1, round(512 * width_multiplier))] * 3
@@ -117,7 +125,7 @@ def train_seeds(
     seeds: Sequence[int],
     out: str | Path,
     *,
-    progress: Callable[[int], Callable[[TrainProgress], None] | None] | None = None,
+    progress: Callable[[int], ProgressCallback | None] | None = None,
     on_seed_done: Callable[[SeedOutcome], None] | None = None,
     device: str = "cpu",
 ) -> list[SeedOutcome]:
@@ -131,9 +139,10 @@ def train_seeds(
         CheckpointError: a checkpoint for this model/dataset/seed exists in ``out`` but was
             trained with different settings.
     """
-    out = Path(out)
+    out = prepare_output_dir(out, "--out")
     outcomes = []
-    full_model_config = config_of(build_model(model_name, **model_config))
+    with torch.device("meta"):  # validates the configuration without allocating weights
+        full_model_config = config_of(build_model(model_name, **model_config))
     for seed in seeds:
         stem = checkpoint_stem(out, model_name, data.name, seed)
         weights, sidecar = checkpoint_paths(stem)

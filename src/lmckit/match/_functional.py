@@ -1,41 +1,46 @@
-"""Shared mechanics of the data-driven matchers (STE, Sinkhorn): batches, midpoints, loss."""
+"""Shared mechanics of the methods that train through the network (STE, Sinkhorn's
+midpoint objective, STE-MM): argument checks, the batch loss, straight-through gradients."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmckit.errors import ParamsError
-from lmckit.perm import Params
+from lmckit.params import Params
 
 
-def as_batches(loader, batch_size: int, seed: int) -> Iterable[tuple[Tensor, Tensor]]:
-    """A loader as given, or — for an object with ``.loader()`` (an lmckit ``Dataset``) — its
-    shuffled training split in batches of ``batch_size``."""
-    if hasattr(loader, "loader") and callable(loader.loader):
-        return loader.loader("train", batch_size=batch_size, shuffle=True, seed=seed)
-    return loader
+def require_model_and_data(method: str, model: nn.Module | None, data: object) -> nn.Module:
+    """The module, or a :class:`ParamsError` saying what ``method`` is missing."""
+    missing = [name for name, value in (("model=", model), ("data=", data)) if value is None]
+    if missing:
+        raise ParamsError(f"{method} needs {' and '.join(missing)} (it runs the network on data)")
+    if not isinstance(model, nn.Module):
+        raise ParamsError(f"{method}: model must be a torch.nn.Module, got {type(model).__name__}")
+    return model
 
 
-def midpoint(params_a: Params, params_b: Mapping[str, Tensor], weight_b: float = 0.5) -> dict:
-    """``(1 − w)·A + w·B`` for floating tensors; integer buffers are copied from A (cloned, so
-    that a train-mode forward pass never increments A's ``num_batches_tracked``)."""
-    out = {}
-    for k, a in params_a.items():
-        b = params_b[k]
-        out[k] = (1 - weight_b) * a + weight_b * b if a.dtype.is_floating_point else a.clone()
-    return out
+def check_training_options(method: str, **options: float) -> None:
+    """``epochs``/``batch_size``/``steps`` positive integers, ``lr`` positive and finite."""
+    for name, value in options.items():
+        if name == "lr":
+            if isinstance(value, bool) or not (
+                isinstance(value, int | float) and math.isfinite(value) and value > 0
+            ):
+                raise ParamsError(f"{method}: lr must be a positive number, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ParamsError(f"{method}: {name} must be an integer ≥ 1, got {value!r}")
 
 
 def batch_loss(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-    """Cross-entropy of ``model`` run with ``params`` in train mode: BatchNorm layers use the
-    batch's statistics, i.e. the interpolated network's statistics are re-estimated on every
-    batch (a BN reset), as an interpolated BN model needs."""
+    """Cross-entropy of ``model`` run with ``params`` on one batch, in the module's current
+    mode. The callers run in train mode, so BatchNorm layers use the batch's statistics:
+    an interpolated network's statistics are re-estimated on every batch (a BN reset)."""
     device = next(iter(params.values())).device
-    model.train()
     out = torch.func.functional_call(model, dict(params), (x.to(device),))
     return F.cross_entropy(out, y.to(device))
 
@@ -45,7 +50,7 @@ def parameter_names(model: nn.Module, params: Params) -> list[str]:
     names = [n for n, _ in model.named_parameters()]
     missing = [n for n in names if n not in params]
     if missing:
-        raise ParamsError(f"parameters {missing[:5]} of the model are missing from params_a")
+        raise ParamsError(f"parameters {missing[:5]} of the model are missing from the params")
     return names
 
 
@@ -63,3 +68,11 @@ def optimise(optimizer: torch.optim.Optimizer, loss: Tensor) -> float:
     loss.backward()
     optimizer.step()
     return loss.item()
+
+
+def batches_per_pass(batches: object) -> int | None:
+    """``len(batches)`` when the loader knows it, for progress totals."""
+    try:
+        return len(batches)  # type: ignore[arg-type]
+    except TypeError:
+        return None

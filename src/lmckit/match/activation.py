@@ -16,15 +16,21 @@ stream is materialised votes for its permutation.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from itertools import islice
 
 import torch
 from torch import Tensor, nn
 
+from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
+from lmckit.functional import check_model_fits, module_mode
 from lmckit.lap import solve_lap
+from lmckit.match._functional import batches_per_pass, require_model_and_data
 from lmckit.match.result import MatchResult, check_inputs
-from lmckit.perm import Params, Permutation, PermutationSpec, params_distance
+from lmckit.params import Params, params_distance
+from lmckit.perm import Permutation, PermutationSpec
+from lmckit.progress import ProgressCallback, notify
 
 METHODS = ("correlation", "cross_moment")
 
@@ -81,37 +87,38 @@ def _resolve_taps(model: nn.Module, spec: PermutationSpec, taps) -> dict[str, li
     return {g: list(taps[g]) for g in spec.groups}
 
 
-def _batches(loader: Iterable, n_batches: int | None):
-    for i, batch in enumerate(loader):
-        if n_batches is not None and i >= n_batches:
-            return
-        yield batch
-
-
 @torch.no_grad()
 def activation_matching(
-    model: nn.Module,
+    spec: PermutationSpec,
     params_a: Params,
     params_b: Params,
-    loader: Iterable[tuple[Tensor, Tensor]],
     *,
-    spec: PermutationSpec | None = None,
+    model: nn.Module | None = None,
+    data: DataSource | None = None,
+    init: Permutation | None = None,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
     method: str = "correlation",
     n_batches: int | None = None,
     taps: Mapping[str, list[str]] | None = None,
+    batch_size: int = 1000,
 ) -> MatchResult:
-    """Match B's units to A's by the statistics of their activations on ``loader``.
+    """Match B's units to A's by the statistics of their activations on ``data``.
 
     Args:
+        spec, params_a, params_b: as for every matcher.
         model: a module that both parameter dicts fit (run with
-            ``torch.func.functional_call``, in eval mode).
-        params_a, params_b: the two models' ``state_dict``-style dicts.
-        loader: iterable of ``(x, y)`` batches (labels unused).
-        spec: permutation spec (default ``model.permutation_spec()``).
+            ``torch.func.functional_call``, in eval mode; its own mode is restored).
+        data: an lmckit ``Dataset`` (its training split, in order, in batches of
+            ``batch_size``) or an iterable of ``(x, y)`` batches (labels unused).
+        init, seed: accepted for the matchers' common signature and unused: each group's
+            LAP is solved exactly and independently, with no randomness.
+        progress: a :class:`~lmckit.progress.Progress` after every batch.
         method: ``"correlation"`` (Pearson correlation of unit pairs, the Git Re-Basin
             choice) or ``"cross_moment"`` (``E[z_A z_Bᵀ]``, the least-squares criterion).
         n_batches: use only the first ``n_batches`` batches (all by default).
-        taps: group -> module names (default ``model.activation_taps()``).
+        taps: group -> module names whose outputs carry the group's units on axis 1
+            (default ``model.activation_taps()``).
 
     Returns:
         :class:`MatchResult`; ``history`` holds the total matched gain, ``iterations`` the
@@ -120,10 +127,14 @@ def activation_matching(
     start = time.perf_counter()
     if method not in METHODS:
         raise ParamsError(f"method must be one of {METHODS}, got {method!r}")
-    if spec is None:
-        spec = model.permutation_spec()
-    check_inputs(spec, params_a, params_b)
+    if n_batches is not None and (isinstance(n_batches, bool) or n_batches < 1):
+        raise ParamsError(f"n_batches must be ≥ 1 or None, got {n_batches!r}")
+    model = require_model_and_data("activation_matching", model, data)
+    check_inputs(spec, params_a, params_b, init)
+    check_model_fits(model, params_a, "params_a")
     taps = _resolve_taps(model, spec, taps)
+    batches = as_batches(data, batch_size=batch_size, shuffle=False, seed=seed)
+    total = n_batches if n_batches is not None else batches_per_pass(batches)
     modules = dict(model.named_modules())
     device = next(iter(params_a.values())).device
     captured: dict[str, Tensor] = {}
@@ -132,33 +143,44 @@ def activation_matching(
         for name in names:
 
             def hook(_module, _inputs, output, name=name):
+                if not isinstance(output, Tensor) or output.ndim < 2:
+                    raise ParamsError(
+                        f"activation tap {name!r} must output a tensor (N, units, ...), got "
+                        f"{getattr(output, 'shape', type(output).__name__)}"
+                    )
                 captured[name] = output.detach()
 
             handles.append(modules[name].register_forward_hook(hook))
     moments: dict[str, _Moments] = {}
-    was_training = model.training
-    model.eval()
     used = examples = 0
     try:
-        for x, _ in _batches(loader, n_batches):
-            x = x.to(device)
-            torch.func.functional_call(model, params_a, (x,))
-            acts_a = dict(captured)
-            torch.func.functional_call(model, params_b, (x,))
-            for name, act_a in acts_a.items():
-                act_b = captured[name]
-                if name not in moments:
-                    moments[name] = _Moments(act_a.shape[1], device)
-                moments[name].add(act_a, act_b)
-            used += 1
-            examples += len(x)
+        with module_mode(model, False):
+            for x, _ in islice(batches, n_batches):
+                x = x.to(device)
+                captured.clear()
+                torch.func.functional_call(model, params_a, (x,))
+                acts_a = dict(captured)
+                silent = [n for names in taps.values() for n in names if n not in acts_a]
+                if silent:
+                    raise ParamsError(
+                        f"activation taps {silent} produced no output: those modules are not "
+                        "called in the model's forward pass"
+                    )
+                torch.func.functional_call(model, params_b, (x,))
+                for name, act_a in acts_a.items():
+                    act_b = captured[name]
+                    if name not in moments:
+                        moments[name] = _Moments(act_a.shape[1], device)
+                    moments[name].add(act_a, act_b)
+                used += 1
+                examples += len(x)
+                notify(progress, used, total)
     finally:
         for h in handles:
             h.remove()
-        model.train(was_training)
     if used == 0:
         raise ParamsError("activation_matching got no batches")
-    perms, total = {}, 0.0
+    perms, gain = {}, 0.0
     for g, names in taps.items():
         gains = sum(moments[name].gains(method) for name in names)
         if gains.shape != (spec.groups[g],) * 2:
@@ -168,12 +190,12 @@ def activation_matching(
             )
         p, _ = solve_lap(gains, maximize=True)
         perms[g] = p
-        total += float(gains[torch.arange(len(p)), p.to(gains.device)].sum())
+        gain += float(gains[torch.arange(len(p)), p.to(gains.device)].sum())
     perm = Permutation(spec, perms)
     return MatchResult(
         perm=perm,
         method=f"activation_matching[{method}]",
-        history=(total,),
+        history=(gain,),
         iterations=used,
         seconds=time.perf_counter() - start,
         distance_before=params_distance(params_a, params_b),

@@ -6,12 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from lmckit.errors import ParamsError
+from lmckit.errors import PermutationError, SpecError
 from lmckit.lap import LapDuals
-from lmckit.perm import Params, Permutation, PermutationSpec, check_params_compatible
+from lmckit.params import Params, check_finite, check_params_compatible, is_running_stat
+from lmckit.perm import Permutation, PermutationSpec
 
 
 @dataclass(frozen=True)
@@ -25,13 +25,14 @@ class MatchResult:
         method: the matcher's name.
         history: the matcher's objective after each iteration (weight matching: the inner
             product ⟨θ_A, π(θ_B)⟩ over the matched tensors after each sweep; STE/Sinkhorn:
-            the loss per epoch).
-        iterations: sweeps (weight matching) or optimisation steps.
+            the loss per epoch or step; activation matching: the total matched gain).
+        iterations: sweeps (weight matching), optimisation steps (STE, Sinkhorn) or batches
+            (activation matching).
         seconds: wall-clock time.
         distance_before, distance_after: ‖θ_A − θ_B‖ and ‖θ_A − π(θ_B)‖ over all
             floating-point tensors.
         duals: per-group LAP duals to warm-start a later call (weight matching, STE).
-        info: method-specific extras (timings, settings).
+        info: method-specific extras (settings, counters).
     """
 
     perm: Permutation
@@ -45,24 +46,35 @@ class MatchResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def check_inputs(spec: PermutationSpec, params_a: Params, params_b: Params) -> None:
-    """Both dicts fit the spec and each other, and every floating tensor is finite.
+def check_inputs(
+    spec: PermutationSpec, params_a: Params, params_b: Params, init: Permutation | None = None
+) -> None:
+    """Both dicts fit the spec and each other, every floating tensor is finite, and ``init``
+    (if any) is a permutation of the spec's groups.
 
     Raises:
-        SpecError / ParamsError naming the offending tensor.
+        SpecError / ParamsError / PermutationError naming the offending tensor or group.
     """
+    if not isinstance(spec, PermutationSpec):
+        raise SpecError(f"spec must be a PermutationSpec, got {type(spec).__name__}")
     spec.validate(params_a, what="params_a")
     spec.validate(params_b, what="params_b")
     check_params_compatible(params_a, params_b)
-    for which, params in (("A", params_a), ("B", params_b)):
-        for name, t in params.items():
-            if t.dtype.is_floating_point and not torch.isfinite(t).all():
-                raise ParamsError(f"model {which}: tensor {name!r} has NaN or infinite values")
+    check_finite(params_a, "model A")
+    check_finite(params_b, "model B")
+    check_init(spec, init)
 
 
-def is_running_stat(name: str) -> bool:
-    """BatchNorm running statistics, by their ``state_dict`` names."""
-    return name.endswith(("running_mean", "running_var"))
+def check_init(spec: PermutationSpec, init: Permutation | None) -> None:
+    """``init`` is ``None`` or a :class:`Permutation` of ``spec``'s groups and sizes."""
+    if init is None:
+        return
+    if not isinstance(init, Permutation):
+        raise PermutationError(f"init must be a Permutation, got {type(init).__name__}")
+    if dict(init.spec.groups) != dict(spec.groups):
+        raise PermutationError(
+            f"init permutes groups {dict(init.spec.groups)}, the spec has {dict(spec.groups)}"
+        )
 
 
 def matched_names(params: Mapping[str, Tensor], include_running_stats: bool) -> list[str]:

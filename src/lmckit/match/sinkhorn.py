@@ -13,17 +13,28 @@ At the end each ``P_g`` is rounded to the permutation maximising ``Σ_i P_g[i, p
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
 
+from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
+from lmckit.functional import check_model_fits, module_mode
 from lmckit.lap import solve_lap
-from lmckit.match._functional import as_batches, batch_loss, midpoint
+from lmckit.match._functional import (
+    batch_loss,
+    batches_per_pass,
+    check_training_options,
+    optimise,
+    require_model_and_data,
+)
 from lmckit.match.result import MatchResult, check_inputs
-from lmckit.perm import Params, Permutation, PermutationSpec, params_distance
+from lmckit.params import Params, detached, is_running_stat, lerp_params, params_distance
+from lmckit.perm import Permutation, PermutationSpec
+from lmckit.progress import ProgressCallback, notify
 
 OBJECTIVES = ("l2", "mid")
 
@@ -55,38 +66,58 @@ def sinkhorn_matching(
     params_a: Params,
     params_b: Params,
     *,
-    objective: str = "l2",
     model: nn.Module | None = None,
-    loader: Iterable[tuple[Tensor, Tensor]] | None = None,
+    data: DataSource | None = None,
+    init: Permutation | None = None,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+    objective: str = "l2",
     tau: float = 1.0,
     sinkhorn_iters: int = 20,
     steps: int = 200,
     epochs: int = 1,
     lr: float = 0.1,
     batch_size: int = 256,
-    init: Permutation | None = None,
-    seed: int = 0,
-    progress: Callable[[int, float], None] | None = None,
 ) -> MatchResult:
     """Learn soft permutations of B towards A and round them to a :class:`Permutation`.
 
     Args:
-        objective: ``"l2"`` (``steps`` Adam steps on the weight distance) or ``"mid"``
-            (``epochs`` passes over ``loader`` on the midpoint loss; needs ``model``).
-        tau: Sinkhorn temperature (logits are divided by it); smaller is harder.
-        sinkhorn_iters: row/column normalisations per evaluation.
+        spec, params_a, params_b: as for every matcher.
+        model, data: needed by ``objective="mid"`` (the module the dicts fit; an lmckit
+            ``Dataset`` or re-iterable ``(x, y)`` batches); unused by ``"l2"``.
         init: start near this permutation (logits 5 on its entries) instead of near-uniform
             logits with small seeded noise.
-        progress: ``progress(step, loss)`` after every step.
+        seed: seeds the logits' noise and the batch order.
+        progress: a :class:`~lmckit.progress.Progress` after every step
+            (``metrics["loss"]``).
+        objective: ``"l2"`` (``steps`` Adam steps on the weight distance) or ``"mid"``
+            (``epochs`` passes over ``data`` on the midpoint loss, in train mode).
+        tau: Sinkhorn temperature (logits are divided by it); smaller is harder.
+        sinkhorn_iters: row/column normalisations per evaluation.
+        lr: Adam learning rate on the logits.
+        batch_size: for a ``Dataset``.
+
+    BatchNorm running statistics are buffers, not inputs of the midpoint loss (train mode
+    normalises with batch statistics), so they are permuted with the soft maps but carry no
+    gradient.
     """
     start = time.perf_counter()
     if objective not in OBJECTIVES:
         raise ParamsError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    if objective == "mid" and (model is None or loader is None):
-        raise ParamsError("objective='mid' needs model= and loader=")
-    if not tau > 0:
-        raise ParamsError(f"tau must be positive, got {tau}")
-    check_inputs(spec, params_a, params_b)
+    if objective == "mid":
+        model = require_model_and_data("sinkhorn_matching(objective='mid')", model, data)
+    if not (isinstance(tau, int | float) and math.isfinite(tau) and tau > 0):
+        raise ParamsError(f"tau must be a positive number, got {tau!r}")
+    check_training_options(
+        "sinkhorn_matching",
+        lr=lr,
+        sinkhorn_iters=sinkhorn_iters,
+        **({"steps": steps} if objective == "l2" else {"epochs": epochs, "batch_size": batch_size}),
+    )
+    check_inputs(spec, params_a, params_b, init)
+    if model is not None and objective == "mid":
+        check_model_fits(model, params_a, "params_a")
+    params_a, params_b = detached(params_a), detached(params_b)
     device = next(iter(params_a.values())).device
     dtype = next(t for t in params_a.values() if t.dtype.is_floating_point).dtype
     generator = torch.Generator().manual_seed(seed)
@@ -108,40 +139,39 @@ def sinkhorn_matching(
 
     def soft_b() -> dict:
         soft = {g: log_sinkhorn(z / tau, sinkhorn_iters).exp() for g, z in logits.items()}
-        return {**soft_apply(sub_spec, floating, soft), **fixed}
-
-    def step(loss: Tensor) -> float:
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
+        permuted = soft_apply(sub_spec, floating, soft)
+        # Buffers are state, not inputs: no gradient through them (and BatchNorm may then
+        # update them in place in train mode).
+        buffers = {k: v.detach() for k, v in permuted.items() if is_running_stat(k)}
+        return {**permuted, **buffers, **fixed}
 
     history: list[float] = []
-    was_training = model.training if model is not None else None
     n_steps = 0
-    try:
-        if objective == "l2":
-            for _ in range(steps):
-                permuted = soft_b()
-                loss = sum(((params_a[k] - permuted[k]) ** 2).sum() for k in floating) / scale
-                history.append(step(loss))
-                n_steps += 1
-                if progress is not None:
-                    progress(n_steps, history[-1])
-        else:
-            batches = as_batches(loader, batch_size, seed)
-            for _ in range(epochs):
+    if objective == "l2":
+        for _ in range(steps):
+            permuted = soft_b()
+            loss = sum(((params_a[k] - permuted[k]) ** 2).sum() for k in floating) / scale
+            history.append(optimise(optimizer, loss))
+            n_steps += 1
+            notify(progress, n_steps, steps, loss=history[-1])
+    else:
+        batches = as_batches(data, batch_size=batch_size, seed=seed, passes=epochs)
+        per_pass = batches_per_pass(batches)
+        with module_mode(model, True):
+            for epoch in range(epochs):
                 for x, y in batches:
-                    loss = batch_loss(
-                        model, midpoint(params_a, soft_b()), x.to(device), y.to(device)
-                    )
-                    history.append(step(loss))
+                    loss = batch_loss(model, lerp_params(params_a, soft_b(), 0.5), x, y)
+                    history.append(optimise(optimizer, loss))
                     n_steps += 1
-                    if progress is not None:
-                        progress(n_steps, history[-1])
-    finally:
-        if model is not None:
-            model.train(was_training)
+                    notify(
+                        progress,
+                        n_steps,
+                        per_pass and per_pass * epochs,
+                        loss=history[-1],
+                        epoch=epoch + 1,
+                    )
+        if n_steps == 0:
+            raise ParamsError("sinkhorn_matching(objective='mid') got no batches")
     with torch.no_grad():
         perms = {}
         for g, z in logits.items():

@@ -1,4 +1,4 @@
-"""Straight-through estimator matching (Git Re-Basin, Alg. 2).
+"""Straight-through estimator matching (Git Re-Basin §3.3, Alg. 2).
 
 A free copy θ̃ of the parameters starts at θ_A. Every step projects it onto B's orbit by
 weight matching, ``π = WM(θ̃, θ_B)`` — warm-started from the previous step's permutation and
@@ -11,79 +11,89 @@ midpoint loss on held evaluation batches is returned.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
 from itertools import islice
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
+from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
+from lmckit.functional import check_model_fits, module_mode
 from lmckit.match._functional import (
-    as_batches,
     batch_loss,
-    midpoint,
+    batches_per_pass,
+    check_training_options,
     optimise,
     parameter_names,
+    require_model_and_data,
     straight_through,
 )
 from lmckit.match.result import MatchResult, check_inputs
-from lmckit.match.weight import WeightMatcher
-from lmckit.perm import Params, Permutation, PermutationSpec, params_distance
+from lmckit.match.weight_matcher import WeightMatcher
+from lmckit.params import Params, detached, lerp_params, params_distance
+from lmckit.perm import Permutation, PermutationSpec
+from lmckit.progress import ProgressCallback, notify
 
 
 @torch.no_grad()
-def _eval_loss(model, params_a, params_b, perm, batches) -> float:
-    mid = midpoint(params_a, perm.apply(params_b))
+def _midpoint_loss(model, params_a, params_b, perm, batches) -> float:
+    mid = lerp_params(params_a, perm.apply(params_b), 0.5)
     losses = [batch_loss(model, mid, x, y).item() for x, y in batches]
     return sum(losses) / len(losses)
 
 
 def ste_matching(
-    model: nn.Module,
+    spec: PermutationSpec,
     params_a: Params,
     params_b: Params,
-    loader: Iterable[tuple[Tensor, Tensor]],
     *,
-    spec: PermutationSpec | None = None,
+    model: nn.Module | None = None,
+    data: DataSource | None = None,
+    init: Permutation | None = None,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
     epochs: int = 1,
     lr: float = 1e-3,
     batch_size: int = 256,
     eval_batches: int = 4,
-    seed: int = 0,
-    init: Permutation | None = None,
-    progress: Callable[[int, int, float], None] | None = None,
 ) -> MatchResult:
     """Learn a permutation of B that makes the midpoint with A a low-loss model.
 
     Args:
-        model: module the parameter dicts fit (run functionally).
-        loader: ``(x, y)`` batches, or an lmckit ``Dataset`` (then its training split is
-            used, shuffled, in batches of ``batch_size``).
-        epochs: passes over ``loader``.
+        spec, params_a, params_b: as for every matcher.
+        model: module the parameter dicts fit (run functionally, in train mode; its own
+            mode is restored).
+        data: an lmckit ``Dataset`` (its training split, shuffled by ``seed``, in batches of
+            ``batch_size``) or a re-iterable of ``(x, y)`` batches.
+        init: permutation the first weight matching starts from (identity by default).
+        seed: seeds the batch order and the weight-matching group orders.
+        progress: a :class:`~lmckit.progress.Progress` after every step
+            (``metrics["loss"]``, ``metrics["epoch"]``).
+        epochs: passes over the data.
         lr: Adam learning rate on the proxy θ̃.
+        batch_size: for a ``Dataset``.
         eval_batches: batches (the first ones of the first pass, fixed) on which each
             epoch's permutation is scored by its midpoint loss; the best is returned.
-        seed: seeds the weight-matching group orders.
-        init: permutation to start weight matching from (identity by default).
-        progress: ``progress(epoch, step, loss)`` after every step.
 
     BatchNorm models are evaluated in train mode (per-batch statistics) throughout, which
     re-estimates the midpoint's statistics on each batch.
     """
     start = time.perf_counter()
-    if spec is None:
-        spec = model.permutation_spec()
-    check_inputs(spec, params_a, params_b)
-    if epochs < 1 or not lr > 0:
-        raise ParamsError(f"need epochs ≥ 1 and lr > 0, got epochs={epochs}, lr={lr}")
-    batches = as_batches(loader, batch_size, seed)
+    model = require_model_and_data("ste_matching", model, data)
+    check_inputs(spec, params_a, params_b, init)
+    check_model_fits(model, params_a, "params_a")
+    check_training_options(
+        "ste_matching", epochs=epochs, lr=lr, batch_size=batch_size, eval_batches=eval_batches
+    )
+    params_a, params_b = detached(params_a), detached(params_b)
+    batches = as_batches(data, batch_size=batch_size, seed=seed, passes=epochs + 1)
+    eval_set = list(islice(iter(batches), eval_batches))
+    if not eval_set:
+        raise ParamsError("ste_matching got no batches")
+    total = batches_per_pass(batches)
     learnable = parameter_names(model, params_a)
     proxy = {k: params_a[k].detach().clone().requires_grad_(True) for k in learnable}
     optimizer = torch.optim.Adam(proxy.values(), lr=lr)
-    eval_set = [(x, y) for x, y in islice(iter(batches), eval_batches)]
-    if not eval_set:
-        raise ParamsError("ste_matching got an empty loader")
-
     matcher = WeightMatcher(spec, params_b)
 
     def project(perm, duals):
@@ -92,36 +102,36 @@ def ste_matching(
             current, init=perm, duals=duals, seed=seed, validate=False, distances=False
         )
 
-    wm = project(init, None)
-    perm, duals = wm.perm, wm.duals
-    best_perm, best_loss = perm, _eval_loss(model, params_a, params_b, perm, eval_set)
-    history, eval_history = [], [best_loss]
-    steps = wm_seconds = 0
-    was_training = model.training
-    try:
+    wm_seconds = 0.0
+    history, eval_history = [], []
+    steps = 0
+    with module_mode(model, True):
+        wm = project(init, None)
+        perm, duals = wm.perm, wm.duals
+        best_perm = perm
+        best_loss = _midpoint_loss(model, params_a, params_b, perm, eval_set)
+        eval_history.append(best_loss)
         for epoch in range(epochs):
-            total, count = 0.0, 0
+            loss_sum, count = 0.0, 0
             for x, y in batches:
                 t0 = time.perf_counter()
                 wm = project(perm, duals)
                 wm_seconds += time.perf_counter() - t0
                 perm, duals = wm.perm, wm.duals
                 straight = straight_through(proxy, perm.apply(params_b))
-                value = optimise(optimizer, batch_loss(model, midpoint(params_a, straight), x, y))
+                loss = batch_loss(model, lerp_params(params_a, straight, 0.5), x, y)
+                value = optimise(optimizer, loss)
                 steps += 1
-                total += value
+                loss_sum += value
                 count += 1
-                if progress is not None:
-                    progress(epoch, steps, value)
-            history.append(total / max(count, 1))
+                notify(progress, steps, total and total * epochs, loss=value, epoch=epoch + 1)
+            history.append(loss_sum / max(count, 1))
             final = project(perm, duals)
             perm, duals = final.perm, final.duals
-            score = _eval_loss(model, params_a, params_b, perm, eval_set)
+            score = _midpoint_loss(model, params_a, params_b, perm, eval_set)
             eval_history.append(score)
             if score < best_loss:
                 best_perm, best_loss = perm, score
-    finally:
-        model.train(was_training)
     return MatchResult(
         perm=best_perm,
         method="ste",

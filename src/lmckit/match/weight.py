@@ -1,222 +1,69 @@
-"""Weight matching (Git Re-Basin, Alg. 1), with STE-MM's dual warm start (Alg. 3).
+"""Weight matching (Git Re-Basin §3.2, Alg. 1): align B to A by its weights alone.
 
-Maximise ``⟨θ_A, π(θ_B)⟩`` — equivalently minimise ``‖θ_A − π(θ_B)‖²`` — by coordinate
-descent: visit the groups in a random order, and for each solve the linear assignment
-problem on ``C_g = Σ_{(param, axis) ∈ g} A_(n,-1) B̃_(n,-1)ᵀ`` with every other group held at
-its current permutation. Stop after a sweep that improves nothing (or ``max_iter`` sweeps).
+Maximise ``⟨θ_A, π(θ_B)⟩`` — equivalently minimise ``‖θ_A − π(θ_B)‖²`` — over the
+permutation groups of a spec. The problem is NP-hard; Alg. 1 is coordinate descent: visit
+the groups in a random order and, with every other group held at its current permutation,
+solve the linear assignment problem (LAP) on the group's cost matrix
+``C_g = Σ_{(tensor, axis) ∈ g} A_(n,-1) B̃_(n,-1)ᵀ`` (:func:`~lmckit.perm.group_cost_matrix`).
+Repeat until a sweep changes nothing.
 
-With ``warm_start=True`` every group keeps its LAP duals between solves (and between
-calls, through ``duals=``), so once the permutations settle each LAP is nearly solved
-before it starts and the time goes to forming ``C_g`` (matrix products).
-
-:class:`WeightMatcher` holds model B's layouts and the permuted copies of them between
-calls, for loops that match many A's to one B (STE, STE-MM, MergeMany-like schemes).
+:func:`weight_matching_reference` is that algorithm as written, on one screen.
+:func:`weight_matching` computes the same permutations with
+:class:`~lmckit.match.weight_matcher.WeightMatcher`, which forms fewer products and keeps
+LAP duals between solves (STE-MM Alg. 3); tests hold the two to identical answers.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import numpy as np
 import torch
-from torch import Tensor
+from scipy.optimize import linear_sum_assignment
+from torch import nn
 
-from lmckit.lap import LapDuals, solve_lap
+from lmckit.errors import ParamsError
+from lmckit.lap import LapDuals
 from lmckit.match.result import MatchResult, check_inputs, matched_names
-from lmckit.perm import Params, Permutation, PermutationSpec, params_distance
+from lmckit.match.weight_matcher import WeightMatcher, acceptance_tolerance, improves
+from lmckit.params import Params, detached, params_distance
+from lmckit.perm import Permutation, PermutationSpec, group_cost_matrix
+from lmckit.progress import ProgressCallback, notify
 
 
-@dataclass
-class _Term:
-    """One (tensor, axis) of a group on the B side: B laid out as ``(n, *rest)`` with the
-    other grouped axes of the rest — ``(position in b_moved, group)`` — to permute. The
-    permuted B is cached and rebuilt only when one of those groups' permutations changes
-    (also across calls of a :class:`WeightMatcher`)."""
-
-    name: str
-    axis: int
-    b_moved: Tensor
-    others: tuple[tuple[int, str], ...]
-    cached_perms: tuple[Tensor, ...] | None = None
-    cached_b2: Tensor | None = None
-
-    def b2(self, perm: Mapping[str, Tensor]) -> Tensor:
-        current = tuple(perm[h] for _, h in self.others)
-        if self.cached_perms is None or not all(
-            p is q or torch.equal(p, q) for p, q in zip(current, self.cached_perms, strict=True)
-        ):
-            b = self.b_moved
-            for pos, h in self.others:
-                b = b.index_select(pos, perm[h])
-            self.cached_b2, self.cached_perms = b.reshape(b.shape[0], -1), current
-        return self.cached_b2
-
-
-class WeightMatcher:
-    """Weight matching of many parameter sets A against one fixed model B.
-
-    ``WeightMatcher(spec, params_b).match(params_a, ...)`` is
-    ``weight_matching(spec, params_a, params_b, ...)``, but B's matrix layouts (and the
-    permuted versions of them) are built once and kept, so a loop that re-matches a moving
-    A every step pays only for the products.
-    """
-
-    def __init__(
-        self,
-        spec: PermutationSpec,
-        params_b: Params,
-        *,
-        include_running_stats: bool = True,
-        lap_backend: str = "lapjv",
-    ) -> None:
-        self.spec = spec
-        self.params_b = params_b
-        self.lap_backend = lap_backend
-        self.include_running_stats = include_running_stats
-        self.names = set(matched_names(params_b, include_running_stats))
-        self.terms: dict[str, list[_Term]] = {g: [] for g in spec.groups}
-        for g in spec.groups:
-            for name, axis in spec.group_axes(g):
-                if name not in self.names:
-                    continue
-                others = tuple(
-                    (j + 1 if j < axis else j, h)  # position once `axis` is moved to the front
-                    for j, h in enumerate(spec.axes[name])
-                    if h is not None and j != axis
-                )
-                b_moved = params_b[name].movedim(axis, 0).contiguous()
-                self.terms[g].append(_Term(name, axis, b_moved, others))
-        self.groups = [g for g in spec.groups if self.terms[g]]
-        self.grouped = {t.name for g in self.groups for t in self.terms[g]}
-        # The groups whose permutations a group's cost matrix depends on. A group whose
-        # neighbours have not changed since it was last solved would get the same matrix
-        # and cannot improve, so its solve is skipped (self-mapped groups never are).
-        self.neighbours = {
-            g: tuple(sorted({h for t in self.terms[g] for _, h in t.others})) for g in self.groups
-        }
-
-    def match(
-        self,
-        params_a: Params,
-        *,
-        init: Permutation | None = None,
-        duals: Mapping[str, LapDuals] | None = None,
-        max_iter: int = 100,
-        seed: int = 0,
-        warm_start: bool = True,
-        progress: Callable[[int, float], None] | None = None,
-        validate: bool = True,
-        distances: bool = True,
-    ) -> MatchResult:
-        """Match B onto ``params_a``; arguments as in :func:`weight_matching`."""
-        start = time.perf_counter()
-        spec, params_b = self.spec, self.params_b
-        if validate:
-            check_inputs(spec, params_a, params_b)
-        a2 = {
-            (t.name, t.axis): params_a[t.name].movedim(t.axis, 0).reshape(spec.groups[g], -1)
-            for g in self.groups
-            for t in self.terms[g]
-        }
-        device = next(iter(params_a.values())).device
-        init_perm = init or Permutation.identity(spec)
-        perm = {g: p.to(device) for g, p in init_perm.items()}
-        lap_duals: dict[str, LapDuals] = dict(duals or {}) if warm_start else {}
-        floating = params_a[next(iter(self.names))].dtype if self.names else torch.float32
-        rel_tol = 1e-12 if floating == torch.float64 else 1e-6
-        generator = torch.Generator().manual_seed(seed)
-        # The objective is tracked per tensor from the diagonals of the per-term products: a
-        # tensor's value is exact once the last of its groups has been solved in a sweep.
-        # Linearised self-map tensors are instead evaluated exactly at the end of each sweep.
-        constant = _objective(spec, params_a, params_b, perm, self.names - self.grouped)
-        contributions: dict[str, float] = {}
-        exact_each_sweep = bool(spec.self_maps & self.names)
-        history: list[float] = []
-        gemm_s = lap_s = 0.0
-        solves = sweeps = skipped = flops = 0
-        solved_with: dict[str, tuple[Tensor, ...]] = {}
-        for sweep in range(max_iter):
-            sweeps = sweep + 1
-            improved = False
-            for idx in torch.randperm(len(self.groups), generator=generator).tolist():
-                g = self.groups[idx]
-                n = spec.groups[g]
-                terms = self.terms[g]
-                neighbours = tuple(perm[h] for h in self.neighbours[g])
-                last = solved_with.get(g)
-                if (
-                    last is not None
-                    and g not in self.neighbours[g]
-                    and all(p is q for p, q in zip(neighbours, last, strict=True))
-                ):
-                    skipped += 1
-                    continue
-                t0 = time.perf_counter()
-                products = [a2[(t.name, t.axis)] @ t.b2(perm).T for t in terms]
-                flops += sum(2 * n * a2[(t.name, t.axis)].numel() for t in terms)
-                gains = products[0].clone() if len(products) > 1 else products[0]
-                for product in products[1:]:
-                    gains += product
-                gains64 = gains.detach().to("cpu", torch.float64).numpy()
-                t1 = time.perf_counter()
-                g_dual = lap_duals.get(g)
-                if g_dual is not None and g_dual.u.shape != (n,):
-                    g_dual = None
-                new, new_dual = solve_lap(
-                    gains64, maximize=True, duals=g_dual, backend=self.lap_backend
-                )
-                lap_s += time.perf_counter() - t1
-                gemm_s += t1 - t0
-                solves += 1
-                if warm_start:
-                    lap_duals[g] = new_dual
-                rows = np.arange(n)
-                old_gain = float(gains64[rows, perm[g].cpu().numpy()].sum())
-                new_gain = float(gains64[rows, new.numpy()].sum())
-                if new_gain > old_gain + rel_tol * max(abs(old_gain), abs(new_gain), 1e-30):
-                    perm[g] = new.to(device)
-                    improved = True
-                solved_with[g] = tuple(perm[h] for h in self.neighbours[g])
-                chosen = perm[g][:, None]
-                for term, product in zip(terms, products, strict=True):
-                    contributions[term.name] = float(product.gather(1, chosen).double().sum())
-            if exact_each_sweep:
-                objective = constant + _objective(spec, params_a, params_b, perm, self.grouped)
-            else:
-                objective = constant + sum(contributions.values())
-            history.append(objective)
-            if progress is not None:
-                progress(sweeps, objective)
-            if not improved:
-                break
-        final = Permutation(spec, {g: p.cpu() for g, p in perm.items()})
-        before = after = math.nan
-        if distances:
-            start_b = params_b if init is None else init_perm.apply(params_b)
-            before = params_distance(params_a, start_b)
-            after = params_distance(params_a, final.apply(params_b))
-        return MatchResult(
-            perm=final,
-            method="weight_matching[warm]" if warm_start else "weight_matching",
-            history=tuple(history),
-            iterations=sweeps,
-            seconds=time.perf_counter() - start,
-            distance_before=before,
-            distance_after=after,
-            duals=lap_duals if warm_start else None,
-            info={
-                "gemm_seconds": gemm_s,
-                "lap_seconds": lap_s,
-                "lap_solves": solves,
-                "skipped_solves": skipped,
-                "gemm_flops": flops,
-                "warm_start": warm_start,
-                "lap_backend": self.lap_backend,
-            },
-        )
+def weight_matching_reference(
+    spec: PermutationSpec,
+    params_a: Params,
+    params_b: Params,
+    *,
+    init: Permutation | None = None,
+    seed: int = 0,
+    max_iter: int = 100,
+    include_running_stats: bool = True,
+) -> Permutation:
+    """Git Re-Basin Alg. 1 as written — the statement of what :func:`weight_matching`
+    computes. Every sweep forms every group's cost matrix afresh and solves it with SciPy;
+    slow, and meant for tests and for reading. Arguments as in :func:`weight_matching`."""
+    params_a, params_b = detached(params_a), detached(params_b)
+    names = set(matched_names(params_a, include_running_stats))
+    groups = [g for g in spec.groups if any(k in names for k, _ in spec.group_axes(g))]
+    perm = init or Permutation.identity(spec)
+    rel_tol = acceptance_tolerance(params_a[next(iter(names))].dtype) if names else 0.0
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(max_iter):
+        improved = False
+        for idx in torch.randperm(len(groups), generator=generator).tolist():
+            g = groups[idx]
+            cost = group_cost_matrix(spec, params_a, params_b, perm, g, names=names)
+            gains = cost.detach().to("cpu", torch.float64).numpy()
+            _, new = linear_sum_assignment(gains, maximize=True)
+            if improves(gains, perm[g].numpy(), new, rel_tol):
+                perm = perm.replace(**{g: torch.from_numpy(new.astype(np.int64))})
+                improved = True
+        if not improved:
+            return perm
+    return perm
 
 
 def weight_matching(
@@ -224,16 +71,17 @@ def weight_matching(
     params_a: Params,
     params_b: Params,
     *,
+    model: nn.Module | None = None,
+    data: object = None,
     init: Permutation | None = None,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
     duals: Mapping[str, LapDuals] | None = None,
     max_iter: int = 100,
-    seed: int = 0,
+    restarts: int = 1,
     include_running_stats: bool = True,
     warm_start: bool = True,
     lap_backend: str = "lapjv",
-    progress: Callable[[int, float], None] | None = None,
-    validate: bool = True,
-    distances: bool = True,
 ) -> MatchResult:
     """Find π maximising ``⟨θ_A, π(θ_B)⟩`` by coordinate descent over the groups.
 
@@ -241,61 +89,85 @@ def weight_matching(
         spec: the permutation spec both parameter dicts follow.
         params_a, params_b: reference model A and model B to permute (same keys, shapes,
             dtypes; finite).
+        model, data: accepted for the matchers' common signature; weight matching uses
+            neither.
         init: starting permutation (identity by default).
+        seed: fixes the random group order of each sweep (and the restarts' starts).
+        progress: receives a :class:`~lmckit.progress.Progress` after every sweep
+            (``metrics["objective"]``; ``metrics["restart"]`` with ``restarts > 1``).
         duals: per-group LAP duals from an earlier call (``MatchResult.duals``), for a
-            warm start; ignored for groups they do not cover.
+            warm start; ignored for groups whose size differs.
         max_iter: maximum number of sweeps over all groups.
-        seed: fixes the random group order of each sweep.
+        restarts: run coordinate descent this many times — first from ``init`` with ``seed``,
+            then from seeded random permutations with other group orders — and keep the
+            best objective. Coordinate descent stops in local optima; narrow networks hit
+            bad ones often.
         include_running_stats: count BatchNorm running means/variances in the objective.
         warm_start: keep and reuse LAP duals (STE-MM Alg. 3). Off: every LAP starts from
-            its reduction duals.
+            its reduction duals. Both reach the same permutations.
         lap_backend: ``"lapjv"`` or ``"scipy"`` (see :func:`lmckit.lap.solve_lap`).
-        progress: called as ``progress(sweep, objective)`` after each sweep.
-        validate: check the inputs (spec fit, matching shapes, finite values).
-        distances: compute ``distance_before``/``distance_after`` (NaN when off; each costs a
-            pass over all parameters).
 
     Returns:
-        :class:`MatchResult` with ``history`` the objective after each sweep (for specs
-        without self-maps it never decreases), ``duals`` for reuse, and ``info`` holding
-        ``gemm_seconds``, ``lap_seconds``, ``lap_solves``, ``skipped_solves`` (groups whose
-        neighbours had not changed since their last solve, so their LAP could not improve)
-        and ``gemm_flops``.
+        :class:`MatchResult` of the best restart: ``history`` is its objective after each
+        sweep (never decreasing for specs without self-maps), ``duals`` its LAP duals for
+        reuse, ``info`` holds ``lap_solves``, ``skipped_solves`` (groups whose neighbours
+        had not changed since their last solve, so their LAP could not improve) and, with
+        restarts, ``restart_objectives`` and ``best_restart``.
 
     For tensors in ``spec.self_maps`` (one group on two axes), each LAP holds the other
     axis at the current permutation (a linearisation); the objective may then wobble.
     """
-    if validate:
-        check_inputs(spec, params_a, params_b)
+    start = time.perf_counter()
+    check_inputs(spec, params_a, params_b, init)
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 1:
+        raise ParamsError(f"restarts must be an integer ≥ 1, got {restarts!r}")
+    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
+        raise ParamsError(f"max_iter must be an integer ≥ 1, got {max_iter!r}")
     matcher = WeightMatcher(
         spec, params_b, include_running_stats=include_running_stats, lap_backend=lap_backend
     )
-    return matcher.match(
-        params_a,
-        init=init,
-        duals=duals,
-        max_iter=max_iter,
-        seed=seed,
-        warm_start=warm_start,
-        progress=progress,
-        validate=False,
-        distances=distances,
+    results: list[MatchResult] = []
+    sweeps_done = 0
+    for restart in range(restarts):
+        restart_seed = seed if restart == 0 else _restart_seed(seed, restart)
+        start_perm = init if restart == 0 else Permutation.random(spec, restart_seed)
+
+        def report(event, restart=restart, offset=sweeps_done):
+            notify(progress, offset + event.step, None, restart=restart, **event.metrics)
+
+        result = matcher.match(
+            params_a,
+            init=start_perm,
+            duals=duals,
+            max_iter=max_iter,
+            seed=restart_seed,
+            warm_start=warm_start,
+            progress=report if progress is not None else None,
+            validate=False,
+            distances=False,
+        )
+        sweeps_done += result.iterations
+        results.append(result)
+    objectives = [r.history[-1] for r in results]
+    best_index = max(range(restarts), key=lambda i: (objectives[i], -i))
+    best = results[best_index]
+    info = dict(best.info)
+    if restarts > 1:
+        info.update(restart_objectives=objectives, best_restart=best_index)
+    return MatchResult(
+        perm=best.perm,
+        method=best.method,
+        history=best.history,
+        iterations=best.iterations,
+        seconds=time.perf_counter() - start,
+        distance_before=params_distance(params_a, params_b),
+        distance_after=params_distance(params_a, best.perm.apply(params_b)),
+        duals=best.duals,
+        info=info,
     )
 
 
-def _objective(
-    spec: PermutationSpec,
-    params_a: Params,
-    params_b: Params,
-    perm: Mapping[str, Tensor],
-    names: set[str],
-) -> float:
-    """``Σ_{name ∈ names} ⟨A, π(B)⟩`` in float64."""
-    total = 0.0
-    for name in names:
-        b = params_b[name]
-        for axis, g in enumerate(spec.axes[name]):
-            if g is not None:
-                b = b.index_select(axis, perm[g])
-        total += float((params_a[name].double() * b.double()).sum())
-    return total
+def _restart_seed(seed: int, restart: int) -> int:
+    """A seed for restart ``restart`` that does not collide with other base seeds."""
+    state = np.random.SeedSequence([int(seed), int(restart)]).generate_state(1, np.uint32)
+    return int(state[0])

@@ -1,10 +1,63 @@
 """Merging many models: each method returns a :class:`MergeResult` with one permutation per
-model (the reference gets the identity) and the merged parameters ``(1/n) Σ π_i(θ_i)``."""
+model (the reference gets the identity) and the merged parameters ``(1/n) Σ π_i(θ_i)``.
+
+All mergers share one signature::
+
+    f(spec, params_list, *, model=None, data=None, reference=-1, seed=0, progress=None,
+      **method_options) -> MergeResult
+
+:data:`METHODS` lists them by name, with what each needs.
+"""
 
 from lmckit.merge.ccmm import ccmm
 from lmckit.merge.many import merge_many
-from lmckit.merge.result import MergeResult, average_params, merge_with
+from lmckit.merge.result import MergeResult, merge_with
 from lmckit.merge.star import star
 from lmckit.merge.ste_mm import ste_mm
+from lmckit.registry import Method
 
-__all__ = ["MergeResult", "average_params", "ccmm", "merge_many", "merge_with", "star", "ste_mm"]
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method(
+            "star-wm",
+            star,
+            needs_model=False,
+            needs_data=False,
+            summary="weight-match every model to the reference, then average",
+            fixed={"method": "wm-fast"},
+        ),
+        Method(
+            "star-ste",
+            star,
+            needs_model=True,
+            needs_data=True,
+            summary="STE-match every model to the reference, then average",
+            fixed={"method": "ste"},
+        ),
+        Method(
+            "merge-many",
+            merge_many,
+            needs_model=False,
+            needs_data=False,
+            summary="re-match each model to the mean of the others (Git Re-Basin Alg. 3)",
+        ),
+        Method(
+            "ste-mm",
+            ste_mm,
+            needs_model=True,
+            needs_data=True,
+            summary="multi-model straight-through estimator (STE-MM Alg. 1)",
+        ),
+        Method(
+            "ccmm",
+            ccmm,
+            needs_model=False,
+            needs_data=False,
+            summary="cycle-consistent Frank–Wolfe over all pairwise distances",
+        ),
+    )
+}
+"""Mergers by name."""
+
+__all__ = ["METHODS", "MergeResult", "ccmm", "merge_many", "merge_with", "star", "ste_mm"]

@@ -18,59 +18,70 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
+from lmckit.data import DataSource
+from lmckit.errors import ParamsError
 from lmckit.lap import solve_lap
 from lmckit.match.sinkhorn import soft_apply
-from lmckit.merge.result import MergeResult, canonicalise, check_models, merge_with
+from lmckit.merge.result import MergeResult, canonicalise, check_models, merged_result
 from lmckit.merge.star import star
-from lmckit.perm import Params, Permutation, PermutationSpec
+from lmckit.params import Params, floating_names, pairwise_inner_sum
+from lmckit.perm import Permutation, PermutationSpec
+from lmckit.progress import ProgressCallback, notify
 
 
 def _objective(spec, floating, soft_list) -> torch.Tensor:
     aligned = [soft_apply(spec, p, s) for p, s in zip(floating, soft_list, strict=True)]
-    total = aligned[0][next(iter(aligned[0]))].new_zeros((), dtype=torch.float64)
-    for k in aligned[0]:
-        stack = torch.stack([a[k] for a in aligned]).double()
-        s = stack.sum(0)
-        total = total + 0.5 * ((s * s).sum() - (stack * stack).sum())
-    return total
+    return pairwise_inner_sum(aligned)
 
 
 def ccmm(
     spec: PermutationSpec,
     params_list: Sequence[Params],
     *,
-    max_iter: int = 50,
-    tol: float = 1e-9,
-    init: str = "star",
+    model: nn.Module | None = None,
+    data: DataSource | None = None,
     reference: int = -1,
     seed: int = 0,
+    progress: ProgressCallback | None = None,
+    init: Sequence[Permutation] | None = None,
+    max_iter: int = 50,
+    tol: float = 1e-9,
 ) -> MergeResult:
     """Merge ``n`` models by Frank–Wolfe on ``Σ_{i<j} ⟨P_iθ_i, P_jθ_j⟩``.
 
     Args:
+        spec, params_list: the models (at least two, fitting the spec).
+        model, data: used only to BN-reset the merged model.
+        reference: the model whose frame the permutations are finally expressed in.
+        seed: seeds the star weight matching that gives the default start.
+        progress: a :class:`~lmckit.progress.Progress` after each Frank–Wolfe iteration
+            (``metrics["objective"]``, ``metrics["gap"]``).
+        init: a starting permutation per model; default: weight matching of every model to
+            the reference (star-WM) — from the identity Frank–Wolfe stalls in worse
+            stationary points.
         max_iter: Frank–Wolfe iterations.
         tol: stop when the Frank–Wolfe gap falls below ``tol · |f|``.
-        init: ``"star"`` (start from weight matching of every model to the reference) or
-            ``"identity"``.
+
     ``history`` is the relaxed objective per iteration; ``info["fw_gap"]`` the last gap.
     """
     start = time.perf_counter()
-    check_models(spec, params_list)
-    n = len(params_list)
-    floating_keys = [k for k, t in params_list[0].items() if t.dtype.is_floating_point]
+    ref = check_models(spec, params_list, reference, init)
+    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
+        raise ParamsError(f"max_iter must be an integer ≥ 1, got {max_iter!r}")
+    floating_keys = floating_names(params_list[0])
     sub = PermutationSpec(
         groups=spec.groups,
         axes={k: spec.axes[k] for k in floating_keys},
         self_maps=spec.self_maps & set(floating_keys),
     )
-    floating = [{k: p[k] for k in floating_keys} for p in params_list]
+    floating = [{k: p[k].detach() for k in floating_keys} for p in params_list]
     device = params_list[0][floating_keys[0]].device
     dtype = params_list[0][floating_keys[0]].dtype
-    if init == "star":
-        start_perms = star(spec, params_list, reference=reference, seed=seed).perms
-    else:
-        start_perms = [Permutation.identity(spec)] * n
+    start_perms = (
+        list(init) if init is not None else star(spec, params_list, reference=ref, seed=seed).perms
+    )
 
     def one_hot(perm: Permutation) -> dict:
         return {
@@ -98,6 +109,7 @@ def ccmm(
                 vertex[g] = torch.eye(m.shape[0], dtype=dtype, device=device)[p.to(device)]
                 gap += float((grad * (vertex[g] - m)).sum())
             vertices.append(vertex)
+        notify(progress, iterations, max_iter, objective=history[-1], gap=gap)
         if gap <= tol * max(abs(history[-1]), 1e-30):
             break
         step = _line_search(sub, floating, soft, vertices)
@@ -106,18 +118,20 @@ def ccmm(
         soft = [
             {g: s[g] + step * (v[g] - s[g]) for g in s} for s, v in zip(soft, vertices, strict=True)
         ]
-    perms = []
-    for s in soft:
-        perms.append(Permutation(spec, {g: solve_lap(m, maximize=True)[0] for g, m in s.items()}))
-    perms = list(canonicalise(perms, reference % n))
-    return MergeResult(
-        tuple(perms),
-        merge_with(params_list, perms),
+    perms = [
+        Permutation(spec, {g: solve_lap(m, maximize=True)[0] for g, m in s.items()}) for s in soft
+    ]
+    return merged_result(
         "ccmm",
-        time.perf_counter() - start,
-        tuple(history),
-        iterations,
-        {"fw_gap": gap, "init": init},
+        params_list,
+        canonicalise(perms, ref),
+        start,
+        model=model,
+        data=data,
+        seed=seed,
+        history=history,
+        iterations=iterations,
+        info={"fw_gap": gap, "init": "given" if init is not None else "star-wm"},
     )
 
 

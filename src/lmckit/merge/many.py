@@ -11,60 +11,86 @@ import time
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
-from lmckit.match import weight_matching
-from lmckit.merge.result import (
-    MergeResult,
-    average_params,
-    canonicalise,
-    check_models,
-    merge_with,
-    pairwise_inner_sum,
-)
-from lmckit.perm import Params, Permutation, PermutationSpec
+from lmckit.data import DataSource
+from lmckit.errors import ParamsError
+from lmckit.match import WeightMatcher
+from lmckit.merge.result import MergeResult, canonicalise, check_models, merged_result
+from lmckit.params import Params, average_params, detached, pairwise_inner_sum
+from lmckit.perm import Permutation, PermutationSpec
+from lmckit.progress import ProgressCallback, notify
 
 
 def merge_many(
     spec: PermutationSpec,
     params_list: Sequence[Params],
     *,
-    max_rounds: int = 100,
-    seed: int = 0,
+    model: nn.Module | None = None,
+    data: DataSource | None = None,
     reference: int = -1,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+    init: Sequence[Permutation] | None = None,
+    max_rounds: int = 100,
 ) -> MergeResult:
-    """Merge ``n`` models by MergeMany; ``history`` is ``Σ_{i<j} ⟨π_iθ_i, π_jθ_j⟩`` after
-    each round. Permutations are finally expressed in the frame of ``reference``."""
+    """Merge ``n`` models by MergeMany.
+
+    Args:
+        spec, params_list: the models (at least two, fitting the spec).
+        model, data: used only to BN-reset the merged model (weight matching needs neither).
+        reference: the model whose frame the permutations are finally expressed in.
+        seed: fixes the visiting order of each round and the group orders.
+        progress: a :class:`~lmckit.progress.Progress` after each round
+            (``metrics["objective"]``, ``metrics["changed"]``).
+        init: a starting permutation per model (identity by default).
+        max_rounds: upper bound on the rounds.
+
+    ``history`` is ``Σ_{i<j} ⟨π_iθ_i, π_jθ_j⟩`` after each round.
+    """
     start = time.perf_counter()
-    check_models(spec, params_list)
+    ref = check_models(spec, params_list, reference, init)
+    if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
+        raise ParamsError(f"max_rounds must be an integer ≥ 1, got {max_rounds!r}")
+    params_list = [detached(p) for p in params_list]
     n = len(params_list)
-    perms = [Permutation.identity(spec) for _ in range(n)]
-    aligned = [dict(p) for p in params_list]
+    perms = list(init) if init is not None else [Permutation.identity(spec) for _ in range(n)]
+    aligned = [p.apply(params) for p, params in zip(perms, params_list, strict=True)]
+    matchers = [WeightMatcher(spec, params) for params in params_list]
     duals: list = [None] * n
     generator = torch.Generator().manual_seed(seed)
     history: list[float] = []
     rounds = 0
     for _ in range(max_rounds):
         rounds += 1
-        changed = False
+        changed = 0
         for i in torch.randperm(n, generator=generator).tolist():
             others = average_params([aligned[j] for j in range(n) if j != i])
-            r = weight_matching(
-                spec, others, params_list[i], init=perms[i], duals=duals[i], seed=seed + rounds
+            r = matchers[i].match(
+                others,
+                init=perms[i],
+                duals=duals[i],
+                seed=seed + rounds,
+                validate=False,
+                distances=False,
             )
             duals[i] = r.duals
             if r.perm != perms[i]:
                 perms[i] = r.perm
                 aligned[i] = r.perm.apply(params_list[i])
-                changed = True
-        history.append(pairwise_inner_sum(aligned))
+                changed += 1
+        history.append(float(pairwise_inner_sum(aligned)))
+        notify(progress, rounds, None, objective=history[-1], changed=changed)
         if not changed:
             break
-    perms = list(canonicalise(perms, reference % n))
-    return MergeResult(
-        tuple(perms),
-        merge_with(params_list, perms),
+    return merged_result(
         "merge-many",
-        time.perf_counter() - start,
-        tuple(history),
-        rounds,
+        params_list,
+        canonicalise(perms, ref),
+        start,
+        model=model,
+        data=data,
+        seed=seed,
+        history=history,
+        iterations=rounds,
     )

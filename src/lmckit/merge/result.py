@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from lmckit.data import DataSource
 from lmckit.errors import LmcError, ParamsError
-from lmckit.match.result import check_inputs
-from lmckit.perm import Params, Permutation, PermutationSpec
+from lmckit.evaluate.bn import bn_reset
+from lmckit.match.result import check_init, check_inputs
+from lmckit.params import Params, average_params, detached, has_batchnorm
+from lmckit.perm import Permutation, PermutationSpec
 
 
 @dataclass(frozen=True)
 class MergeResult:
     """Permutations ``perms[i]`` of every model into a common frame and the merged model.
 
-    ``perms[i].apply(params[i])`` are the aligned models; ``merged`` is their mean
-    ``(1/n) Σ π_i(θ_i)``. Methods with a reference model give it the identity.
+    ``perms[i].apply(params_list[i])`` are the aligned models; ``merged`` is their mean
+    ``(1/n) Σ π_i(θ_i)`` — with BatchNorm statistics re-estimated on the data when the
+    models have BatchNorm and the merger was given ``model`` and ``data``
+    (``info["bn_reset"]`` says whether it was). The reference model gets the identity.
     """
 
     perms: tuple[Permutation, ...]
@@ -31,52 +36,78 @@ class MergeResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def check_models(spec: PermutationSpec, params_list: Sequence[Params]) -> None:
-    """At least two models, all fitting the spec and each other, all finite."""
-    if len(params_list) < 2:
-        raise ParamsError(f"merging needs at least 2 models, got {len(params_list)}")
-    for i, p in enumerate(params_list[1:], start=1):
+def check_models(
+    spec: PermutationSpec,
+    params_list: Sequence[Params],
+    reference: int = -1,
+    init: Sequence[Permutation] | None = None,
+) -> int:
+    """At least two models, all fitting the spec and each other, all finite; ``reference``
+    an index into them and ``init`` (if any) one permutation of the spec per model.
+
+    Returns:
+        the reference's index in ``[0, n)``.
+    """
+    if isinstance(params_list, dict) or not isinstance(params_list, Sequence):
+        raise ParamsError(
+            f"params_list must be a list of parameter dicts, got {type(params_list).__name__}"
+        )
+    n = len(params_list)
+    if n < 2:
+        raise ParamsError(f"merging needs at least 2 models, got {n}")
+    for i, p in enumerate(params_list):
         try:
             check_inputs(spec, params_list[0], p)
         except LmcError as exc:
             raise type(exc)(f"model {i} vs model 0: {exc}") from None
-
-
-def average_params(params_list: Sequence[Params], weights: Sequence[float] | None = None) -> dict:
-    """Weighted mean of floating tensors (uniform by default); integer buffers from model 0."""
-    n = len(params_list)
-    w = [1.0 / n] * n if weights is None else [float(x) for x in weights]
-    out = {}
-    for k, first in params_list[0].items():
-        if first.dtype.is_floating_point:
-            acc = w[0] * first
-            for wi, p in zip(w[1:], params_list[1:], strict=True):
-                acc = acc + wi * p[k]
-            out[k] = acc
-        else:
-            out[k] = first.clone()
-    return out
-
-
-def merge_with(params_list: Sequence[Params], perms: Sequence[Permutation]) -> dict:
-    """``(1/n) Σ π_i(θ_i)``."""
-    return average_params([p.apply(params) for p, params in zip(perms, params_list, strict=True)])
-
-
-def pairwise_inner_sum(aligned: Sequence[Params]) -> float:
-    """``Σ_{i<j} ⟨θ_i, θ_j⟩`` over floating tensors, via ``½(‖Σθ‖² − Σ‖θ‖²)``."""
-    total = 0.0
-    for k, t in aligned[0].items():
-        if not t.dtype.is_floating_point:
-            continue
-        stack = torch.stack([a[k].double() for a in aligned])
-        s = stack.sum(0)
-        total += 0.5 * (float((s * s).sum()) - float((stack * stack).sum()))
-    return total
+    if isinstance(reference, bool) or not isinstance(reference, int) or not -n <= reference < n:
+        raise ParamsError(f"reference must be an index into the {n} models, got {reference!r}")
+    if init is not None:
+        if len(init) != n:
+            raise ParamsError(f"init has {len(init)} permutations for {n} models")
+        for p in init:
+            check_init(spec, p)
+    return reference % n
 
 
 def canonicalise(perms: Sequence[Permutation], reference: int) -> tuple[Permutation, ...]:
     """Re-express all permutations in the frame of model ``reference`` (which gets the
-    identity): ``π_i ← π_ref⁻¹ ∘ π_i``. The merged model is permuted accordingly."""
+    identity): ``π_i ← π_ref⁻¹ ∘ π_i``."""
     inv = perms[reference].inverse()
     return tuple(inv.compose(p) for p in perms)
+
+
+def merge_with(params_list: Sequence[Params], perms: Sequence[Permutation]) -> dict:
+    """``(1/n) Σ π_i(θ_i)``: the plain average of the aligned models."""
+    return average_params([p.apply(params) for p, params in zip(perms, params_list, strict=True)])
+
+
+def merged_result(
+    method: str,
+    params_list: Sequence[Params],
+    perms: Sequence[Permutation],
+    started: float,
+    *,
+    model: nn.Module | None,
+    data: DataSource | None,
+    seed: int,
+    history: Sequence[float] = (),
+    iterations: int = 0,
+    info: dict[str, Any] | None = None,
+) -> MergeResult:
+    """The :class:`MergeResult` every merger returns: the average of the aligned models,
+    BatchNorm-reset on ``data`` when it has running statistics and ``model`` and ``data``
+    are given (an averaged model's statistics are not the statistics of its activations)."""
+    merged = merge_with([detached(p) for p in params_list], perms)
+    reset = has_batchnorm(merged) and model is not None and data is not None
+    if reset:
+        merged = bn_reset(model, merged, data, seed=seed)
+    return MergeResult(
+        tuple(perms),
+        merged,
+        method,
+        time.perf_counter() - started,
+        tuple(history),
+        iterations,
+        {**(info or {}), "bn_reset": reset},
+    )

@@ -3,64 +3,66 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-from torch import Tensor, nn
+from torch import nn
 
+from lmckit.data import DataSource
 from lmckit.errors import ParamsError
-from lmckit.match import ste_matching, weight_matching
-from lmckit.merge.result import MergeResult, check_models, merge_with
-from lmckit.perm import Params, Permutation, PermutationSpec
+from lmckit.match import METHODS as MATCHERS
+from lmckit.merge.result import MergeResult, check_models, merged_result
+from lmckit.params import Params
+from lmckit.perm import Permutation, PermutationSpec
+from lmckit.progress import ProgressCallback, notify
 
 
 def star(
     spec: PermutationSpec,
     params_list: Sequence[Params],
     *,
-    method: str = "wm",
-    reference: int = -1,
     model: nn.Module | None = None,
-    loader: Iterable[tuple[Tensor, Tensor]] | None = None,
-    epochs: int = 1,
-    lr: float = 1e-3,
-    batch_size: int = 256,
+    data: DataSource | None = None,
+    reference: int = -1,
     seed: int = 0,
+    progress: ProgressCallback | None = None,
+    method: str = "wm-fast",
+    **match_options,
 ) -> MergeResult:
-    """Align every model to ``params_list[reference]`` (default: the last) with weight
-    matching (``method="wm"``) or the straight-through estimator (``"ste"``, needs
-    ``model`` and ``loader``), then average. The reference gets the identity."""
+    """Align every model to ``params_list[reference]`` with a two-model matcher, then average.
+
+    Args:
+        spec, params_list: the models (at least two, fitting the spec).
+        model, data: passed to the matcher (needed by data-driven ones) and used to
+            BN-reset the merged model.
+        reference: index of the model the others are aligned to (it gets the identity).
+        seed: passed to every match.
+        progress: a :class:`~lmckit.progress.Progress` after each model is matched.
+        method: a name from :data:`lmckit.match.METHODS` (``"wm-fast"``, ``"ste"``, ...).
+        match_options: further options of that matcher (``epochs=``, ``lr=`` ...).
+    """
     start = time.perf_counter()
-    check_models(spec, params_list)
-    if method not in ("wm", "ste"):
-        raise ParamsError(f"star method must be 'wm' or 'ste', got {method!r}")
-    if method == "ste" and (model is None or loader is None):
-        raise ParamsError("star(method='ste') needs model= and loader=")
+    ref = check_models(spec, params_list, reference)
+    if method not in MATCHERS:
+        raise ParamsError(f"star method must be one of {sorted(MATCHERS)}, got {method!r}")
+    matcher = MATCHERS[method]
     n = len(params_list)
-    ref = reference % n
     perms = []
     for i, params in enumerate(params_list):
         if i == ref:
             perms.append(Permutation.identity(spec))
-        elif method == "wm":
-            perms.append(weight_matching(spec, params_list[ref], params, seed=seed).perm)
-        else:
-            perms.append(
-                ste_matching(
-                    model,
-                    params_list[ref],
-                    params,
-                    loader,
-                    spec=spec,
-                    epochs=epochs,
-                    lr=lr,
-                    batch_size=batch_size,
-                    seed=seed,
-                ).perm
-            )
-    return MergeResult(
-        tuple(perms),
-        merge_with(params_list, perms),
+            continue
+        result = matcher(
+            spec, params_list[ref], params, model=model, data=data, seed=seed, **match_options
+        )
+        perms.append(result.perm)
+        notify(progress, len(perms) - (ref < i), n - 1, model=i)
+    return merged_result(
         f"star-{method}",
-        time.perf_counter() - start,
+        params_list,
+        perms,
+        start,
+        model=model,
+        data=data,
+        seed=seed,
         info={"reference": ref},
     )

@@ -1,125 +1,150 @@
 """STE-MM (Linear Mode Connectivity between Multiple Models, Alg. 1), from the paper.
 
-Model n is the reference. Proxies θ̂_1..θ̂_{n−1} start at θ_n. Every step projects each proxy
-onto its model's orbit, ``π_i = WM(θ̂_i, θ_i)`` (accelerated: each model keeps its previous
-permutation and LAP duals), draws mixture weights λ on the simplex, and takes an Adam step
-on the loss of ``Σ_{i<n} λ_i π_i(θ_i) + λ_n θ_n``, with straight-through gradients to the
-proxies. After training, a final projection gives the permutations (line 12).
+One model is the reference (the paper's model n). Every other model i gets a proxy θ̂_i,
+started at the reference. Every step projects each proxy onto its model's orbit,
+``π_i = WM(θ̂_i, θ_i)`` (accelerated: each model keeps its previous permutation and LAP
+duals), draws mixture weights λ on the simplex, and takes an Adam step on the loss of
+``Σ_{i≠ref} λ_i π_i(θ_i) + λ_ref θ_ref``, with straight-through gradients to the proxies.
+After training, a final projection gives the permutations (line 12).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
+from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
-from lmckit.evaluate import bn_reset
+from lmckit.functional import check_model_fits, module_mode
 from lmckit.match._functional import (
-    as_batches,
     batch_loss,
+    batches_per_pass,
+    check_training_options,
     optimise,
     parameter_names,
+    require_model_and_data,
     straight_through,
 )
-from lmckit.match.weight import WeightMatcher
-from lmckit.merge.result import MergeResult, average_params, check_models, merge_with
-from lmckit.perm import Params, Permutation, PermutationSpec
+from lmckit.match.weight_matcher import WeightMatcher
+from lmckit.merge.result import MergeResult, check_models, merged_result
+from lmckit.params import Params, average_params, detached
+from lmckit.perm import Permutation, PermutationSpec
+from lmckit.progress import ProgressCallback, notify
+
+WEIGHT_SCHEMES = ("dirichlet", "normalized_uniform")
 
 
 def simplex_weights(n: int, generator: torch.Generator, scheme: str = "dirichlet") -> Tensor:
     """``n`` positive weights summing to 1: uniform on the simplex (``"dirichlet"``, the
     distribution of Eq. 5) or independent U(0, 1) draws normalised (Alg. 1, lines 4–5)."""
+    if scheme not in WEIGHT_SCHEMES:
+        raise ParamsError(f"scheme must be one of {WEIGHT_SCHEMES}, got {scheme!r}")
     u = torch.rand(n, generator=generator, dtype=torch.float64)
     if scheme == "dirichlet":
         u = -torch.log1p(-u)  # Exp(1) draws, normalised: Dirichlet(1, …, 1)
-    elif scheme != "normalized_uniform":
-        raise ParamsError(f"scheme must be 'dirichlet' or 'normalized_uniform', got {scheme!r}")
     return u / u.sum()
 
 
 def ste_mm(
-    model: nn.Module,
+    spec: PermutationSpec,
     params_list: Sequence[Params],
-    loader: Iterable[tuple[Tensor, Tensor]],
     *,
-    spec: PermutationSpec | None = None,
+    model: nn.Module | None = None,
+    data: DataSource | None = None,
+    reference: int = -1,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
     epochs: int = 10,
     lr: float = 1e-3,
     batch_size: int = 256,
-    seed: int = 0,
     weights: str = "dirichlet",
-    bn_reset_loader: Iterable[tuple[Tensor, Tensor]] | None = None,
-    progress=None,
 ) -> MergeResult:
-    """Gather ``n`` models into one basin with STE-MM (defaults from the paper: lr 1e-3,
-    10 epochs, batch 256). ``loader`` may be an lmckit ``Dataset``. The merged model's
-    BatchNorm statistics are re-estimated on ``bn_reset_loader`` (default: the training
-    batches) when the model has BatchNorm. ``history`` holds the mean loss per epoch."""
+    """Gather ``n`` models into one basin with STE-MM.
+
+    Args:
+        spec, params_list: the models (at least two, fitting the spec).
+        model: the module the dicts fit (run functionally in train mode; its modes are
+            restored).
+        data: an lmckit ``Dataset`` (training split, shuffled by ``seed``, in batches of
+            ``batch_size``) or re-iterable ``(x, y)`` batches; also used to BN-reset the
+            merged model when it has BatchNorm.
+        reference: the model the proxies start at (the paper's model n; identity).
+        seed: fixes batch order, simplex draws and group orders.
+        progress: a :class:`~lmckit.progress.Progress` after every step
+            (``metrics["loss"]``, ``metrics["epoch"]``).
+        epochs, lr, batch_size: the paper's defaults (10, 1e-3, 256).
+        weights: ``"dirichlet"`` (uniform on the simplex) or ``"normalized_uniform"``.
+
+    ``history`` holds the mean loss per epoch.
+    """
     start = time.perf_counter()
-    spec = spec if spec is not None else model.permutation_spec()
-    check_models(spec, params_list)
-    if epochs < 1 or not lr > 0:
-        raise ParamsError(f"need epochs ≥ 1 and lr > 0, got epochs={epochs}, lr={lr}")
+    model = require_model_and_data("ste_mm", model, data)
+    ref = check_models(spec, params_list, reference)
+    check_model_fits(model, params_list[ref])
+    check_training_options("ste_mm", epochs=epochs, lr=lr, batch_size=batch_size)
+    if weights not in WEIGHT_SCHEMES:
+        raise ParamsError(f"weights must be one of {WEIGHT_SCHEMES}, got {weights!r}")
+    params_list = [detached(p) for p in params_list]
     n = len(params_list)
-    ref = params_list[-1]
-    batches = as_batches(loader, batch_size, seed)
-    learnable = parameter_names(model, ref)
-    proxies = [
-        {k: ref[k].detach().clone().requires_grad_(True) for k in learnable} for _ in range(n - 1)
-    ]
-    optimizer = torch.optim.Adam([t for p in proxies for t in p.values()], lr=lr)
-    perms: list[Permutation] = [Permutation.identity(spec) for _ in range(n - 1)]
-    duals: list = [None] * (n - 1)
+    others = [i for i in range(n) if i != ref]
+    base = params_list[ref]
+    batches = as_batches(data, batch_size=batch_size, seed=seed, passes=epochs)
+    per_pass = batches_per_pass(batches)
+    learnable = parameter_names(model, base)
+    proxies = {
+        i: {k: base[k].detach().clone().requires_grad_(True) for k in learnable} for i in others
+    }
+    optimizer = torch.optim.Adam([t for p in proxies.values() for t in p.values()], lr=lr)
+    perms = {i: Permutation.identity(spec) for i in others}
+    duals: dict[int, object] = dict.fromkeys(others)
+    matchers = {i: WeightMatcher(spec, params_list[i]) for i in others}
     generator = torch.Generator().manual_seed(seed)
 
-    matchers = [WeightMatcher(spec, params_list[i]) for i in range(n - 1)]
-
     def project(i: int) -> None:
-        current = {**ref, **{k: v.detach() for k, v in proxies[i].items()}}
+        current = {**base, **{k: v.detach() for k, v in proxies[i].items()}}
         r = matchers[i].match(
             current, init=perms[i], duals=duals[i], seed=seed, validate=False, distances=False
         )
         perms[i], duals[i] = r.perm, r.duals
 
     history, steps = [], 0
-    was_training = model.training
-    try:
+    with module_mode(model, True):
         for epoch in range(epochs):
-            total, count = 0.0, 0
+            loss_sum, count = 0.0, 0
             for x, y in batches:
-                for i in range(n - 1):
+                for i in others:
                     project(i)
                 lam = simplex_weights(n, generator, weights)
                 members = [
-                    straight_through(proxies[i], perms[i].apply(params_list[i]))
-                    for i in range(n - 1)
+                    dict(base)
+                    if i == ref
+                    else straight_through(proxies[i], perms[i].apply(params_list[i]))
+                    for i in range(n)
                 ]
-                members.append(dict(ref))
-                mixture = average_params(members, lam.tolist())
+                mixture = average_params(members, lam)
                 value = optimise(optimizer, batch_loss(model, mixture, x, y))
                 steps += 1
-                total += value
+                loss_sum += value
                 count += 1
-                if progress is not None:
-                    progress(epoch, steps, value)
-            history.append(total / max(count, 1))
-        for i in range(n - 1):
+                notify(progress, steps, per_pass and per_pass * epochs, loss=value, epoch=epoch + 1)
+            if count == 0:
+                raise ParamsError("ste_mm got no batches")
+            history.append(loss_sum / count)
+        for i in others:
             project(i)
-    finally:
-        model.train(was_training)
-    all_perms = (*perms, Permutation.identity(spec))
-    merged = merge_with(params_list, all_perms)
-    if any(k.endswith("running_mean") for k in merged):
-        merged = bn_reset(model, merged, bn_reset_loader or batches)
-    return MergeResult(
-        all_perms,
-        merged,
+    all_perms = [Permutation.identity(spec) if i == ref else perms[i] for i in range(n)]
+    return merged_result(
         "ste-mm",
-        time.perf_counter() - start,
-        tuple(history),
-        steps,
-        {"lr": lr, "epochs": epochs, "weights": weights},
+        params_list,
+        all_perms,
+        start,
+        model=model,
+        data=data,
+        seed=seed,
+        history=history,
+        iterations=steps,
+        info={"lr": lr, "epochs": epochs, "weights": weights, "reference": ref},
     )

@@ -6,7 +6,7 @@ import torch
 
 from lmckit import ModelConfigError, Permutation
 from lmckit.models import MLP, VGG, ResNet20, build_model, model_config, permutation_spec
-from lmckit.perm import params_distance
+from lmckit.params import params_distance
 
 # (name, config, input shape without batch)
 ZOO = [

@@ -1,0 +1,267 @@
+"""Linear mode connectivity: the loss along ``θ(λ) = (1 − λ)·θ_A + λ·θ_B`` and its barriers.
+
+:func:`interpolate` evaluates the path on a λ grid and returns a :class:`Curve` with loss,
+accuracy and ECE per split, both barrier definitions, optionally the temperature-calibrated
+loss (the width study's protocol) and the logit ensemble of the endpoints as a reference.
+Interpolated BatchNorm networks are re-estimated at every interior λ (:func:`bn_reset`),
+BN-free ones may be REPAIRed (:func:`repair`).
+
+Barriers (for a metric ``m`` where lower is better, e.g. the loss):
+
+* Git Re-Basin: ``max_λ m(θ_λ) − ½(m_A + m_B)``;
+* convex: ``max_λ [m(θ_λ) − ((1 − λ)m_A + λ m_B)]``.
+
+For accuracy (higher is better) the signs flip: the barrier is the largest *drop*.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmckit._io import atomic_write_bytes
+from lmckit.data import DataSource
+from lmckit.errors import ParamsError
+from lmckit.evaluate.bn import bn_reset, channel_statistics, repair, repair_layers
+from lmckit.evaluate.calibration import calibrated_loss, calibration_metrics
+from lmckit.functional import check_model_fits
+from lmckit.metrics import predict
+from lmckit.params import Params, check_params_compatible, lerp_params
+from lmckit.progress import ProgressCallback, notify
+
+__all__ = ["Curve", "barriers", "interpolate", "lambda_grid", "load_curves", "save_curves"]
+
+Loader = Iterable[tuple[Tensor, Tensor]]
+
+
+@dataclass
+class Curve:
+    """An interpolation curve: metric arrays of length ``len(lambdas)`` per split.
+
+    ``splits[split]`` holds ``loss``, ``accuracy`` and ``ece`` and, when requested,
+    ``temperature`` and ``calibrated_loss`` (temperature fitted on a held-out part of that
+    split at each λ), ``ensemble_loss`` and ``ensemble_accuracy`` (logit ensemble
+    ``(1−λ)·f_A + λ·f_B`` of the endpoints). ``barriers[split][metric]`` has both barrier
+    definitions (see the module docstring).
+    """
+
+    lambdas: list[float]
+    splits: dict[str, dict[str, list[float]]]
+    barriers: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def midpoint(self, split: str, metric: str) -> float:
+        """The metric at the λ closest to ½."""
+        i = int(np.argmin(np.abs(np.asarray(self.lambdas) - 0.5)))
+        return self.splits[split][metric][i]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return {
+            "lambdas": self.lambdas,
+            "splits": self.splits,
+            "barriers": self.barriers,
+            "info": self.info,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Curve:
+        """Inverse of :meth:`to_dict`."""
+        try:
+            return cls(
+                list(data["lambdas"]),
+                dict(data["splits"]),
+                dict(data.get("barriers", {})),
+                dict(data.get("info", {})),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ParamsError(f"not an interpolation curve: {exc}") from None
+
+
+def save_curves(curves: Mapping[str, Curve], path: str | Path) -> tuple[Path, Path]:
+    """Write curves as ``<path>.json`` (``{label: curve}``) and ``<path>.csv`` (one row per
+    label, split, metric and λ), atomically; returns both paths."""
+    stem = Path(path).with_suffix("")
+    as_json = (json.dumps({k: c.to_dict() for k, c in curves.items()}, indent=2) + "\n").encode()
+    rows = io.StringIO()
+    writer = csv.writer(rows, lineterminator="\n")
+    writer.writerow(["curve", "split", "metric", "lambda", "value"])
+    for label, curve in curves.items():
+        for split, metrics in curve.splits.items():
+            for metric, values in metrics.items():
+                for lam, value in zip(curve.lambdas, values, strict=True):
+                    writer.writerow([label, split, metric, f"{lam:.6g}", f"{value:.8g}"])
+    json_path, csv_path = stem.with_suffix(".json"), stem.with_suffix(".csv")
+    atomic_write_bytes(json_path, as_json)
+    atomic_write_bytes(csv_path, rows.getvalue().encode())
+    return json_path, csv_path
+
+
+def load_curves(path: str | Path) -> dict[str, Curve]:
+    """Read curves written by :func:`save_curves` (the ``.json`` file)."""
+    path = Path(path).with_suffix(".json")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ParamsError(f"cannot read curves from {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ParamsError(f"{path} does not hold curves")
+    return {str(k): Curve.from_dict(v) for k, v in data.items()}
+
+
+def barriers(lambdas: Sequence[float], values: Sequence[float], higher_is_better: bool) -> dict:
+    """Both barrier definitions of one metric curve (exactly 0 for a constant curve)."""
+    lam = np.asarray(lambdas, dtype=np.float64)
+    v = np.asarray(values, dtype=np.float64)
+    sign = -1.0 if higher_is_better else 1.0
+    v = sign * v
+    ends = v[0] + lam * (v[-1] - v[0])
+    return {
+        "rebasin": float(v.max() - 0.5 * (v[0] + v[-1])),
+        "convex": float((v - ends).max()),
+    }
+
+
+def lambda_grid(lambdas: int | Sequence[float]) -> list[float]:
+    """``n`` evenly spaced points of [0, 1], or the given points checked: increasing, finite,
+    from exactly 0 to exactly 1 (barriers and the ensemble read the endpoints)."""
+    if isinstance(lambdas, bool):
+        raise ParamsError(f"lambdas must be a count ≥ 2 or a list of points, got {lambdas!r}")
+    if isinstance(lambdas, int):
+        if lambdas < 2:
+            raise ParamsError(f"lambdas must be at least 2 points (0 and 1), got {lambdas}")
+        return [float(x) for x in np.linspace(0.0, 1.0, lambdas)]
+    try:
+        lams = [float(x) for x in lambdas]
+    except (TypeError, ValueError):
+        raise ParamsError(
+            f"lambdas must be a count or a list of numbers, got {lambdas!r}"
+        ) from None
+    if (
+        len(lams) < 2
+        or not all(math.isfinite(x) for x in lams)
+        or lams[0] != 0.0
+        or lams[-1] != 1.0
+        or any(b <= a for a, b in itertools.pairwise(lams))
+    ):
+        raise ParamsError(
+            f"lambdas must increase strictly from 0 to 1 (barriers and the ensemble use the "
+            f"endpoints), got {lams[:3]}...{lams[-2:]}"
+        )
+    return lams
+
+
+def interpolate(
+    model: nn.Module,
+    params_a: Params,
+    params_b: Params,
+    loaders: Mapping[str, Loader],
+    *,
+    lambdas: int | Sequence[float] = 25,
+    bn_reset_data: DataSource | None = None,
+    bn_reset_batches: int | None = None,
+    repair_data: DataSource | None = None,
+    calibrated: bool = False,
+    calibration_fraction: float = 0.2,
+    ensemble: bool = False,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+) -> Curve:
+    """Evaluate the linear path from ``params_a`` (λ = 0) to ``params_b`` (λ = 1).
+
+    Args:
+        model: a module both parameter dicts fit (run functionally in eval mode).
+        params_a, params_b: the endpoints (B already aligned to A, if it should be).
+        loaders: ``{split name: loader}`` (e.g. ``{"train": ..., "test": ...}``).
+        lambdas: number of evenly spaced points in [0, 1] (≥ 2), or the points themselves
+            (increasing, from exactly 0 to exactly 1).
+        bn_reset_data: re-estimate BatchNorm statistics at every interior λ on this data
+            (an lmckit ``Dataset`` or batches; the endpoints keep their own statistics, so
+            λ = 0/1 reproduce them exactly).
+        bn_reset_batches: use only this many batches for each BN reset.
+        repair_data: apply :func:`repair` at every interior λ instead (BN-free nets); the
+            endpoints' channel statistics are measured once for the whole curve.
+        calibrated: also report the temperature-calibrated loss: per λ, fit β on a seeded
+            ``calibration_fraction`` of the split's examples and evaluate on the rest.
+        ensemble: also report the logit ensemble ``(1−λ)·f_A + λ·f_B``.
+        seed: fixes the calibration split and the BN-reset batch order.
+        progress: a :class:`~lmckit.progress.Progress` after each λ.
+    """
+    if not isinstance(loaders, Mapping) or not loaders:
+        raise ParamsError("interpolate() needs loaders={split name: loader}, at least one")
+    if bn_reset_data is not None and repair_data is not None:
+        raise ParamsError("pass bn_reset_data or repair_data, not both")
+    check_params_compatible(params_a, params_b)
+    check_model_fits(model, params_a, "params_a")
+    lams = lambda_grid(lambdas)
+    device = next(iter(params_a.values())).device
+    endpoints = None
+    if repair_data is not None:
+        layers = repair_layers(model)
+        endpoints = tuple(
+            channel_statistics(model, p, repair_data, layers) for p in (params_a, params_b)
+        )
+    collected: dict[str, list[Tensor]] = {s: [] for s in loaders}
+    labels: dict[str, Tensor] = {}
+    for i, lam in enumerate(lams):
+        params = lerp_params(params_a, params_b, lam)
+        interior = 0.0 < lam < 1.0
+        if interior and repair_data is not None:
+            params = repair(model, params_a, params_b, lam, repair_data, endpoints=endpoints)
+        elif interior and bn_reset_data is not None:
+            params = bn_reset(model, params, bn_reset_data, n_batches=bn_reset_batches, seed=seed)
+        for split, loader in loaders.items():
+            logits, y = predict(model, params, loader, device=device)
+            collected[split].append(logits)
+            labels[split] = y
+        notify(progress, i + 1, len(lams), lam=lam)
+    splits: dict[str, dict[str, list[float]]] = {}
+    curve_barriers: dict[str, dict[str, dict[str, float]]] = {}
+    for split in loaders:
+        y = labels[split]
+        stack = torch.stack(collected[split])  # (λ, N, C)
+        metrics: dict[str, list[float]] = {
+            "loss": [F.cross_entropy(lg, y).item() for lg in stack],
+            "accuracy": [(lg.argmax(-1) == y).double().mean().item() for lg in stack],
+            "ece": [calibration_metrics(lg, y)["ece"] for lg in stack],
+        }
+        if calibrated:
+            fits = [
+                calibrated_loss(lg, y, fraction=calibration_fraction, seed=seed) for lg in stack
+            ]
+            metrics["temperature"] = [f["temperature"] for f in fits]
+            metrics["calibrated_loss"] = [f["loss"] for f in fits]
+        if ensemble:
+            ens = [(1 - lam) * stack[0] + lam * stack[-1] for lam in lams]
+            metrics["ensemble_loss"] = [F.cross_entropy(lg, y).item() for lg in ens]
+            metrics["ensemble_accuracy"] = [
+                (lg.argmax(-1) == y).double().mean().item() for lg in ens
+            ]
+        splits[split] = metrics
+        curve_barriers[split] = {
+            "loss": barriers(lams, metrics["loss"], higher_is_better=False),
+            "accuracy": barriers(lams, metrics["accuracy"], higher_is_better=True),
+        }
+        if calibrated:
+            curve_barriers[split]["calibrated_loss"] = barriers(
+                lams, metrics["calibrated_loss"], higher_is_better=False
+            )
+    info = {
+        "bn_reset": bn_reset_data is not None,
+        "repair": repair_data is not None,
+        "calibrated": calibrated,
+        "ensemble": ensemble,
+    }
+    return Curve(lams, splits, curve_barriers, info)

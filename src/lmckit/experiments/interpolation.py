@@ -1,0 +1,122 @@
+"""``lmckit interpolate``: two checkpoints, naive and matched linear paths, curves and plots."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from lmckit._io import atomic_write_json, prepare_output_dir
+from lmckit.checkpoint import Checkpoint
+from lmckit.data import Dataset
+from lmckit.errors import UsageError
+from lmckit.evaluate import Curve, interpolate, save_curves
+from lmckit.experiments.matching import (
+    check_data_fits,
+    check_same_architecture,
+    load_permutation,
+    match_checkpoints,
+    save_match,
+)
+from lmckit.match import METHODS
+from lmckit.params import has_batchnorm
+from lmckit.perm import Permutation
+from lmckit.plots import plot_barriers, plot_interpolation
+from lmckit.progress import ProgressCallback
+
+NAIVE = "none"
+
+
+def run_interpolate(
+    a: Checkpoint,
+    b: Checkpoint,
+    data: Dataset,
+    out: str | Path,
+    *,
+    methods: Sequence[str] = (NAIVE, "wm-fast"),
+    perm_file: str | Path | None = None,
+    lambdas: int = 25,
+    calibrated: bool = False,
+    test_only: bool = False,
+    bn_batches: int | None = 20,
+    repair: bool = False,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+    progress: Callable[[str], ProgressCallback | None] | None = None,
+) -> dict[str, Any]:
+    """Match B to A with each of ``methods`` (``"none"`` is the naive path) — or use the
+    permutation in ``perm_file`` — and evaluate every linear path on ``data``.
+
+    BatchNorm networks are BN-reset at every interior λ (``bn_batches`` batches); with
+    ``repair`` BN-free networks are REPAIRed instead. Writes ``perm-<method>.json``,
+    ``interpolation.json``/``.csv``/``.png`` and ``barriers.json``/``.png`` into ``out``.
+
+    Returns:
+        ``{"curves": {label: Curve}, "files": [...]}``.
+    """
+    unknown = [m for m in methods if m != NAIVE and m not in METHODS]
+    if unknown:
+        raise UsageError(f"unknown matching method(s) {unknown}; choose from {sorted(METHODS)}")
+    check_same_architecture(a, b)
+    check_data_fits(a, data)
+    uses_bn = has_batchnorm(a.params)
+    if repair and uses_bn:
+        raise UsageError("--repair is for networks without BatchNorm (BN nets are BN-reset)")
+    perms: dict[str, Permutation] = {}
+    if perm_file is not None:
+        perms["given"] = load_permutation(perm_file, a.spec)
+    out = prepare_output_dir(out, "--out")
+    if perm_file is None:
+        for method in methods:
+            if method == NAIVE:
+                perms["naive"] = Permutation.identity(a.spec)
+                continue
+            result = match_checkpoints(
+                a,
+                b,
+                method,
+                data,
+                seed=seed,
+                progress=progress(f"match {method}") if progress else None,
+            )
+            save_match(out / f"perm-{method}.json", result, a=str(a.path), b=str(b.path))
+            log(
+                f"{method}: L2 {result.distance_before:.3f} -> {result.distance_after:.3f} "
+                f"in {result.seconds:.2f} s"
+            )
+            perms[method] = result.perm
+    loaders = {"test": data.loader("test", batch_size=1000)}
+    if not test_only:
+        loaders = {"train": data.loader("train", batch_size=1000, shuffle=False), **loaders}
+    curves: dict[str, Curve] = {}
+    for label, perm in perms.items():
+        curves[label] = interpolate(
+            a.model,
+            a.params,
+            perm.apply(b.params),
+            loaders,
+            lambdas=lambdas,
+            bn_reset_data=data.loader("train", batch_size=500, shuffle=True) if uses_bn else None,
+            bn_reset_batches=bn_batches,
+            repair_data=data.loader("train", batch_size=1000, shuffle=False) if repair else None,
+            calibrated=calibrated,
+            ensemble=True,
+            seed=seed,
+            progress=progress(f"interpolate {label}") if progress else None,
+        )
+    barriers = {
+        label: {
+            "loss": c.barriers["test"]["loss"]["rebasin"],
+            "accuracy": c.barriers["test"]["accuracy"]["rebasin"],
+        }
+        for label, c in curves.items()
+    }
+    files = [*save_curves(curves, out / "interpolation")]
+    files.append(
+        plot_interpolation(
+            curves, out / "interpolation.png", title=f"{a.path.stem} → {b.path.stem}"
+        )
+    )
+    atomic_write_json(out / "barriers.json", barriers)
+    files += [out / "barriers.json", plot_barriers(barriers, out / "barriers.png")]
+    return {"curves": curves, "files": files}

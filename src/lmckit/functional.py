@@ -1,0 +1,59 @@
+"""Running a caller's module with any parameter set, without leaving a trace on it.
+
+lmckit evaluates and trains through the caller's ``nn.Module`` functionally
+(``torch.func.functional_call``), so one module serves every interpolated, merged or
+re-estimated parameter dict. Two rules hold everywhere:
+
+* the dict must fit the module — :func:`check_model_fits` names any key or shape that
+  does not, before a forward pass fails somewhere deep inside;
+* the module's modes are the caller's — :func:`module_mode` is the one place that
+  switches between train and eval mode (BatchNorm batch statistics); it records the mode
+  of *every* submodule and restores each on exit, also on errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+
+from torch import Tensor, nn
+
+from lmckit.errors import ParamsError
+from lmckit.params import short_list
+
+__all__ = ["check_model_fits", "module_mode"]
+
+
+@contextlib.contextmanager
+def module_mode(model: nn.Module, training: bool | None) -> Iterator[nn.Module]:
+    """Put ``model`` in train (``True``) or eval (``False``) mode — or leave it (``None``) —
+    for the ``with`` block, then restore every submodule's own mode."""
+    saved = [(m, m.training) for m in model.modules()]
+    if training is not None:
+        model.train(training)
+    try:
+        yield model
+    finally:
+        for m, mode in saved:
+            m.training = mode
+
+
+def check_model_fits(model: nn.Module, params: Mapping[str, Tensor], what: str = "params") -> None:
+    """Raise :class:`ParamsError` unless ``params`` has exactly the module's ``state_dict``
+    keys with the same shapes."""
+    if not isinstance(model, nn.Module):
+        raise ParamsError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    expected = model.state_dict(keep_vars=True)
+    missing = [k for k in expected if k not in params]
+    unknown = [k for k in params if k not in expected]
+    if missing or unknown:
+        raise ParamsError(
+            f"{what} do not fit {type(model).__name__}: missing {short_list(missing)}, "
+            f"unknown {short_list(unknown)}"
+        )
+    for k, t in expected.items():
+        if params[k].shape != t.shape:
+            raise ParamsError(
+                f"{what}[{k!r}] has shape {tuple(params[k].shape)}, {type(model).__name__} "
+                f"expects {tuple(t.shape)}"
+            )

@@ -1,0 +1,181 @@
+"""Arithmetic on parameter dicts: checks, interpolation, averages, inner products, distances.
+
+A parameter dict maps ``state_dict()`` keys to tensors, parameters and buffers alike. Every
+function here treats the two kinds of tensor in one way, documented once:
+
+* **floating tensors** (weights, biases, norm parameters, BatchNorm running statistics) are
+  combined arithmetically;
+* **integer buffers** (``num_batches_tracked``) cannot be averaged: a combination takes them
+  from the member with the largest weight (the first one among equals), cloned, so that a
+  train-mode forward pass of the result never increments an input's counter.
+
+Inner products and distances run over the floating tensors only, in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from lmckit.errors import ParamsError
+
+__all__ = [
+    "Params",
+    "average_params",
+    "check_finite",
+    "check_params_compatible",
+    "detached",
+    "floating_names",
+    "has_batchnorm",
+    "is_running_stat",
+    "lerp_params",
+    "pairwise_inner_sum",
+    "params_distance",
+    "params_inner",
+]
+
+Params = Mapping[str, Tensor]
+"""A parameter dict: ``state_dict()`` keys to tensors (parameters and buffers)."""
+
+
+def is_running_stat(name: str) -> bool:
+    """Whether ``name`` is a BatchNorm running statistic (by its ``state_dict`` name)."""
+    return name.endswith(("running_mean", "running_var"))
+
+
+def has_batchnorm(params: Params) -> bool:
+    """Whether the parameter dict holds BatchNorm running statistics — the sign that an
+    interpolated or merged copy of it needs its statistics re-estimated."""
+    return any(is_running_stat(k) for k in params)
+
+
+def floating_names(params: Params) -> list[str]:
+    """Keys of the floating-point tensors, in dict order."""
+    return [k for k, t in params.items() if t.dtype.is_floating_point]
+
+
+def short_list(items: Sequence[str], limit: int = 6) -> str:
+    """``['a', 'b', ...] (9 in all)``: a bounded rendering of names for error messages."""
+    shown = ", ".join(repr(x) for x in items[:limit])
+    return f"[{shown}{', ...' if len(items) > limit else ''}] ({len(items)} in all)"
+
+
+def check_params_compatible(
+    params_a: Params, params_b: Params, *, names: tuple[str, str] = ("A", "B")
+) -> None:
+    """Raise :class:`ParamsError` unless both dicts have the same keys, shapes and dtypes."""
+    a_name, b_name = names
+    if set(params_a) != set(params_b):
+        only_a = sorted(set(params_a) - set(params_b))
+        only_b = sorted(set(params_b) - set(params_a))
+        raise ParamsError(
+            f"parameter dicts have different keys: only in {a_name} {short_list(only_a)}, only "
+            f"in {b_name} {short_list(only_b)}"
+        )
+    for k, a in params_a.items():
+        b = params_b[k]
+        if a.shape != b.shape:
+            raise ParamsError(
+                f"{k!r} has shape {tuple(a.shape)} in {a_name} but {tuple(b.shape)} in {b_name}"
+            )
+        if a.dtype != b.dtype:
+            raise ParamsError(f"{k!r} has dtype {a.dtype} in {a_name} but {b.dtype} in {b_name}")
+
+
+def check_finite(params: Params, what: str, *, error: type[Exception] = ParamsError) -> None:
+    """Raise ``error`` naming the first floating tensor with NaN or infinite entries."""
+    for name, t in params.items():
+        if t.dtype.is_floating_point and not torch.isfinite(t).all():
+            bad = int((~torch.isfinite(t)).sum())
+            raise error(f"{what}: tensor {name!r} has {bad} NaN/infinite value(s)")
+
+
+def detached(params: Params) -> dict[str, Tensor]:
+    """The same tensors cut from autograd (no copy): what algorithms that differentiate
+    their own objectives work on, so no gradient ever reaches a caller's parameters."""
+    return {k: v.detach() for k, v in params.items()}
+
+
+def _integer_source(weights: Sequence[float]) -> int:
+    """The member whose integer buffers a weighted combination keeps (see module docstring)."""
+    return max(range(len(weights)), key=lambda i: (weights[i], -i))
+
+
+def lerp_params(params_a: Params, params_b: Params, lam: float) -> dict[str, Tensor]:
+    """``(1 − λ)·A + λ·B`` for floating tensors; integer buffers by the module's rule.
+
+    Computed from the nearer endpoint (``A + λ(B − A)`` for λ ≤ ½, ``B + (1 − λ)(A − B)``
+    above), so λ = 0 and λ = 1 return the endpoints bit for bit and ``A == B`` gives ``A``
+    at every λ. Works on tensors that require grad (the result stays differentiable).
+    """
+    lam = float(lam)
+    keep = _integer_source((1.0 - lam, lam))
+    out = {}
+    for k, a in params_a.items():
+        b = params_b[k]
+        if not a.dtype.is_floating_point:
+            out[k] = (a, b)[keep].clone()
+        elif lam <= 0.5:
+            out[k] = a + lam * (b - a)
+        else:
+            out[k] = b + (1.0 - lam) * (a - b)
+    return out
+
+
+def average_params(
+    params_list: Sequence[Params], weights: Sequence[float] | Tensor | None = None
+) -> dict[str, Tensor]:
+    """``Σ_i w_i θ_i`` for floating tensors (uniform ``w_i = 1/n`` by default); integer
+    buffers by the module's rule. Weights are used as given (they need not sum to 1)."""
+    n = len(params_list)
+    if n == 0:
+        raise ParamsError("average_params needs at least one parameter dict")
+    w = [1.0 / n] * n if weights is None else [float(x) for x in weights]
+    if len(w) != n:
+        raise ParamsError(f"{len(w)} weights for {n} parameter dicts")
+    keep = _integer_source(w)
+    out = {}
+    for k, first in params_list[0].items():
+        if first.dtype.is_floating_point:
+            acc = w[0] * first
+            for wi, p in zip(w[1:], params_list[1:], strict=True):
+                acc = acc + wi * p[k]
+            out[k] = acc
+        else:
+            out[k] = params_list[keep][k].clone()
+    return out
+
+
+def params_inner(params_a: Params, params_b: Params) -> float:
+    """``Σ_k ⟨A_k, B_k⟩`` over the floating tensors, in float64."""
+    check_params_compatible(params_a, params_b)
+    a, b = detached(params_a), detached(params_b)
+    return float(sum((a[k].double() * b[k].double()).sum() for k in floating_names(a)))
+
+
+def params_distance(params_a: Params, params_b: Params) -> float:
+    """Euclidean distance ``sqrt(Σ_k ‖A_k − B_k‖²)`` over the floating tensors, in float64."""
+    check_params_compatible(params_a, params_b)
+    sq = 0.0
+    for k in floating_names(params_a):
+        diff = (params_a[k].detach().double() - params_b[k].detach().double()).flatten()
+        sq += float(diff @ diff)
+    return math.sqrt(sq)
+
+
+def pairwise_inner_sum(params_list: Sequence[Params]) -> Tensor:
+    """``Σ_{i<j} ⟨θ_i, θ_j⟩`` over the floating tensors, as ``½(‖Σ_i θ_i‖² − Σ_i ‖θ_i‖²)``.
+
+    Returns a 0-dim float64 tensor that stays differentiable when the inputs require grad
+    (CCMM's objective); ``float()`` it for a number. Maximising it over permutations is
+    minimising the sum of all pairwise squared distances.
+    """
+    total = torch.zeros((), dtype=torch.float64)
+    for k in floating_names(params_list[0]):
+        stack = torch.stack([p[k] for p in params_list]).double()
+        s = stack.sum(0)
+        total = total.to(s.device) + 0.5 * ((s * s).sum() - (stack * stack).sum())
+    return total

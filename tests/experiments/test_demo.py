@@ -1,0 +1,31 @@
+"""The demo: dataset choice and a whole run on digits."""
+
+import json
+
+import pytest
+
+import lmckit.experiments.demo as demo
+from lmckit.cli import main
+
+
+def test_demo_falls_back_to_digits_and_says_so(monkeypatch):
+    monkeypatch.setattr(demo, "fashion_mnist_available", lambda: False)
+    said = []
+    data = demo.choose_dataset(None, said.append)
+    assert data.name == "digits"
+    assert "apt-get install dataset-fashion-mnist" in said[0] and "digits" in said[0]
+
+
+@pytest.mark.slow
+def test_demo_runs_on_digits_and_reuses_its_results(tmp_path, capsys):
+    args = ["demo", "--out", str(tmp_path), "--dataset", "digits", "--epochs", "4", "-q"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    for method in ("naive", "WM", "AM", "STE", "Sinkhorn"):
+        assert f"| {method} |" in out
+    for name in ("interpolation.png", "interpolation.json", "interpolation.csv", "results.md"):
+        assert (tmp_path / name).exists(), name
+    first = json.loads((tmp_path / "results.json").read_text())
+    assert main(args) == 0
+    assert "cached" in capsys.readouterr().out
+    assert json.loads((tmp_path / "results.json").read_text())["rows"] == first["rows"]

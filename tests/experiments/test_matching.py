@@ -1,0 +1,75 @@
+"""Matching checkpoints by name, permutation files, and the checks before the work."""
+
+import json
+
+import pytest
+
+from lmckit.checkpoint import load_checkpoint, save_checkpoint
+from lmckit.data import load_dataset
+from lmckit.errors import PermutationError, UsageError
+from lmckit.experiments.matching import (
+    check_data_fits,
+    check_same_architecture,
+    load_permutation,
+    match_checkpoints,
+    save_match,
+)
+from lmckit.models import build_model
+
+
+@pytest.fixture
+def pair(tmp_path):
+    for seed in (0, 1):
+        save_checkpoint(
+            tmp_path / f"m{seed}", build_model("mlp", in_dim=64, hidden=[16], out_dim=10)
+        )
+    return [load_checkpoint(tmp_path / f"m{s}") for s in (0, 1)]
+
+
+def test_options_reach_only_the_methods_that_take_them(pair, digits):
+    a, b = pair
+    wm = match_checkpoints(a, b, "wm-fast", epochs=3, lr=0.5, restarts=2)
+    assert wm.info["restart_objectives"] and wm.method == "weight_matching[warm]"
+    ste = match_checkpoints(a, b, "ste", digits, epochs=1, lr=None, restarts=2, batch_size=512)
+    assert ste.info["lr"] == 1e-3 and ste.iterations == 3
+    with pytest.raises(UsageError, match="needs data"):
+        match_checkpoints(a, b, "am")
+    with pytest.raises(UsageError, match="unknown matching method"):
+        match_checkpoints(a, b, "magic")
+
+
+def test_permutation_files_round_trip_and_bad_ones_are_named(pair, tmp_path):
+    a, b = pair
+    result = match_checkpoints(a, b, "wm")
+    save_match(tmp_path / "p.json", result)
+    assert load_permutation(tmp_path / "p.json", a.spec) == result.perm
+    (tmp_path / "bare.json").write_text(json.dumps(result.perm.to_dict()))
+    assert load_permutation(tmp_path / "bare.json", a.spec) == result.perm
+    cases = {
+        "list.json": [1, 2],
+        "strings.json": {"hidden0": "abc"},
+        "floats.json": {"hidden0": [0.5] * 16},
+        "nested.json": {"format": "lmckit-permutation", "perm": 3},
+        "groups.json": {"format": "lmckit-permutation", "groups": {"x": 3}, "perm": {}},
+        "short.json": {"hidden0": [0, 1]},
+    }
+    for name, content in cases.items():
+        (tmp_path / name).write_text(json.dumps(content))
+        with pytest.raises(PermutationError, match=name):
+            load_permutation(tmp_path / name, a.spec)
+    (tmp_path / "junk.json").write_text("{not json")
+    with pytest.raises(PermutationError, match="cannot read permutation file"):
+        load_permutation(tmp_path / "junk.json", a.spec)
+
+
+def test_data_and_architectures_that_do_not_fit_are_usage_errors(pair, tmp_path):
+    a, _ = pair
+    save_checkpoint(tmp_path / "other", build_model("mlp", in_dim=64, hidden=[8], out_dim=10))
+    other = load_checkpoint(tmp_path / "other")
+    with pytest.raises(UsageError, match="different architectures"):
+        check_same_architecture(a, other)
+    with pytest.raises(UsageError, match=r"dataset synthetic \(inputs \(32,\), 4 classes\)"):
+        check_data_fits(a, load_dataset("synthetic"))
+    save_checkpoint(tmp_path / "c3", build_model("mlp", in_dim=64, hidden=[8], out_dim=3))
+    with pytest.raises(UsageError, match=r"the model has \(3,\) outputs"):
+        check_data_fits(load_checkpoint(tmp_path / "c3"), load_dataset("digits"))

@@ -1,0 +1,35 @@
+"""Merging checkpoints: the checks before the work, model-count ranges."""
+
+import shutil
+
+import pytest
+
+from lmckit.checkpoint import load_checkpoint, save_checkpoint
+from lmckit.errors import UsageError
+from lmckit.experiments.merging import check_checkpoints, merge_checkpoints, parse_range
+from lmckit.models import build_model
+
+
+def test_a_checkpoint_given_twice_is_refused(tmp_path):
+    for seed in (0, 1):
+        save_checkpoint(tmp_path / f"m{seed}", build_model("mlp", in_dim=8, hidden=[4]))
+    a, b = (load_checkpoint(tmp_path / f"m{s}") for s in (0, 1))
+    check_checkpoints([a, b])
+    with pytest.raises(UsageError, match="given twice"):
+        check_checkpoints([a, b, load_checkpoint(tmp_path / "m0.json")])
+    for suffix in (".safetensors", ".json"):
+        shutil.copy(tmp_path / f"m1{suffix}", tmp_path / f"copy{suffix}")
+    with pytest.raises(UsageError, match="identical weights"):
+        check_checkpoints([a, b, load_checkpoint(tmp_path / "copy")])
+    with pytest.raises(UsageError, match="at least two"):
+        check_checkpoints([a])
+    with pytest.raises(UsageError, match="unknown merging method"):
+        merge_checkpoints([a, b], "average", None)
+
+
+def test_model_count_ranges():
+    assert parse_range("2..5") == [2, 3, 4, 5]
+    assert parse_range("4") == [2, 3, 4]
+    for bad in ("1..3", "5..2", "a", "2..x", "", "2...4"):
+        with pytest.raises(UsageError):
+            parse_range(bad)

@@ -1,0 +1,79 @@
+"""Method registries: every method listed once, with truthful needs and options."""
+
+import inspect
+
+import pytest
+
+import lmckit.match
+import lmckit.merge
+from lmckit.errors import ParamsError
+from lmckit.match import METHODS as MATCHERS
+from lmckit.merge import METHODS as MERGERS
+from tests.merge.common import planted_copies
+
+MATCHER_PARAMS = ["spec", "params_a", "params_b", "model", "data", "init", "seed", "progress"]
+MERGER_PARAMS = ["spec", "params_list", "model", "data", "reference", "seed", "progress"]
+
+
+def public_functions(module, suffix):
+    return {
+        getattr(module, name)
+        for name in module.__all__
+        if inspect.isfunction(getattr(module, name)) and name.endswith(suffix)
+    }
+
+
+def test_every_public_matcher_and_merger_is_registered_with_one_signature():
+    assert {m.fn for m in MATCHERS.values()} == public_functions(lmckit.match, "_matching") - {
+        lmckit.match.weight_matching_reference
+    }
+    assert {m.fn for m in MERGERS.values()} == {
+        lmckit.merge.star,
+        lmckit.merge.merge_many,
+        lmckit.merge.ste_mm,
+        lmckit.merge.ccmm,
+    }
+    for family, leading in ((MATCHERS, MATCHER_PARAMS), (MERGERS, MERGER_PARAMS)):
+        for method in family.values():
+            params = list(inspect.signature(method.fn).parameters.values())
+            assert [p.name for p in params[: len(leading)]] == leading, method.name
+            positional = [p for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+            assert len(positional) == (3 if family is MATCHERS else 2), method.name
+            assert method.summary and set(method.fixed) <= set(
+                inspect.signature(method.fn).parameters
+            )
+
+
+@pytest.mark.parametrize("name", list(MATCHERS))
+def test_matchers_need_what_the_registry_says(name, digits):
+    model, spec, base, copies = planted_copies(2)
+    method = MATCHERS[name]
+    if method.needs_model or method.needs_data:
+        with pytest.raises(ParamsError, match="needs"):
+            method.fn(spec, copies[0], copies[1], **method.fixed)
+    else:
+        method.fn(spec, copies[0], copies[1], **method.fixed)
+    options = {"epochs": 1} if "epochs" in method.options() else {}
+    result = method(spec, copies[0], copies[1], model=model, data=digits, **options)
+    assert result.perm.apply(copies[1]).keys() == base.keys()
+    if method.fixed:
+        with pytest.raises(ParamsError, match="fixes"):
+            method(spec, copies[0], copies[1], model=model, data=digits, **method.fixed)
+
+
+@pytest.mark.parametrize("name", list(MERGERS))
+def test_mergers_need_what_the_registry_says(name):
+    _, spec, _, copies = planted_copies(2)
+    method = MERGERS[name]
+    if method.needs_model or method.needs_data:
+        with pytest.raises(ParamsError, match="needs"):
+            method(spec, copies)
+    else:
+        assert len(method(spec, copies).perms) == 2
+
+
+def test_options_are_the_methods_own_keywords():
+    assert "restarts" in MATCHERS["wm"].options() and "warm_start" not in MATCHERS["wm"].options()
+    assert "epochs" in MATCHERS["ste"].options() and "seed" not in MATCHERS["ste"].options()
+    assert "objective" not in MATCHERS["sinkhorn-mid"].options()
+    assert "weights" in MERGERS["ste-mm"].options()
