@@ -113,22 +113,23 @@ def _checkpoint(text: str) -> Path:
     return weights
 
 
-def _existing_file(text: str) -> Path:
-    path = Path(text)
-    if not path.is_file():
-        raise argparse.ArgumentTypeError(
-            f"{text} is a folder, not a file" if path.is_dir() else f"{text} not found"
-        )
-    return path
+def _existing(kind: str) -> Callable[[str], Path]:
+    """An argument type for an existing ``"file"`` or ``"folder"``."""
+    other = "folder" if kind == "file" else "file"
+
+    def parse(text: str) -> Path:
+        path = Path(text)
+        if not (path.is_file() if kind == "file" else path.is_dir()):
+            exists = path.exists()
+            raise argparse.ArgumentTypeError(
+                f"{text} is a {other}, not a {kind}" if exists else f"{text} does not exist"
+            )
+        return path
+
+    return parse
 
 
-def _existing_dir(text: str) -> Path:
-    path = Path(text)
-    if not path.is_dir():
-        raise argparse.ArgumentTypeError(
-            f"{text} is a file, not a folder" if path.exists() else f"{text} does not exist"
-        )
-    return path
+_existing_file, _existing_dir = _existing("file"), _existing("folder")
 
 
 def _dataset(text: str) -> str:

@@ -6,6 +6,7 @@ re-estimated parameter dict. Two rules hold everywhere:
 
 * the dict must fit the module — :func:`check_model_fits` names any key or shape that
   does not, before a forward pass fails somewhere deep inside;
+* a batch that does not fit the module is reported as such (:func:`forward`);
 * the module's modes are the caller's — :func:`module_mode` is the one place that
   switches between train and eval mode (BatchNorm batch statistics); it records the mode
   of *every* submodule and restores each on exit, also on errors.
@@ -16,12 +17,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping
 
+import torch
 from torch import Tensor, nn
 
-from lmckit.errors import ParamsError
+from lmckit.errors import DataError, ParamsError
 from lmckit.params import short_list
 
-__all__ = ["check_model_fits", "module_mode"]
+__all__ = ["check_model_fits", "forward", "module_mode"]
 
 
 @contextlib.contextmanager
@@ -57,3 +59,23 @@ def check_model_fits(model: nn.Module, params: Mapping[str, Tensor], what: str =
                 f"{what}[{k!r}] has shape {tuple(params[k].shape)}, {type(model).__name__} "
                 f"expects {tuple(t.shape)}"
             )
+
+
+def forward(model: nn.Module, params: Mapping[str, Tensor] | None, x: Tensor) -> Tensor:
+    """``model(x)`` with ``params`` substituted (``None``: the module's own weights).
+
+    Raises:
+        DataError: the batch does not fit the model (a shape error from deep inside the
+            network is reported with the batch's shape and the model's name).
+    """
+    try:
+        if params is None:
+            return model(x)
+        return torch.func.functional_call(model, params, (x,))
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, ValueError, IndexError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(
+            f"a batch of shape {tuple(x.shape)} does not fit {type(model).__name__}: {first}"
+        ) from exc

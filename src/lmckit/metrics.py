@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmckit.data import Dataset
 from lmckit.errors import DataError
-from lmckit.functional import check_model_fits, module_mode
+from lmckit.functional import check_model_fits, forward, module_mode
 from lmckit.params import Params
 
 __all__ = ["Metrics", "evaluate", "predict"]
@@ -46,11 +47,15 @@ def _outputs(
     if device is None:
         first = next(iter(params.values())) if params else next(model.parameters())
         device = first.device
+    if not isinstance(loader, Iterable) or isinstance(loader, Dataset):
+        raise DataError(
+            f"{caller}() needs an iterable of (x, y) batches, got {type(loader).__name__} "
+            "(for an lmckit Dataset pass data.loader('test'))"
+        )
     seen = False
     with torch.no_grad(), module_mode(model, False):
         for x, y in loader:
-            x = x.to(device)
-            out = model(x) if params is None else torch.func.functional_call(model, params, (x,))
+            out = forward(model, params, x.to(device))
             seen = True
             y = y.to(out.device)
             if y.ndim != 1 or len(y) != len(out):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from numbers import Real
 
 import torch
 from torch import Tensor
@@ -111,6 +112,9 @@ def lerp_params(params_a: Params, params_b: Params, lam: float) -> dict[str, Ten
     above), so λ = 0 and λ = 1 return the endpoints bit for bit and ``A == B`` gives ``A``
     at every λ. Works on tensors that require grad (the result stays differentiable).
     """
+    check_params_compatible(params_a, params_b)
+    if isinstance(lam, bool) or not isinstance(lam, Real) or not math.isfinite(lam):
+        raise ParamsError(f"λ must be a finite number, got {lam!r}")
     lam = float(lam)
     keep = _integer_source((1.0 - lam, lam))
     out = {}
@@ -136,6 +140,10 @@ def average_params(
     w = [1.0 / n] * n if weights is None else [float(x) for x in weights]
     if len(w) != n:
         raise ParamsError(f"{len(w)} weights for {n} parameter dicts")
+    if not all(math.isfinite(x) for x in w):
+        raise ParamsError(f"weights must be finite, got {w}")
+    for i, p in enumerate(params_list[1:], start=1):
+        check_params_compatible(params_list[0], p, names=("model 0", f"model {i}"))
     keep = _integer_source(w)
     out = {}
     for k, first in params_list[0].items():
@@ -161,7 +169,7 @@ def params_distance(params_a: Params, params_b: Params) -> float:
     check_params_compatible(params_a, params_b)
     sq = 0.0
     for k in floating_names(params_a):
-        diff = (params_a[k].detach().double() - params_b[k].detach().double()).flatten()
+        diff = (params_a[k].detach() - params_b[k].detach()).flatten().double()
         sq += float(diff @ diff)
     return math.sqrt(sq)
 

@@ -62,8 +62,23 @@ class PermutationSpec:
     )
 
     def __post_init__(self) -> None:
-        groups = {str(g): int(n) for g, n in self.groups.items()}
-        axes = {str(k): tuple(v) for k, v in self.axes.items()}
+        if not isinstance(self.groups, Mapping) or not isinstance(self.axes, Mapping):
+            raise SpecError("groups and axes must be mappings ({group: size}, {param: axes})")
+        groups: dict[str, int] = {}
+        for g, n in self.groups.items():
+            if not isinstance(g, str) or isinstance(n, bool) or not isinstance(n, int):
+                raise SpecError(f"group {g!r}: expected a name and an integer size, got {n!r}")
+            groups[g] = n
+        axes: dict[str, Axes] = {}
+        for k, v in self.axes.items():
+            if not isinstance(k, str) or not isinstance(v, tuple | list):
+                raise SpecError(
+                    f"axes[{k!r}] must be a tuple with one group name or None per tensor axis, "
+                    f"got {v!r}"
+                )
+            if not all(g is None or isinstance(g, str) for g in v):
+                raise SpecError(f"axes[{k!r}] holds something other than group names: {v!r}")
+            axes[k] = tuple(v)
         self_maps = frozenset(self.self_maps)
         if not self_maps <= set(axes):
             raise SpecError(f"self_maps names unknown parameters {sorted(self_maps - set(axes))}")

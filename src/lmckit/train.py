@@ -20,6 +20,7 @@ from torch import nn
 
 from lmckit.data.datasets import Dataset
 from lmckit.errors import TrainConfigError
+from lmckit.functional import forward
 from lmckit.metrics import Metrics, evaluate
 from lmckit.models import build_model
 from lmckit.progress import ProgressCallback, notify
@@ -231,7 +232,7 @@ def train(
         seen = 0
         for step, (x, y) in enumerate(loader):
             lr = optimizer.param_groups[0]["lr"]
-            logits = model(x)
+            logits = forward(model, None, x)
             loss = F.cross_entropy(logits, y, label_smoothing=config.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

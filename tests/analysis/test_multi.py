@@ -26,5 +26,5 @@ def test_multi_model_metrics_are_their_definitions(three, digits):
     assert metrics.merged_loss == pytest.approx(evaluate(model, average_params(aligned), test).loss)
     assert metrics.loss_gap == pytest.approx(metrics.merged_loss - metrics.mean_loss)
     assert math.isfinite(metrics.pairwise_gap)
-    with pytest.raises(ParamsError, match="2 permutations for 3 models"):
+    with pytest.raises(ParamsError, match=r"one permutation per model \(3\), got 2"):
         multi_model_metrics(model, params, result.perms[:2], test)

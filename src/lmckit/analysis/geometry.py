@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
+from lmckit.errors import ParamsError
 from lmckit.params import Params, params_distance
 
 
@@ -25,6 +26,8 @@ def pairwise_distances(aligned: Sequence[Params]) -> torch.Tensor:
 def distance_ratios(aligned: Sequence[Params]) -> list[float]:
     """``‖θ_i − θ_j‖ / mean_{k<l} ‖θ_k − θ_l‖`` for every pair ``i < j`` (all 1 for a regular
     simplex; NaN when all the models are identical)."""
+    if len(aligned) < 2:
+        raise ParamsError(f"distance ratios need at least 2 models, got {len(aligned)}")
     d = pairwise_distances(aligned)
     pairs = [float(d[i, j]) for i, j in itertools.combinations(range(len(aligned)), 2)]
     mean = sum(pairs) / len(pairs)

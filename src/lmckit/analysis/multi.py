@@ -57,8 +57,9 @@ def multi_model_metrics(
     ``merged`` overrides the plain average (e.g. a merger's BN-reset result). The plain
     average and the pairwise midpoints of BN models are BN-reset on ``bn_reset_data``
     when given."""
-    if len(perms) != len(params_list):
-        raise ParamsError(f"{len(perms)} permutations for {len(params_list)} models")
+    if not isinstance(perms, Sequence) or len(perms) != len(params_list):
+        got = len(perms) if isinstance(perms, Sequence) else type(perms).__name__
+        raise ParamsError(f"need one permutation per model ({len(params_list)}), got {got}")
     aligned = [p.apply(params) for p, params in zip(perms, params_list, strict=True)]
 
     def fix(params):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmckit.errors import ParamsError
-from lmckit.functional import check_model_fits, module_mode
+from lmckit.functional import check_model_fits, forward, module_mode
 from lmckit.params import Params
 
 
@@ -40,7 +40,7 @@ def _loss_fn(model: nn.Module, params: Params, names: list[str], batches):
         total = 0.0
         count = 0
         for x, y in batches:
-            out = torch.func.functional_call(model, current, (x,))
+            out = forward(model, current, x)
             total = total + F.cross_entropy(out, y, reduction="sum")
             count += len(y)
         return total / count

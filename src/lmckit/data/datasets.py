@@ -446,6 +446,8 @@ def make_synthetic(
 
 def canonical_name(name: str) -> str:
     """The registry name of a dataset (accepts aliases such as ``fmnist``, ``cifar-10``)."""
+    if not isinstance(name, str):
+        raise DataError(f"a dataset name must be a string, got {type(name).__name__}")
     key = name.lower()
     key = ALIASES.get(key, key)
     if key not in DATASETS:

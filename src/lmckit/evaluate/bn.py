@@ -21,13 +21,36 @@ from torch import Tensor, nn
 
 from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
-from lmckit.functional import check_model_fits, module_mode
+from lmckit.functional import check_model_fits, forward, module_mode
 from lmckit.params import Params, lerp_params
 
 __all__ = ["ChannelStats", "bn_reset", "channel_statistics", "repair", "repair_layers"]
 
 ChannelStats = Mapping[str, tuple[Tensor, Tensor]]
 """Layer name -> per-output-channel ``(mean, std)`` (float64) of its output over data."""
+
+
+class _ChannelSums:
+    """Per-channel Σz, Σz² and count of tensors ``(N, C, ...)`` — every position a sample —
+    accumulated in float64, so statistics over many batches are exact."""
+
+    def __init__(self) -> None:
+        self.total: Tensor | None = None
+        self.squares: Tensor | None = None
+        self.count = 0
+
+    def add(self, x: Tensor) -> None:
+        z = x.detach().movedim(1, -1).reshape(-1, x.shape[1]).double()
+        if self.total is None:
+            self.total, self.squares = z.new_zeros(z.shape[1]), z.new_zeros(z.shape[1])
+        self.total += z.sum(0)
+        self.squares += (z * z).sum(0)
+        self.count += z.shape[0]
+
+    def mean_var(self, unbiased: bool) -> tuple[Tensor, Tensor]:
+        mean = self.total / self.count
+        spread = (self.squares - self.count * mean**2).clamp_min(0)
+        return mean, spread / (max(self.count - 1, 1) if unbiased else self.count)
 
 
 def _bn_modules(model: nn.Module) -> list[tuple[str, nn.modules.batchnorm._BatchNorm]]:
@@ -68,25 +91,16 @@ def bn_reset(
         return new
     batches = as_batches(data, batch_size=batch_size, seed=seed)
     device = next(iter(params.values())).device
-    sums: dict[str, list] = {}
-
-    def hook(name):
-        def record(_module, inputs):
-            x = inputs[0]
-            z = x.movedim(1, -1).reshape(-1, x.shape[1]).double()
-            s = sums.setdefault(name, [z.new_zeros(z.shape[1]), z.new_zeros(z.shape[1]), 0])
-            s[0] += z.sum(0)
-            s[1] += (z * z).sum(0)
-            s[2] += z.shape[0]
-
-        return record
-
-    handles = [m.register_forward_pre_hook(hook(name)) for name, m in bns]
+    sums = {name: _ChannelSums() for name, _ in bns}
+    handles = [
+        m.register_forward_pre_hook(lambda _m, inputs, name=name: sums[name].add(inputs[0]))
+        for name, m in bns
+    ]
     seen = 0
     try:
         with module_mode(model, True):
             for x, _ in islice(batches, n_batches):
-                torch.func.functional_call(model, new, (x.to(device),))
+                forward(model, new, x.to(device))
                 seen += 1
     finally:
         for h in handles:
@@ -94,9 +108,7 @@ def bn_reset(
     if seen == 0:
         raise ParamsError("bn_reset got no batches")
     for name, _ in bns:
-        total, squares, count = sums[name]
-        mean = total / count
-        var = (squares - count * mean**2).clamp_min(0) / max(count - 1, 1)
+        mean, var = sums[name].mean_var(unbiased=True)  # BatchNorm stores unbiased variances
         new[f"{name}.running_mean"] = mean.to(new[f"{name}.running_mean"])
         new[f"{name}.running_var"] = var.to(new[f"{name}.running_var"])
         new[f"{name}.num_batches_tracked"].fill_(seen)
@@ -139,34 +151,26 @@ def channel_statistics(
     unknown = [name for name in layers if name not in modules]
     if unknown:
         raise ParamsError(f"layers {unknown} are not modules of {type(model).__name__}")
-    sums: dict[str, list[Tensor]] = {}
-
-    def hook(name):
-        def record(_module, _inputs, out):
-            z = out.movedim(1, -1).reshape(-1, out.shape[1]).double()
-            s = sums.setdefault(name, [z.new_zeros(z.shape[1]), z.new_zeros(z.shape[1]), 0])
-            s[0] += z.sum(0)
-            s[1] += (z * z).sum(0)
-            s[2] += z.shape[0]
-
-        return record
-
-    handles = [modules[name].register_forward_hook(hook(name)) for name in layers]
+    sums = {name: _ChannelSums() for name in layers}
+    handles = [
+        modules[name].register_forward_hook(lambda _m, _i, out, name=name: sums[name].add(out))
+        for name in layers
+    ]
     device = next(iter(params.values())).device
     batches = as_batches(data, shuffle=False)
     try:
         with module_mode(model, False):
             for x, _ in islice(batches, n_batches):
-                torch.func.functional_call(model, params, (x.to(device),))
+                forward(model, params, x.to(device))
     finally:
         for h in handles:
             h.remove()
-    if not sums:
+    if any(s.count == 0 for s in sums.values()):
         raise ParamsError("channel_statistics got no batches (or the layers never ran)")
     out = {}
-    for name, (s1, s2, count) in sums.items():
-        mean = s1 / count
-        out[name] = (mean, (s2 / count - mean**2).clamp_min(0).sqrt())
+    for name, s in sums.items():
+        mean, var = s.mean_var(unbiased=False)
+        out[name] = (mean, var.sqrt())
     return out
 
 

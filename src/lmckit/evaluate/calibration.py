@@ -22,11 +22,21 @@ from lmckit.errors import ParamsError
 __all__ = ["calibrated_loss", "calibration_metrics", "fit_temperature"]
 
 
+def check_logits(logits: Tensor, labels: Tensor) -> None:
+    """``logits`` ``(N, C)`` with ``N ≥ 1`` and ``labels`` ``(N,)`` in ``[0, C)``."""
+    if logits.ndim != 2 or labels.shape != (logits.shape[0],) or logits.shape[0] == 0:
+        raise ParamsError(
+            f"expected logits (N, C) and labels (N,) with N ≥ 1, got {tuple(logits.shape)} and "
+            f"{tuple(labels.shape)}"
+        )
+    if int(labels.min()) < 0 or int(labels.max()) >= logits.shape[1]:
+        raise ParamsError(f"labels must be in [0, {logits.shape[1]}) for {logits.shape[1]} classes")
+
+
 def fit_temperature(logits: Tensor, labels: Tensor, bounds=(1e-3, 1e3)) -> float:
     """The inverse temperature ``β`` minimising ``NLL(softmax(β · logits), labels)``
     (a 1-D bounded search over ``log β``). ``logits``: ``(N, C)``; ``labels``: ``(N,)``."""
-    if len(logits) == 0:
-        raise ParamsError("fit_temperature needs at least one example")
+    check_logits(logits, labels)
     logits, labels = logits.double(), labels.long()
 
     def nll(log_beta: float) -> float:
@@ -51,6 +61,7 @@ def calibrated_loss(
         ``{"temperature": 1/β, "loss": calibrated loss on the rest, "held": indices β was
         fitted on, "rest": indices the loss is measured on}`` (disjoint, covering all).
     """
+    check_logits(logits, labels)
     if not 0.0 < fraction < 1.0:
         raise ParamsError(f"calibration fraction must be in (0, 1), got {fraction}")
     held, rest = holdout_split(len(labels), fraction, seed=seed)
@@ -68,6 +79,7 @@ def calibration_metrics(logits: Tensor, labels: Tensor, n_bins: int = 15) -> dic
 
     Returns ``{"ece", "bins": [{"lower", "upper", "confidence", "accuracy", "count"}]}``.
     """
+    check_logits(logits, labels)
     probs = logits.double().softmax(-1)
     conf, pred = probs.max(-1)
     correct = (pred == labels).double()

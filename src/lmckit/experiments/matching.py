@@ -12,8 +12,8 @@ import torch
 from lmckit._io import atomic_write_json
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset
-from lmckit.errors import PermutationError, UsageError
-from lmckit.functional import module_mode
+from lmckit.errors import DataError, PermutationError, UsageError
+from lmckit.functional import forward, module_mode
 from lmckit.match import METHODS, MatchResult
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback
@@ -41,10 +41,9 @@ def check_data_fits(ckpt: Checkpoint, data: Dataset) -> None:
     device = next(iter(ckpt.params.values())).device
     try:
         with torch.no_grad(), module_mode(model, False):
-            out = torch.func.functional_call(model, ckpt.params, (data.test_x[:2].to(device),))
-    except (RuntimeError, ValueError, IndexError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"{what}: {first}") from None
+            out = forward(model, ckpt.params, data.test_x[:2].to(device))
+    except DataError as exc:
+        raise UsageError(f"{what}: {exc}") from None
     if out.ndim != 2 or out.shape[1] != data.num_classes:
         raise UsageError(f"{what}: the model has {tuple(out.shape[1:])} outputs")
 

@@ -3,14 +3,15 @@ midpoint objective, STE-MM): argument checks, the batch loss, straight-through g
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmckit._checks import check_int, check_positive
 from lmckit.errors import ParamsError
+from lmckit.functional import forward
 from lmckit.params import Params
 
 
@@ -25,15 +26,13 @@ def require_model_and_data(method: str, model: nn.Module | None, data: object) -
 
 
 def check_training_options(method: str, **options: float) -> None:
-    """``epochs``/``batch_size``/``steps`` positive integers, ``lr`` positive and finite."""
+    """``lr`` a positive number; every other option (``epochs``, ``batch_size``, ``steps``
+    ...) an integer ≥ 1."""
     for name, value in options.items():
         if name == "lr":
-            if isinstance(value, bool) or not (
-                isinstance(value, int | float) and math.isfinite(value) and value > 0
-            ):
-                raise ParamsError(f"{method}: lr must be a positive number, got {value!r}")
-        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ParamsError(f"{method}: {name} must be an integer ≥ 1, got {value!r}")
+            check_positive(name, value, where=f"{method}: ")
+        else:
+            check_int(name, value, where=f"{method}: ")
 
 
 def batch_loss(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
@@ -41,8 +40,7 @@ def batch_loss(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, y: Ten
     mode. The callers run in train mode, so BatchNorm layers use the batch's statistics:
     an interpolated network's statistics are re-estimated on every batch (a BN reset)."""
     device = next(iter(params.values())).device
-    out = torch.func.functional_call(model, dict(params), (x.to(device),))
-    return F.cross_entropy(out, y.to(device))
+    return F.cross_entropy(forward(model, params, x.to(device)), y.to(device))
 
 
 def parameter_names(model: nn.Module, params: Params) -> list[str]:

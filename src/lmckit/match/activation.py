@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
-from lmckit.functional import check_model_fits, module_mode
+from lmckit.functional import check_model_fits, forward, module_mode
 from lmckit.lap import solve_lap
 from lmckit.match._functional import batches_per_pass, require_model_and_data
 from lmckit.match.result import MatchResult, check_inputs
@@ -130,7 +130,7 @@ def activation_matching(
     if n_batches is not None and (isinstance(n_batches, bool) or n_batches < 1):
         raise ParamsError(f"n_batches must be ≥ 1 or None, got {n_batches!r}")
     model = require_model_and_data("activation_matching", model, data)
-    check_inputs(spec, params_a, params_b, init)
+    check_inputs(spec, params_a, params_b, init, seed)
     check_model_fits(model, params_a, "params_a")
     taps = _resolve_taps(model, spec, taps)
     batches = as_batches(data, batch_size=batch_size, shuffle=False, seed=seed)
@@ -158,7 +158,7 @@ def activation_matching(
             for x, _ in islice(batches, n_batches):
                 x = x.to(device)
                 captured.clear()
-                torch.func.functional_call(model, params_a, (x,))
+                forward(model, params_a, x)
                 acts_a = dict(captured)
                 silent = [n for names in taps.values() for n in names if n not in acts_a]
                 if silent:
@@ -166,7 +166,7 @@ def activation_matching(
                         f"activation taps {silent} produced no output: those modules are not "
                         "called in the model's forward pass"
                     )
-                torch.func.functional_call(model, params_b, (x,))
+                forward(model, params_b, x)
                 for name, act_a in acts_a.items():
                     act_b = captured[name]
                     if name not in moments:

@@ -8,7 +8,8 @@ from typing import Any
 
 from torch import Tensor
 
-from lmckit.errors import PermutationError, SpecError
+from lmckit._checks import check_seed
+from lmckit.errors import ParamsError, PermutationError, SpecError
 from lmckit.lap import LapDuals
 from lmckit.params import Params, check_finite, check_params_compatible, is_running_stat
 from lmckit.perm import Permutation, PermutationSpec
@@ -47,10 +48,14 @@ class MatchResult:
 
 
 def check_inputs(
-    spec: PermutationSpec, params_a: Params, params_b: Params, init: Permutation | None = None
+    spec: PermutationSpec,
+    params_a: Params,
+    params_b: Params,
+    init: Permutation | None = None,
+    seed: int = 0,
 ) -> None:
-    """Both dicts fit the spec and each other, every floating tensor is finite, and ``init``
-    (if any) is a permutation of the spec's groups.
+    """Both dicts fit the spec and each other, every floating tensor is finite, ``init``
+    (if any) is a permutation of the spec's groups and ``seed`` a seed.
 
     Raises:
         SpecError / ParamsError / PermutationError naming the offending tensor or group.
@@ -63,6 +68,7 @@ def check_inputs(
     check_finite(params_a, "model A")
     check_finite(params_b, "model B")
     check_init(spec, init)
+    check_seed(seed)
 
 
 def check_init(spec: PermutationSpec, init: Permutation | None) -> None:
@@ -75,6 +81,15 @@ def check_init(spec: PermutationSpec, init: Permutation | None) -> None:
         raise PermutationError(
             f"init permutes groups {dict(init.spec.groups)}, the spec has {dict(spec.groups)}"
         )
+
+
+def check_duals(duals: Mapping[str, LapDuals] | None) -> None:
+    """``duals`` is ``None`` or a mapping of group names to :class:`~lmckit.lap.LapDuals`
+    (``MatchResult.duals`` of an earlier call)."""
+    if duals is None:
+        return
+    if not isinstance(duals, Mapping) or not all(isinstance(d, LapDuals) for d in duals.values()):
+        raise ParamsError("duals must map group names to LapDuals (a MatchResult's .duals)")
 
 
 def matched_names(params: Mapping[str, Tensor], include_running_stats: bool) -> list[str]:

@@ -114,7 +114,7 @@ def sinkhorn_matching(
         sinkhorn_iters=sinkhorn_iters,
         **({"steps": steps} if objective == "l2" else {"epochs": epochs, "batch_size": batch_size}),
     )
-    check_inputs(spec, params_a, params_b, init)
+    check_inputs(spec, params_a, params_b, init, seed)
     if model is not None and objective == "mid":
         check_model_fits(model, params_a, "params_a")
     params_a, params_b = detached(params_a), detached(params_b)

@@ -80,7 +80,7 @@ def ste_matching(
     """
     start = time.perf_counter()
     model = require_model_and_data("ste_matching", model, data)
-    check_inputs(spec, params_a, params_b, init)
+    check_inputs(spec, params_a, params_b, init, seed)
     check_model_fits(model, params_a, "params_a")
     check_training_options(
         "ste_matching", epochs=epochs, lr=lr, batch_size=batch_size, eval_batches=eval_batches

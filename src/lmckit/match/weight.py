@@ -23,9 +23,9 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import nn
 
-from lmckit.errors import ParamsError
+from lmckit._checks import check_int
 from lmckit.lap import LapDuals
-from lmckit.match.result import MatchResult, check_inputs, matched_names
+from lmckit.match.result import MatchResult, check_duals, check_inputs, matched_names
 from lmckit.match.weight_matcher import WeightMatcher, acceptance_tolerance, improves
 from lmckit.params import Params, detached, params_distance
 from lmckit.perm import Permutation, PermutationSpec, group_cost_matrix
@@ -118,11 +118,10 @@ def weight_matching(
     axis at the current permutation (a linearisation); the objective may then wobble.
     """
     start = time.perf_counter()
-    check_inputs(spec, params_a, params_b, init)
-    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 1:
-        raise ParamsError(f"restarts must be an integer ≥ 1, got {restarts!r}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-        raise ParamsError(f"max_iter must be an integer ≥ 1, got {max_iter!r}")
+    check_inputs(spec, params_a, params_b, init, seed)
+    check_int("restarts", restarts)
+    check_int("max_iter", max_iter)
+    check_duals(duals)
     matcher = WeightMatcher(
         spec, params_b, include_running_stats=include_running_stats, lap_backend=lap_backend
     )

@@ -190,9 +190,10 @@ class WeightMatcher:
                     skipped += 1
                     continue
                 products = self.products(g, a2, perm)
-                gains = products[0]
-                for product in products[1:]:  # summed in the spec's order, as the reference
-                    gains = gains + product
+                # summed in the spec's order, as the reference does, so the bits agree
+                gains = products[0].clone() if len(products) > 1 else products[0]
+                for product in products[1:]:
+                    gains += product
                 gains64 = gains.detach().to("cpu", torch.float64).numpy()
                 previous = lap_duals.get(g)
                 if previous is not None and previous.u.shape != (spec.groups[g],):

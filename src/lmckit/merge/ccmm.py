@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from lmckit._checks import check_int, check_number
 from lmckit.data import DataSource
-from lmckit.errors import ParamsError
 from lmckit.lap import solve_lap
 from lmckit.match.sinkhorn import soft_apply
 from lmckit.merge.result import MergeResult, canonicalise, check_models, merged_result
@@ -67,9 +67,9 @@ def ccmm(
     ``history`` is the relaxed objective per iteration; ``info["fw_gap"]`` the last gap.
     """
     start = time.perf_counter()
-    ref = check_models(spec, params_list, reference, init)
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-        raise ParamsError(f"max_iter must be an integer ≥ 1, got {max_iter!r}")
+    ref = check_models(spec, params_list, reference, init, seed)
+    check_int("max_iter", max_iter)
+    check_number("tol", tol, low=0.0)
     floating_keys = floating_names(params_list[0])
     sub = PermutationSpec(
         groups=spec.groups,

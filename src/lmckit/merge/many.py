@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from lmckit._checks import check_int
 from lmckit.data import DataSource
-from lmckit.errors import ParamsError
 from lmckit.match import WeightMatcher
 from lmckit.merge.result import MergeResult, canonicalise, check_models, merged_result
 from lmckit.params import Params, average_params, detached, pairwise_inner_sum
@@ -49,9 +49,8 @@ def merge_many(
     ``history`` is ``Σ_{i<j} ⟨π_iθ_i, π_jθ_j⟩`` after each round.
     """
     start = time.perf_counter()
-    ref = check_models(spec, params_list, reference, init)
-    if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
-        raise ParamsError(f"max_rounds must be an integer ≥ 1, got {max_rounds!r}")
+    ref = check_models(spec, params_list, reference, init, seed)
+    check_int("max_rounds", max_rounds)
     params_list = [detached(p) for p in params_list]
     n = len(params_list)
     perms = list(init) if init is not None else [Permutation.identity(spec) for _ in range(n)]

@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from lmckit._checks import check_seed
 from lmckit.data import DataSource
 from lmckit.errors import LmcError, ParamsError
 from lmckit.evaluate.bn import bn_reset
@@ -41,9 +42,11 @@ def check_models(
     params_list: Sequence[Params],
     reference: int = -1,
     init: Sequence[Permutation] | None = None,
+    seed: int = 0,
 ) -> int:
     """At least two models, all fitting the spec and each other, all finite; ``reference``
-    an index into them and ``init`` (if any) one permutation of the spec per model.
+    an index into them, ``init`` (if any) one permutation of the spec per model and ``seed``
+    a seed.
 
     Returns:
         the reference's index in ``[0, n)``.
@@ -62,7 +65,10 @@ def check_models(
             raise type(exc)(f"model {i} vs model 0: {exc}") from None
     if isinstance(reference, bool) or not isinstance(reference, int) or not -n <= reference < n:
         raise ParamsError(f"reference must be an index into the {n} models, got {reference!r}")
+    check_seed(seed)
     if init is not None:
+        if isinstance(init, Permutation) or not isinstance(init, Sequence):
+            raise ParamsError("init must be a list with one Permutation per model")
         if len(init) != n:
             raise ParamsError(f"init has {len(init)} permutations for {n} models")
         for p in init:

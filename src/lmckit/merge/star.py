@@ -41,7 +41,7 @@ def star(
         match_options: further options of that matcher (``epochs=``, ``lr=`` ...).
     """
     start = time.perf_counter()
-    ref = check_models(spec, params_list, reference)
+    ref = check_models(spec, params_list, reference, seed=seed)
     if method not in MATCHERS:
         raise ParamsError(f"star method must be one of {sorted(MATCHERS)}, got {method!r}")
     matcher = MATCHERS[method]

@@ -82,7 +82,7 @@ def ste_mm(
     """
     start = time.perf_counter()
     model = require_model_and_data("ste_mm", model, data)
-    ref = check_models(spec, params_list, reference)
+    ref = check_models(spec, params_list, reference, seed=seed)
     check_model_fits(model, params_list[ref])
     check_training_options("ste_mm", epochs=epochs, lr=lr, batch_size=batch_size)
     if weights not in WEIGHT_SCHEMES:

@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from lmckit.errors import ModelConfigError
+from lmckit.errors import LmcError, ModelConfigError
 from lmckit.models.mlp import MLP
 from lmckit.models.resnet import ResNet20
 from lmckit.models.vgg import VGG
@@ -52,7 +52,12 @@ def build_model(name: str, /, **config: Any) -> nn.Module:
         raise ModelConfigError(
             f"{cls.__name__} got unknown option(s) {unknown}; accepted: {accepted}"
         )
-    return cls(**config)
+    try:
+        return cls(**config)
+    except LmcError:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:  # e.g. hidden="wide"
+        raise ModelConfigError(f"{cls.__name__}: invalid configuration {config}: {exc}") from None
 
 
 def model_config(model: nn.Module) -> dict[str, Any]:

@@ -1,0 +1,54 @@
+"""Checks of scalar options shared by the library's public functions: each raises
+:class:`~lmckit.errors.ParamsError` naming the option, what it needs and what it got."""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+from lmckit.errors import ParamsError
+
+MAX_SEED = 2**63 - 1
+
+
+def check_int(name: str, value: object, *, minimum: int = 1, where: str = "") -> int:
+    """``value`` is an integer ≥ ``minimum`` (booleans are not integers here)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ParamsError(f"{where}{name} must be an integer ≥ {minimum}, got {value!r}")
+    return value
+
+
+def check_seed(value: object) -> int:
+    """``value`` is a seed: an integer in ``[0, 2**63)``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise ParamsError(f"seed must be an integer in [0, 2**63), got {value!r}")
+    return value
+
+
+def check_number(
+    name: str,
+    value: object,
+    *,
+    low: float = -math.inf,
+    high: float = math.inf,
+    low_open: bool = False,
+    where: str = "",
+) -> float:
+    """``value`` is a finite real number in ``[low, high]`` (``(low, high]`` if ``low_open``)."""
+    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise ParamsError(
+            f"{where}{name} must be a number in {bracket}{low}, {high}], got {value!r}"
+        )
+    return float(value)
+
+
+def check_positive(name: str, value: object, *, where: str = "") -> float:
+    """``value`` is a finite number > 0."""
+    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value <= 0:
+        raise ParamsError(f"{where}{name} must be a positive number, got {value!r}")
+    return float(value)

@@ -1,0 +1,122 @@
+"""Bad input to the Python API: every case an LmcError whose message names the culprit,
+never a traceback from deep inside torch."""
+
+import pytest
+import torch
+
+from lmckit import LmcError, Permutation, PermutationSpec
+from lmckit.analysis import distance_ratios, multi_model_metrics, plane_landscape, sharpness
+from lmckit.data import TensorLoader, load_dataset
+from lmckit.evaluate import (
+    bn_reset,
+    calibration_metrics,
+    evaluate,
+    fit_temperature,
+    interpolate,
+    predict,
+    repair,
+)
+from lmckit.match import activation_matching, sinkhorn_matching, ste_matching, weight_matching
+from lmckit.merge import ccmm, merge_many, star, ste_mm
+from lmckit.models import build_model, permutation_spec
+from lmckit.params import average_params, lerp_params, params_distance
+from lmckit.train import TrainConfig, train
+
+torch.manual_seed(0)
+NET = build_model("mlp", in_dim=64, hidden=[8, 8], out_dim=10)
+SPEC = permutation_spec(NET)
+A = NET.state_dict()
+B = build_model("mlp", in_dim=64, hidden=[8, 8], out_dim=10).state_dict()
+BN = build_model("mlp", in_dim=64, hidden=[8], norm="batch")
+BNP = BN.state_dict()
+DIGITS = load_dataset("digits")
+SYNTHETIC = load_dataset("synthetic")
+WRONG_X = TensorLoader(torch.randn(10, 7), torch.zeros(10, dtype=torch.long), batch_size=5)
+TEST = DIGITS.loader("test")
+MISFIT = "a batch of shape (5, 7) does not fit MLP"
+
+CASES = {
+    "wm-spec-none": (lambda: weight_matching(None, A, B), "spec must be a PermutationSpec"),
+    "wm-params-list": (lambda: weight_matching(SPEC, [A], B), "params_a must be a dict"),
+    "wm-seed-str": (lambda: weight_matching(SPEC, A, B, seed="x"), "seed must be an integer"),
+    "wm-seed-negative": (lambda: weight_matching(SPEC, A, B, seed=-1), "seed must be"),
+    "wm-lap-backend": (lambda: weight_matching(SPEC, A, B, lap_backend="foo"), "backend"),
+    "wm-duals": (lambda: weight_matching(SPEC, A, B, duals={"hidden0": 3}), "duals must map"),
+    "wm-init-dict": (lambda: weight_matching(SPEC, A, B, init={}), "init must be a Permutation"),
+    "am-data-misfit": (
+        lambda: activation_matching(SPEC, A, B, model=NET, data=WRONG_X),
+        MISFIT,
+    ),
+    "am-data-int": (lambda: activation_matching(SPEC, A, B, model=NET, data=5), "got int"),
+    "am-batch-size": (
+        lambda: activation_matching(SPEC, A, B, model=NET, data=DIGITS, batch_size=0),
+        "batch_size",
+    ),
+    "ste-data-misfit": (
+        lambda: ste_matching(SPEC, A, B, model=NET, data=SYNTHETIC),
+        "does not fit MLP",
+    ),
+    "ste-eval-batches": (
+        lambda: ste_matching(SPEC, A, B, model=NET, data=DIGITS, eval_batches=0),
+        "eval_batches",
+    ),
+    "sinkhorn-iters": (lambda: sinkhorn_matching(SPEC, A, B, sinkhorn_iters=0), "sinkhorn_iters"),
+    "sinkhorn-tau": (lambda: sinkhorn_matching(SPEC, A, B, tau="x"), "tau"),
+    "star-reference": (lambda: star(SPEC, [A, B], reference="0"), "reference"),
+    "merge-many-rounds": (lambda: merge_many(SPEC, [A, B], max_rounds=0), "max_rounds"),
+    "ccmm-tol": (lambda: ccmm(SPEC, [A, B], tol=float("nan")), "tol"),
+    "ste-mm-data": (lambda: ste_mm(SPEC, [A, B], model=NET), "needs data="),
+    "ste-mm-lr": (lambda: ste_mm(SPEC, [A, B], model=NET, data=DIGITS, lr=0), "lr"),
+    "interpolate-loaders-list": (lambda: interpolate(NET, A, B, [TEST]), "needs loaders"),
+    "interpolate-loader-int": (lambda: interpolate(NET, A, B, {"test": 5}), "got int"),
+    "interpolate-data-misfit": (lambda: interpolate(NET, A, B, {"test": WRONG_X}), MISFIT),
+    "interpolate-fraction": (
+        lambda: interpolate(NET, A, B, {"test": TEST}, calibrated=True, calibration_fraction=0),
+        "fraction",
+    ),
+    "interpolate-mismatch": (lambda: interpolate(NET, A, BNP, {"test": TEST}), "different keys"),
+    "evaluate-data-misfit": (lambda: evaluate(NET, A, WRONG_X), MISFIT),
+    "evaluate-loader-int": (lambda: evaluate(NET, A, 3), "iterable of (x, y) batches"),
+    "evaluate-dataset": (lambda: evaluate(NET, A, DIGITS), "data.loader('test')"),
+    "predict-model-str": (lambda: predict("m", A, TEST), "model must be a torch.nn.Module"),
+    "bn-reset-misfit": (lambda: bn_reset(BN, BNP, WRONG_X), "does not fit MLP"),
+    "bn-reset-no-batches": (lambda: bn_reset(BN, BNP, DIGITS, n_batches=0), "no batches"),
+    "repair-lambda": (lambda: repair(NET, A, B, "x", DIGITS), "λ must be a finite number"),
+    "repair-misfit": (lambda: repair(NET, A, B, 0.5, WRONG_X), MISFIT),
+    "lerp-mismatch": (lambda: lerp_params(A, BNP, 0.5), "different keys"),
+    "average-mismatch": (lambda: average_params([A, BNP]), "only in model 0"),
+    "distance-mismatch": (lambda: params_distance(A, BNP), "different keys"),
+    "temperature-shapes": (
+        lambda: fit_temperature(torch.randn(5, 3), torch.zeros(4, dtype=torch.long)),
+        "logits (N, C) and labels (N,)",
+    ),
+    "ece-shapes": (
+        lambda: calibration_metrics(torch.randn(5, 3), torch.zeros(4, dtype=torch.long)),
+        "logits (N, C) and labels (N,)",
+    ),
+    "sharpness-misfit": (lambda: sharpness(NET, A, WRONG_X), MISFIT),
+    "landscape-equal": (lambda: plane_landscape(NET, [A, A, A], TEST), "collinear or equal"),
+    "multi-perms-none": (lambda: multi_model_metrics(NET, [A, B], None, TEST), "one permutation"),
+    "geometry-empty": (lambda: distance_ratios([]), "at least 2 models"),
+    "apply-list": (lambda: Permutation.identity(SPEC).apply([1]), "dict of tensors"),
+    "from-dict-none": (lambda: Permutation.from_dict(None, SPEC), "expected a mapping"),
+    "spec-axes-string": (lambda: PermutationSpec({"h": 3}, {"w": "h"}), "axes['w'] must be"),
+    "spec-groups-list": (lambda: PermutationSpec([3], {}), "must be mappings"),
+    "spec-size-str": (lambda: PermutationSpec({"h": "x"}, {"w": ("h",)}), "integer size"),
+    "model-hidden-str": (lambda: build_model("mlp", hidden="abc"), "invalid configuration"),
+    "model-width-negative": (lambda: build_model("vgg", width_multiplier=-1), "width_multiplier"),
+    "dataset-name-int": (lambda: load_dataset(42), "must be a string"),
+    "train-data-misfit": (
+        lambda: train(build_model("mlp", in_dim=64, hidden=[4]), SYNTHETIC, TrainConfig(epochs=1)),
+        "does not fit MLP",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_an_lmc_error_naming_the_culprit(case):
+    call, culprit = CASES[case]
+    with pytest.raises(LmcError) as exc:
+        call()
+    assert culprit in str(exc.value)
+    assert "\n" not in str(exc.value)
