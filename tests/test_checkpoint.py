@@ -9,6 +9,7 @@ import torch
 from lmckit.checkpoint import import_state_dict, load_checkpoint, read_meta, save_checkpoint
 from lmckit.errors import CheckpointError
 from lmckit.models import build_model
+from tests.zoo import PickledCode
 
 
 def small_vgg():
@@ -63,14 +64,6 @@ def test_broken_checkpoints_are_refused_with_reasons(tmp_path):
         load_checkpoint(tmp_path / "absent")
 
 
-class Payload:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
 def test_foreign_pt_files_are_loaded_with_weights_only(tmp_path):
     sd = build_model("mlp", in_dim=8, hidden=[4], out_dim=3).state_dict()
     torch.save(sd, tmp_path / "plain.pt")
@@ -81,7 +74,7 @@ def test_foreign_pt_files_are_loaded_with_weights_only(tmp_path):
     )
     assert set(import_state_dict(tmp_path / "wrapped.pth")) == set(sd)
     marker = tmp_path / "pwned"
-    torch.save({"w": torch.zeros(2), "x": Payload(str(marker))}, tmp_path / "evil.pt")
+    torch.save({"w": torch.zeros(2), "x": PickledCode(str(marker))}, tmp_path / "evil.pt")
     with pytest.raises(CheckpointError, match="weights_only=True"):
         import_state_dict(tmp_path / "evil.pt")
     assert not marker.exists()

@@ -29,18 +29,33 @@ SMALL_ZOO_IDS = [
 ]
 
 
-def nontrivial(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
-    """Random norm parameters and running statistics, so every tensor carries signal."""
+def nontrivial(
+    model: torch.nn.Module, seed: int = 1, scale: float = 0.1, batches_tracked: int = 0
+) -> torch.nn.Module:
+    """Random norm parameters and running statistics, so every tensor carries signal (a
+    spec that forgot one of them would be caught)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-                m.running_mean.copy_(0.1 * torch.randn(m.running_mean.shape, generator=g))
+                m.running_mean.copy_(scale * torch.randn(m.running_mean.shape, generator=g))
                 m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+                m.num_batches_tracked.fill_(batches_tracked)
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm | torch.nn.LayerNorm):
-                m.weight.copy_(1 + 0.2 * torch.randn(m.weight.shape, generator=g))
-                m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
+                m.weight.copy_(1 + 2 * scale * torch.randn(m.weight.shape, generator=g))
+                m.bias.copy_(scale * torch.randn(m.bias.shape, generator=g))
     return model
+
+
+class PickledCode:
+    """Pickles to a call of ``open(marker, "w")``: loading it runs code, which the readers
+    must refuse; ``marker`` appears if they do not."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
 
 
 def planted(name: str, config: dict, seed: int = 0):

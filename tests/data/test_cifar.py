@@ -10,19 +10,14 @@ from lmckit.data import (
     write_cifar_batch,
 )
 from lmckit.errors import DataError
-
-
-class _Exploit:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
+from tests.zoo import PickledCode
 
 
 def test_cifar_reader_refuses_pickled_code_and_reports_corruption(tmp_path):
     marker = tmp_path / "pwned"
-    (tmp_path / "evil").write_bytes(pickle.dumps({b"data": _Exploit(str(marker)), b"labels": [1]}))
+    (tmp_path / "evil").write_bytes(
+        pickle.dumps({b"data": PickledCode(str(marker)), b"labels": [1]})
+    )
     with pytest.raises(DataError, match=r"not a safe CIFAR batch \(refusing to load global"):
         read_cifar_batch(tmp_path / "evil")
     assert not marker.exists()

@@ -7,6 +7,7 @@ import torch
 from lmckit import ModelConfigError, Permutation
 from lmckit.models import MLP, VGG, ResNet20, build_model, model_config, permutation_spec
 from lmckit.params import params_distance
+from tests.zoo import nontrivial
 
 # (name, config, input shape without batch)
 ZOO = [
@@ -30,24 +31,9 @@ ZOO = [
 IDS = [f"{n}-" + "-".join(f"{k}={v}" for k, v in c.items()) for n, c, _ in ZOO]
 
 
-def randomise_norms(model: torch.nn.Module, seed: int = 0) -> None:
-    """Give norm layers non-trivial affine parameters and running statistics, so that a spec
-    that forgot them would be caught."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
-                module.running_mean.copy_(0.3 * torch.randn(module.running_mean.shape, generator=g))
-                module.running_var.copy_(torch.rand(module.running_var.shape, generator=g) + 0.5)
-                module.num_batches_tracked.fill_(11)
-            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm | torch.nn.LayerNorm):
-                module.weight.copy_(1 + 0.3 * torch.randn(module.weight.shape, generator=g))
-                module.bias.copy_(0.3 * torch.randn(module.bias.shape, generator=g))
-
-
 def make(name, config, dtype=torch.float32):
     model = build_model(name, **config).to(dtype)
-    randomise_norms(model)
+    nontrivial(model, seed=0, scale=0.3, batches_tracked=11)
     return model
 
 
