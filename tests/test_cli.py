@@ -264,7 +264,11 @@ def test_interpolate_and_merge_batchnorm_models(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """Checkpoints and broken inputs for the bad-input table."""
+    return write_bad_input_files(tmp_path_factory.mktemp("cli"))
+
+
+def write_bad_input_files(root):
+    """Checkpoints and broken inputs for the bad-input table, written into ``root``."""
     import json
 
     import numpy as np
@@ -275,7 +279,6 @@ def files(tmp_path_factory):
     from lmckit.data import write_idx
     from lmckit.models import build_model
 
-    root = tmp_path_factory.mktemp("cli")
     assert main(digits_mlp_args(root, seeds=[0, 1], epochs=1, hidden=[16])) == 0
     a, b = (str(root / f"mlp-digits-seed{s}.safetensors") for s in (0, 1))
     (root / "file").write_text("not a folder")
