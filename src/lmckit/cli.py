@@ -176,7 +176,8 @@ def _as_usage() -> Iterator[None]:
 class ProgressBars:
     """``bars(label)`` returns a callback that drives a tqdm bar for ``label`` (created on
     the first event, total taken from the events, metrics in the postfix), or ``None`` when
-    quiet. Used as a context manager; every bar is closed on exit."""
+    quiet. The commands' steps run one after another, so a new bar closes the previous
+    ones (their times stay true); the context manager closes the last."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -188,6 +189,7 @@ class ProgressBars:
     def __exit__(self, *exc: object) -> None:
         for bar in self.bars:
             bar.close()
+        self.bars.clear()
 
     def __call__(self, label: str):
         if not self.enabled:
@@ -199,6 +201,7 @@ class ProgressBars:
         def callback(event) -> None:
             bar = state.get("bar")
             if bar is None:
+                self.__exit__()
                 bar = state["bar"] = tqdm(
                     total=event.total,
                     desc=label,

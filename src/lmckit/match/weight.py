@@ -132,7 +132,8 @@ def weight_matching(
         start_perm = init if restart == 0 else Permutation.random(spec, restart_seed)
 
         def report(event, restart=restart, offset=sweeps_done):
-            notify(progress, offset + event.step, None, restart=restart, **event.metrics)
+            extra = {"restart": restart} if restarts > 1 else {}
+            notify(progress, offset + event.step, None, **extra, **event.metrics)
 
         result = matcher.match(
             params_a,
