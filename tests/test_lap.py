@@ -37,17 +37,22 @@ def matrices():
     yield "n2", np.array([[1.0, 2.0], [3.0, 4.0]])
 
 
+def assert_optimal_duals(c, p, duals, maximize=True):
+    """LP duality: u_i + v_j ≤ C_min[i, j] everywhere, with equality on the assignment."""
+    c_min = -c if maximize else c
+    reduced = c_min - duals.u[:, None] - duals.v[None, :]
+    scale = max(1.0, np.abs(c).max())
+    assert reduced.min() >= -1e-9 * scale  # dual feasible
+    assert np.abs(reduced[np.arange(len(p)), np.asarray(p)]).max() <= 1e-9 * scale  # slackness
+
+
 @pytest.mark.parametrize(("name", "c"), list(matrices()), ids=[n for n, _ in matrices()])
 @pytest.mark.parametrize("maximize", [True, False])
 def test_cold_solution_is_optimal(name, c, maximize):
     p, duals = solve_lap(c, maximize=maximize)
     assert p.dtype == torch.long
     assert_optimal(c, p, maximize)
-    c_min = -c if maximize else c
-    reduced = c_min - duals.u[:, None] - duals.v[None, :]
-    scale = max(1.0, np.abs(c).max())
-    assert reduced.min() >= -1e-9 * scale  # dual feasible
-    assert np.abs(reduced[np.arange(len(p)), p.numpy()]).max() <= 1e-9 * scale  # slackness
+    assert_optimal_duals(c, p, duals, maximize)
 
 
 @pytest.mark.parametrize(("name", "c"), list(matrices()), ids=[n for n, _ in matrices()])
@@ -58,8 +63,35 @@ def test_warm_start_is_optimal_for_the_original_cost(name, c):
         c = c + 0.05 * np.abs(c).max() * rng.standard_normal(c.shape) * (step % 2)
         p, duals = solve_lap(c, duals=duals)
         assert_optimal(c, p)
+        assert_optimal_duals(c, p, duals)  # the returned duals are the original cost's
     p_stale, _ = solve_lap(c, duals=solve_lap(rng.standard_normal(c.shape))[1])
     assert_optimal(c, p_stale)  # even unrelated duals give the optimum
+
+
+def test_a_warm_start_solves_the_cost_reduced_by_the_given_duals(monkeypatch):
+    """Alg. 3 of STE-MM: the solver sees C − u1ᵀ − 1vᵀ, which the given optimal duals
+    leave already solved: zero on an optimal assignment, non-negative elsewhere."""
+    import lmckit.lap as lap
+
+    seen = []
+    original = lap._lapjv.lapjv
+
+    class Recorder:
+        @staticmethod
+        def lapjv(cost, **kwargs):
+            seen.append(np.array(cost))
+            return original(cost, **kwargs)
+
+    c = np.random.default_rng(3).standard_normal((60, 60))
+    p, duals = solve_lap(c)
+    monkeypatch.setattr(lap, "_lapjv", Recorder)
+    again, _ = solve_lap(c, duals=duals)
+    expected = -c - duals.u[:, None] - duals.v[None, :]
+    assert np.allclose(seen[-1], expected)
+    assert seen[-1].min() >= -1e-12 and np.abs(seen[-1][np.arange(60), p.numpy()]).max() < 1e-12
+    assert torch.equal(again, p)
+    solve_lap(c)  # a cold solve starts from the reduction duals instead
+    assert not np.allclose(seen[-1], expected)
 
 
 def test_backends_agree_and_accept_tensors():

@@ -46,3 +46,19 @@ def test_calibration_metrics():
     overconfident = calibration_metrics(10 * z, labels)
     assert calibrated["ece"] < 0.03 < overconfident["ece"]
     assert sum(b["count"] for b in calibrated["bins"]) == 5000
+
+
+def test_ece_is_the_count_weighted_gap_of_the_bins():
+    """Four examples, two confidence bins, worked out by hand."""
+    import math
+
+    def logit(p):  # two classes: softmax([z, 0]) gives class 0 probability p
+        return [math.log(p / (1 - p)), 0.0]
+
+    logits = torch.tensor([logit(0.9), logit(0.9), logit(0.9), logit(0.62)], dtype=torch.float64)
+    labels = torch.tensor([0, 0, 1, 0])  # the 0.9 bin is right 2 of 3 times, the 0.62 bin 1/1
+    expected = 3 / 4 * abs(0.9 - 2 / 3) + 1 / 4 * abs(0.62 - 1.0)
+    result = calibration_metrics(logits, labels)
+    assert result["ece"] == pytest.approx(expected)
+    counts = [b["count"] for b in result["bins"] if b["count"]]
+    assert sorted(counts) == [1, 3]

@@ -2,11 +2,12 @@
 
 import pytest
 import torch
+from scipy.optimize import linear_sum_assignment
 
 from lmckit import PermutationSpec
 from lmckit.errors import ParamsError
 from lmckit.match import activation_matching
-from tests.zoo import SMALL_ZOO, SMALL_ZOO_IDS, outputs, planted, random_loader
+from tests.zoo import SMALL_ZOO, SMALL_ZOO_IDS, outputs, planted, random_loader, random_pair
 
 
 def alive_units(model, params, loader):
@@ -103,3 +104,22 @@ def test_missing_model_or_data_and_bad_options_are_named():
     other = torch.nn.Linear(64, 10)
     with pytest.raises(ParamsError, match="do not fit Linear"):
         activation_matching(spec, a, b, model=other, data=loader)
+
+
+@pytest.mark.parametrize("method", ["correlation", "cross_moment"])
+def test_the_gains_are_the_naive_statistics_of_the_activations(method):
+    """Against statistics computed directly from all activations at once: Pearson
+    correlation (centred, normalised) or the raw cross-moment E[z_A z_Bᵀ]."""
+    model, spec, a, b = random_pair("mlp", {"in_dim": 10, "hidden": [12], "out_dim": 3})
+    loader = random_loader((10,), n=300)
+    x = torch.cat([x for x, _ in loader])
+    za = torch.relu(x @ a["layers.0.weight"].T + a["layers.0.bias"]).double()
+    zb = torch.relu(x @ b["layers.0.weight"].T + b["layers.0.bias"]).double()
+    if method == "correlation":
+        gains = torch.corrcoef(torch.cat([za.T, zb.T]))[:12, 12:]
+    else:
+        gains = za.T @ zb / len(x)
+    rows, cols = linear_sum_assignment(gains.numpy(), maximize=True)
+    result = activation_matching(spec, a, b, model=model, data=loader, method=method)
+    assert result.perm["hidden0"].tolist() == cols.tolist()
+    assert result.history[0] == pytest.approx(float(gains[rows, cols].sum()), rel=1e-9)

@@ -4,6 +4,9 @@ import torch
 
 from lmckit.match import ProfiledWeightMatcher, WeightMatcher, weight_matching
 from lmckit.models import build_model, permutation_spec
+from lmckit.perm import group_cost_matrix
+from tests.match.test_weight import double
+from tests.zoo import random_pair
 
 
 def test_reuse_across_calls_agrees_with_fresh_calls():
@@ -46,3 +49,28 @@ def test_profiling_counts_the_products_it_forms_and_changes_nothing():
     assert profiled.info["gemm_flops"] == sum(per_group[g] for g in solved)
     assert profiled.info["gemm_seconds"] > 0 and profiled.info["lap_seconds"] > 0
     assert "gemm_flops" not in plain.info
+
+
+def test_warm_duals_are_kept_optimal_and_handed_to_the_next_solve():
+    _, spec, a, b = random_pair("mlp", {"in_dim": 20, "hidden": [24, 16, 12], "out_dim": 5})
+    a, b = double(a), double(b)
+    result = weight_matching(spec, a, b, seed=1)
+    assert set(result.duals) == set(spec.groups)
+    for g, duals in result.duals.items():
+        # the duals of each group's last solve are optimal for its final cost matrix
+        cost = group_cost_matrix(spec, a, b, result.perm, g).numpy()
+        reduced = -cost - duals.u[:, None] - duals.v[None, :]
+        assert reduced.min() >= -1e-9
+        assert abs(reduced[range(len(duals.u)), result.perm[g].numpy()]).max() <= 1e-9
+    received = {}
+
+    class Recording(WeightMatcher):
+        def solve(self, gains, duals):
+            received.setdefault(len(received), duals)
+            return super().solve(gains, duals)
+
+    resumed = Recording(spec, b).match(a, init=result.perm, duals=result.duals, seed=2)
+    assert resumed.perm == result.perm and resumed.iterations == 1
+    assert all(any(d is given for given in result.duals.values()) for d in received.values())
+    cold = WeightMatcher(spec, b).match(a, seed=1, warm_start=False)
+    assert cold.duals is None and cold.perm == result.perm

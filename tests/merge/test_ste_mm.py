@@ -4,9 +4,12 @@ import pytest
 import torch
 
 from lmckit.errors import ParamsError
-from lmckit.merge import ste_mm
+from lmckit.merge import star, ste_mm
 from lmckit.merge.ste_mm import simplex_weights
+from lmckit.metrics import evaluate
+from lmckit.models import permutation_spec
 from tests.merge.common import random_models
+from tests.zoo import train_mlp
 
 
 def test_simplex_weights():
@@ -30,7 +33,41 @@ def test_ste_mm_reports_every_step_and_checks_its_options(digits):
     steps = len(digits.loader("train", batch_size=256))
     assert result.iterations == steps and [e.step for e in events] == list(range(1, steps + 1))
     assert len(result.history) == 1
-    with pytest.raises(ParamsError, match="weights must be"):
-        ste_mm(spec, params, model=model, data=digits, weights="gaussian")
     with pytest.raises(ParamsError, match="epochs"):
         ste_mm(spec, params, model=model, data=digits, epochs=0)
+
+
+@pytest.fixture(scope="module")
+def trained(digits):
+    models = [train_mlp(digits, s, hidden=(32, 32), epochs=10) for s in range(3)]
+    return models[0], permutation_spec(models[0]), [m.state_dict() for m in models]
+
+
+def test_ste_mm_finds_a_better_basin_than_star_weight_matching(trained, digits):
+    model, spec, params = trained
+    test = digits.loader("test", batch_size=360)
+    baseline = star(spec, params)
+    result = ste_mm(spec, params, model=model, data=digits, epochs=2, lr=1e-2)
+    assert result.perms != baseline.perms
+    assert evaluate(model, result.merged, test).loss < evaluate(model, baseline.merged, test).loss
+
+
+def test_the_permutations_are_projections_of_the_trained_proxies(trained, digits):
+    """After one large step the proxies have moved, so the final projection (Alg. 1 line 12)
+    differs from the projection made before the step, which is star weight matching."""
+    model, spec, params = trained
+    one_batch = [next(iter(digits.loader("train", batch_size=256)))]
+    result = ste_mm(spec, params, model=model, data=one_batch, epochs=1, lr=0.03)
+    baseline = star(spec, params)
+    assert result.perms[:2] != baseline.perms[:2] and result.perms[2].is_identity()
+
+
+def test_fixed_mixture_weights_steer_the_merge(trained, digits):
+    model, spec, params = trained
+    uniform = ste_mm(spec, params, model=model, data=digits, epochs=1, lr=1e-2, weights=[1, 1, 1])
+    skewed = ste_mm(spec, params, model=model, data=digits, epochs=1, lr=1e-2, weights=[8, 1, 1])
+    assert uniform.info["weights"] == pytest.approx([1 / 3] * 3)
+    assert uniform.perms != skewed.perms
+    for bad in ([1, 1], [1, -1, 1], [0, 0, 0], "gaussian", [float("nan")] * 3):
+        with pytest.raises(ParamsError, match="weights"):
+            ste_mm(spec, params, model=model, data=digits, weights=bad)

@@ -48,6 +48,33 @@ def simplex_weights(n: int, generator: torch.Generator, scheme: str = "dirichlet
     return u / u.sum()
 
 
+def _fixed_weights(weights: str | Sequence[float], n: int) -> Tensor | None:
+    """``None`` for a drawing scheme, else the given weights checked and normalised."""
+    if isinstance(weights, str):
+        if weights not in WEIGHT_SCHEMES:
+            raise ParamsError(
+                f"weights must be one of {WEIGHT_SCHEMES} or {n} numbers, got {weights!r}"
+            )
+        return None
+    try:
+        fixed = torch.as_tensor([float(w) for w in weights], dtype=torch.float64)
+    except (TypeError, ValueError):
+        raise ParamsError(
+            f"weights must be a scheme name or {n} numbers, got {weights!r}"
+        ) from None
+    if (
+        fixed.shape != (n,)
+        or not torch.isfinite(fixed).all()
+        or (fixed < 0).any()
+        or fixed.sum() <= 0
+    ):
+        raise ParamsError(
+            f"fixed weights must be {n} finite non-negative numbers with a positive sum, got "
+            f"{weights!r}"
+        )
+    return fixed / fixed.sum()
+
+
 def ste_mm(
     spec: PermutationSpec,
     params_list: Sequence[Params],
@@ -60,7 +87,7 @@ def ste_mm(
     epochs: int = 10,
     lr: float = 1e-3,
     batch_size: int = 256,
-    weights: str = "dirichlet",
+    weights: str | Sequence[float] = "dirichlet",
 ) -> MergeResult:
     """Gather ``n`` models into one basin with STE-MM.
 
@@ -76,7 +103,9 @@ def ste_mm(
         progress: a :class:`~lmckit.progress.Progress` after every step
             (``metrics["loss"]``, ``metrics["epoch"]``).
         epochs, lr, batch_size: the paper's defaults (10, 1e-3, 256).
-        weights: ``"dirichlet"`` (uniform on the simplex) or ``"normalized_uniform"``.
+        weights: how the mixture weights λ are drawn each step: ``"dirichlet"`` (uniform on
+            the simplex, Eq. 5) or ``"normalized_uniform"`` (Alg. 1, lines 4–5) — or ``n``
+            fixed non-negative numbers (normalised to sum 1), e.g. for ablations.
 
     ``history`` holds the mean loss per epoch.
     """
@@ -85,10 +114,9 @@ def ste_mm(
     ref = check_models(spec, params_list, reference, seed=seed)
     check_model_fits(model, params_list[ref])
     check_training_options("ste_mm", epochs=epochs, lr=lr, batch_size=batch_size)
-    if weights not in WEIGHT_SCHEMES:
-        raise ParamsError(f"weights must be one of {WEIGHT_SCHEMES}, got {weights!r}")
     params_list = [detached(p) for p in params_list]
     n = len(params_list)
+    fixed_weights = _fixed_weights(weights, n)
     others = [i for i in range(n) if i != ref]
     base = params_list[ref]
     batches = as_batches(data, batch_size=batch_size, seed=seed, passes=epochs)
@@ -117,7 +145,11 @@ def ste_mm(
             for x, y in batches:
                 for i in others:
                     project(i)
-                lam = simplex_weights(n, generator, weights)
+                lam = (
+                    fixed_weights
+                    if fixed_weights is not None
+                    else simplex_weights(n, generator, weights)
+                )
                 members = [
                     dict(base)
                     if i == ref
@@ -146,5 +178,10 @@ def ste_mm(
         seed=seed,
         history=history,
         iterations=steps,
-        info={"lr": lr, "epochs": epochs, "weights": weights, "reference": ref},
+        info={
+            "lr": lr,
+            "epochs": epochs,
+            "weights": weights if fixed_weights is None else fixed_weights.tolist(),
+            "reference": ref,
+        },
     )

@@ -1,0 +1,352 @@
+"""Does the suite catch a wrong algorithm? Apply plausible single bugs one at a time and
+run the tests that should notice.
+
+Each mutation replaces one exact snippet of lmckit's source (the snippet must occur exactly
+once, so a refactor that moves it makes the script fail loudly rather than test nothing)
+in a scratch copy of the repository, then runs the listed test files there. A mutation is
+*caught* when those tests fail. Not part of CI: it takes several minutes.
+
+    python scripts/mutate.py               # all mutations, relevant test files
+    python scripts/mutate.py --full        # the whole suite for every mutation (slow)
+    python scripts/mutate.py --only lerp-wrong-way ste-ignores-proxy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    why: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+M = Mutation
+MUTATIONS = [
+    # -- the bugs a reviewer found unnoticed (issue "Tests that catch a wrong algorithm") --
+    M(
+        "lap-ignores-duals",
+        "solve_lap always starts from reduction duals (a warm start is silently cold)",
+        "src/lmckit/lap.py",
+        "    if duals is None:\n        duals = reduction_duals(c_min)",
+        "    if True:\n        duals = reduction_duals(c_min)",
+        ("tests/test_lap.py",),
+    ),
+    M(
+        "wm-never-stores-duals",
+        "WeightMatcher never keeps the duals of its solves",
+        "src/lmckit/match/weight_matcher.py",
+        "                if warm_start:\n                    lap_duals[g] = new_duals\n",
+        "",
+        ("tests/match/test_weight_matcher.py",),
+    ),
+    M(
+        "ste-ignores-proxy",
+        "STE projects A instead of the trained proxy: it silently becomes weight matching",
+        "src/lmckit/match/ste.py",
+        "current = {**params_a, **{k: v.detach() for k, v in proxy.items()}}",
+        "current = dict(params_a)",
+        ("tests/match/test_ste.py",),
+    ),
+    M(
+        "ste-mm-ignores-weights",
+        "STE-MM averages its members uniformly whatever λ was drawn",
+        "src/lmckit/merge/ste_mm.py",
+        "mixture = average_params(members, lam)",
+        "mixture = average_params(members)",
+        ("tests/merge/test_ste_mm.py",),
+    ),
+    M(
+        "ste-mm-skips-final-projection",
+        "STE-MM returns the projections made before its last step (Alg. 1 line 12 skipped)",
+        "src/lmckit/merge/ste_mm.py",
+        "            history.append(loss_sum / count)\n"
+        "        for i in others:\n            project(i)\n",
+        "            history.append(loss_sum / count)\n",
+        ("tests/merge/test_ste_mm.py",),
+    ),
+    M(
+        "ste-mm-never-steps",
+        "STE-MM evaluates the loss but never takes an optimiser step (it becomes star-WM)",
+        "src/lmckit/merge/ste_mm.py",
+        "value = optimise(optimizer, batch_loss(model, mixture, x, y))",
+        "value = batch_loss(model, mixture, x, y).item()",
+        ("tests/merge/test_ste_mm.py",),
+    ),
+    M(
+        "ccmm-vertex-minimises",
+        "CCMM's Frank–Wolfe vertex minimises the linearised objective",
+        "src/lmckit/merge/ccmm.py",
+        "                p, _ = solve_lap(grad, maximize=True)",
+        "                p, _ = solve_lap(grad, maximize=False)",
+        ("tests/merge/test_ccmm.py",),
+    ),
+    M(
+        "repair-fitted-at-half",
+        "interpolation applies REPAIR fitted at λ = ½ at every λ",
+        "src/lmckit/evaluate/interpolation.py",
+        "params = repair(model, params_a, params_b, lam, repair_data, endpoints=endpoints)",
+        "params = repair(model, params_a, params_b, 0.5, repair_data, endpoints=endpoints)",
+        ("tests/evaluate/test_interpolation.py",),
+    ),
+    M(
+        "bn-reset-keeps-ema",
+        "BN reset keeps BatchNorm's exponential running averages instead of exact statistics",
+        "src/lmckit/evaluate/bn.py",
+        '        new[f"{name}.running_mean"] = mean.to(new[f"{name}.running_mean"])\n'
+        '        new[f"{name}.running_var"] = var.to(new[f"{name}.running_var"])\n',
+        "",
+        ("tests/evaluate/test_bn.py", "tests/merge/test_result.py"),
+    ),
+    M(
+        "lerp-wrong-way",
+        "lerp_params goes from B towards A for λ ≤ ½",
+        "src/lmckit/params.py",
+        "            out[k] = a + lam * (b - a)",
+        "            out[k] = b + lam * (a - b)",
+        ("tests/test_params.py", "tests/evaluate/test_interpolation.py"),
+    ),
+    M(
+        "temperature-fitted-on-eval",
+        "the temperature is fitted on the evaluation examples instead of the held-out part",
+        "src/lmckit/evaluate/calibration.py",
+        "beta = fit_temperature(logits[held], labels[held])",
+        "beta = fit_temperature(logits[rest], labels[rest])",
+        ("tests/evaluate/test_calibration.py",),
+    ),
+    M(
+        "am-correlation-uncentred",
+        "activation matching's correlation forgets to subtract the means",
+        "src/lmckit/match/activation.py",
+        "cov = cross - mean_a[:, None] * mean_b[None, :]",
+        "cov = cross",
+        ("tests/match/test_activation.py",),
+    ),
+    M(
+        "sinkhorn-no-column-normalisation",
+        "Sinkhorn normalises rows only",
+        "src/lmckit/match/sinkhorn.py",
+        "        log_p = log_p - torch.logsumexp(log_p, dim=0, keepdim=True)\n",
+        "",
+        ("tests/match/test_sinkhorn.py",),
+    ),
+    M(
+        "sharpness-sums-the-loss",
+        "the sharpness loss sums over examples instead of averaging",
+        "src/lmckit/analysis/sharpness.py",
+        "        return total / count",
+        "        return total",
+        ("tests/analysis/test_sharpness.py",),
+    ),
+    # -- more of our own ----------------------------------------------------------------
+    M(
+        "wm-skips-too-eagerly",
+        "weight matching skips every group it has solved once",
+        "src/lmckit/match/weight_matcher.py",
+        "if last is not None and all(p is q for p, q in zip(neighbours, last, strict=True)):",
+        "if last is not None:",
+        ("tests/match/test_weight.py",),
+    ),
+    M(
+        "wm-cost-transposed",
+        "the group cost matrix is built B-by-A instead of A-by-B",
+        "src/lmckit/match/weight_matcher.py",
+        "return [a2[(t.name, t.axis)] @ t.b2(perm).T for t in self.terms[group]]",
+        "return [t.b2(perm) @ a2[(t.name, t.axis)].T for t in self.terms[group]]",
+        ("tests/match/test_weight.py",),
+    ),
+    M(
+        "wm-objective-from-diagonal",
+        "the tracked objective reads the products' diagonals, not the chosen permutation",
+        "src/lmckit/match/weight_matcher.py",
+        "float(product.gather(1, chosen).double().sum())",
+        "float(product.diagonal().double().sum())",
+        ("tests/match/test_weight.py",),
+    ),
+    M(
+        "compose-backwards",
+        "Permutation.compose applies the inner permutation last",
+        "src/lmckit/perm.py",
+        "{g: inner._perms[g][p] for g, p in self._perms.items()}",
+        "{g: p[inner._perms[g]] for g, p in self._perms.items()}",
+        ("tests/test_perm.py",),
+    ),
+    M(
+        "canonicalise-wrong-side",
+        "mergers re-express permutations in the reference frame from the wrong side",
+        "src/lmckit/merge/result.py",
+        "return tuple(inv.compose(p) for p in perms)",
+        "return tuple(p.compose(inv) for p in perms)",
+        ("tests/merge/test_result.py",),
+    ),
+    M(
+        "merge-many-stale-alignment",
+        "MergeMany never updates the aligned copy of a re-matched model",
+        "src/lmckit/merge/many.py",
+        "                aligned[i] = r.perm.apply(params_list[i])\n",
+        "",
+        ("tests/merge/test_many.py",),
+    ),
+    M(
+        "am-first-tap-only",
+        "activation matching uses one tap of a residual stream instead of all of them",
+        "src/lmckit/match/activation.py",
+        "gains = sum(moments[name].gains(method) for name in names)",
+        "gains = moments[names[0]].gains(method)",
+        ("tests/match/test_activation.py",),
+    ),
+    M(
+        "barrier-min-endpoint",
+        "the Git Re-Basin barrier subtracts the better endpoint instead of their mean",
+        "src/lmckit/evaluate/interpolation.py",
+        '"rebasin": float(v.max() - 0.5 * (v[0] + v[-1])),',
+        '"rebasin": float(v.max() - min(v[0], v[-1])),',
+        ("tests/evaluate/test_interpolation.py",),
+    ),
+    M(
+        "ensemble-fixed-mix",
+        "the endpoint ensemble mixes the logits ½/½ at every λ",
+        "src/lmckit/evaluate/interpolation.py",
+        "ens = [(1 - lam) * stack[0] + lam * stack[-1] for lam in lams]",
+        "ens = [0.5 * stack[0] + 0.5 * stack[-1] for lam in lams]",
+        ("tests/evaluate/test_interpolation.py",),
+    ),
+    M(
+        "bn-reset-biased-variance",
+        "BN reset stores the biased variance (BatchNorm keeps the unbiased one)",
+        "src/lmckit/evaluate/bn.py",
+        "mean, var = sums[name].mean_var(unbiased=True)",
+        "mean, var = sums[name].mean_var(unbiased=False)",
+        ("tests/evaluate/test_bn.py",),
+    ),
+    M(
+        "repair-forgets-target-mean",
+        "REPAIR rescales the channels but does not move their means",
+        "src/lmckit/evaluate/bn.py",
+        "merged[bias_key] = ((b.double() - mean_m) * scale + target_mean).to(b)",
+        "merged[bias_key] = ((b.double() - mean_m) * scale + mean_m).to(b)",
+        ("tests/evaluate/test_bn.py",),
+    ),
+    M(
+        "ece-unweighted-bins",
+        "ECE averages the bins' gaps without weighting them by their counts",
+        "src/lmckit/evaluate/calibration.py",
+        "ece += count / n * abs(c - a)",
+        "ece += abs(c - a) / n_bins",
+        ("tests/evaluate/test_calibration.py",),
+    ),
+    M(
+        "integer-buffers-from-b",
+        "averages take integer buffers from the smallest weight",
+        "src/lmckit/params.py",
+        "return max(range(len(weights)), key=lambda i: (weights[i], -i))",
+        "return min(range(len(weights)), key=lambda i: (weights[i], -i))",
+        ("tests/test_params.py",),
+    ),
+    M(
+        "mode-not-restored",
+        "module_mode leaves the module in the mode it switched to",
+        "src/lmckit/functional.py",
+        "        for m, mode in saved:\n            m.training = mode\n",
+        "        pass\n",
+        ("tests/test_functional.py", "tests/test_side_effects.py"),
+    ),
+    M(
+        "nan-weights-accepted",
+        "matchers stop checking for NaN weights",
+        "src/lmckit/match/result.py",
+        '    check_finite(params_b, "model B")\n',
+        "",
+        ("tests/match/test_weight.py",),
+    ),
+    M(
+        "star-matches-to-model-zero",
+        "star merging aligns every model to the first instead of the reference",
+        "src/lmckit/merge/star.py",
+        "spec, params_list[ref], params, model=model, data=data, seed=seed, **match_options",
+        "spec, params_list[0], params, model=model, data=data, seed=seed, **match_options",
+        ("tests/merge/test_star.py", "tests/merge/test_result.py"),
+    ),
+]
+
+
+def copy_repository(target: Path) -> None:
+    for name in ("src", "tests", "pyproject.toml", "README.md", ".ci"):
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, target / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif source.exists():
+            shutil.copy2(source, target / name)
+
+
+def run(mutation: Mutation, full: bool) -> dict:
+    with tempfile.TemporaryDirectory(prefix="lmckit-mutant-") as tmp:
+        work = Path(tmp)
+        copy_repository(work)
+        path = work / mutation.path
+        text = path.read_text()
+        count = text.count(mutation.old)
+        if count != 1:
+            raise SystemExit(
+                f"{mutation.name}: the snippet occurs {count} times in {mutation.path}"
+            )
+        path.write_text(text.replace(mutation.old, mutation.new))
+        tests = [] if full else list(mutation.tests)
+        env = {**os.environ, "PYTHONPATH": str(work / "src")}
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        failed = [ln for ln in proc.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+        return {
+            "mutation": mutation.name,
+            "why": mutation.why,
+            "caught": proc.returncode != 0,
+            "by": failed[:1],
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="run the whole suite per mutation")
+    parser.add_argument("--only", nargs="+", help="mutation names")
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
+    results = []
+    for mutation in chosen:
+        result = run(mutation, args.full)
+        results.append(result)
+        mark = "caught " if result["caught"] else "MISSED "
+        print(
+            f"{mark} {mutation.name:<34} {result['seconds']:>6.1f} s  {' '.join(result['by'])}",
+            file=sys.stderr,
+            flush=True,
+        )
+    caught = sum(r["caught"] for r in results)
+    print(json.dumps({"caught": caught, "mutations": len(results), "results": results}, indent=2))
+    sys.exit(0 if caught == len(results) else 1)
+
+
+if __name__ == "__main__":
+    main()
