@@ -1,12 +1,21 @@
 """Checkpoints: round trip, atomic resumable runs, refusal of unsafe or broken files."""
 
+import hashlib
 import json
 import os
 
 import pytest
 import torch
 
-from lmckit.checkpoint import import_state_dict, load_checkpoint, read_meta, save_checkpoint
+from lmckit.checkpoint import (
+    CHUNK_BYTES,
+    chunk_digests,
+    import_state_dict,
+    load_checkpoint,
+    read_meta,
+    save_checkpoint,
+    verify_checkpoint,
+)
 from lmckit.errors import CheckpointError
 from lmckit.models import build_model
 from tests.zoo import PickledCode
@@ -38,23 +47,67 @@ def test_round_trip_rebuilds_model_and_outputs(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's private 0o600
 
 
+def rehash(stem):
+    """Make a sidecar vouch for whatever its weights file now holds."""
+    sidecar = stem.with_suffix(".json")
+    meta = json.loads(sidecar.read_text())
+    data = stem.with_suffix(".safetensors").read_bytes()
+    meta["weights_sha256"] = hashlib.sha256(data).hexdigest()
+    meta["weights_sha256_chunks"] = {"bytes": CHUNK_BYTES, "digests": chunk_digests(data)}
+    sidecar.write_text(json.dumps(meta))
+
+
+def meta_digests(sidecar):
+    return json.loads(sidecar.read_text())["weights_sha256_chunks"]["digests"]
+
+
+def test_truncated_or_flipped_weights_are_errors_naming_the_file(tmp_path):
+    model = build_model("mlp", in_dim=64, hidden=[64, 64], out_dim=10)
+    save_checkpoint(tmp_path / "m", model)
+    weights = tmp_path / "m.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 2])
+    with pytest.raises(CheckpointError, match=r"m\.safetensors does not match the SHA-256"):
+        load_checkpoint(weights)
+    with pytest.raises(CheckpointError, match="does not match the SHA-256"):
+        verify_checkpoint(weights)
+    flipped = bytearray(good)
+    start = len(good) - 20_000  # in the data region, past the header
+    for i in range(start, start + 1000):
+        flipped[i] ^= 0xFF
+    weights.write_bytes(bytes(flipped))
+    with pytest.raises(CheckpointError, match="does not match the SHA-256"):
+        load_checkpoint(weights)
+    weights.write_bytes(good)
+    assert verify_checkpoint(weights)["weights_sha256"] == hashlib.sha256(good).hexdigest()
+    assert len(meta_digests(tmp_path / "m.json")) == -(-len(good) // CHUNK_BYTES)
+    meta = json.loads((tmp_path / "m.json").read_text())
+    unhashed = {k: v for k, v in meta.items() if not k.startswith("weights_sha256")}
+    (tmp_path / "m.json").write_text(json.dumps(unhashed))
+    with pytest.raises(CheckpointError, match="lacks the weights_sha256"):
+        load_checkpoint(weights)
+    (tmp_path / "m.json").write_text(json.dumps({**unhashed, "format_version": 1}))
+    assert load_checkpoint(weights).meta["format_version"] == 1  # version 1 carried no hash
+
+
 def test_broken_checkpoints_are_refused_with_reasons(tmp_path):
     model = build_model("mlp", in_dim=8, hidden=[4], out_dim=3)
     save_checkpoint(tmp_path / "m", model)
     weights = tmp_path / "m.safetensors"
-    good = weights.read_bytes()
-    weights.write_bytes(good[:40])
+    weights.write_bytes(weights.read_bytes()[:40])
+    rehash(tmp_path / "m")
     with pytest.raises(CheckpointError, match=r"cannot read .* as safetensors"):
         load_checkpoint(weights)
     bad = model.state_dict()
     bad["layers.0.weight"][0, 0] = float("nan")
-    save_checkpoint(tmp_path / "m", build_model("mlp", in_dim=8, hidden=[4], out_dim=3))
     from safetensors.torch import save_file
 
     save_file({k: v.contiguous() for k, v in bad.items()}, weights)
+    rehash(tmp_path / "m")
     with pytest.raises(CheckpointError, match=r"'layers.0.weight' has 1 NaN/infinite"):
         load_checkpoint(weights)
     save_file({"layers.0.weight": torch.zeros(4, 8)}, weights)
+    rehash(tmp_path / "m")
     with pytest.raises(CheckpointError, match=r"missing \['layers.0.bias'"):
         load_checkpoint(weights)
     (tmp_path / "m.json").write_text(json.dumps({"hello": 1}))

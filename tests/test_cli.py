@@ -269,13 +269,14 @@ def files(tmp_path_factory):
 
 def write_bad_input_files(root):
     """Checkpoints and broken inputs for the bad-input table, written into ``root``."""
+    import hashlib
     import json
 
     import numpy as np
     import torch
     from safetensors.torch import save_file
 
-    from lmckit.checkpoint import save_checkpoint
+    from lmckit.checkpoint import CHUNK_BYTES, chunk_digests, save_checkpoint
     from lmckit.data import write_idx
     from lmckit.models import build_model
 
@@ -301,7 +302,12 @@ def write_bad_input_files(root):
     nan = {k: v.clone() for k, v in build_model("mlp", **meta["model"]).state_dict().items()}
     nan["layers.1.weight"][0, 0] = float("nan")
     save_file(nan, root / "nan.safetensors")
-    (root / "nan.json").write_text(json.dumps(meta))
+    data = (root / "nan.safetensors").read_bytes()
+    hashes = {
+        "weights_sha256": hashlib.sha256(data).hexdigest(),
+        "weights_sha256_chunks": {"bytes": CHUNK_BYTES, "digests": chunk_digests(data)},
+    }
+    (root / "nan.json").write_text(json.dumps({**meta, **hashes}))
     other = build_model("mlp", in_dim=64, hidden=[8], out_dim=10)
     save_checkpoint(root / "other", other, {"dataset": "digits"})
     bn = build_model("mlp", in_dim=64, hidden=[8], out_dim=10, norm="batch")
@@ -465,6 +471,12 @@ def bad_inputs(f):
             "needs image data",
         ),
         ("method-unknown", [*match, "--method", "magic"], 2, "--method"),
+        (
+            "match-out-over-input",
+            ["match", a, b, "--out", a.replace(".safetensors", ".json")],
+            2,
+            "one of the inputs",
+        ),
     ]
 
 
@@ -491,3 +503,36 @@ def test_every_bad_input_is_one_clear_line(files, capsys):
 def test_debug_shows_the_traceback(files):
     with pytest.raises(Exception, match="has shape"):
         main(["--debug", "match", str(files["root"] / "huge.json"), files["b"], "--out", "p.json"])
+
+
+def test_a_folder_is_written_by_one_run_at_a_time(tmp_path, capsys):
+    """Two `lmckit train` runs into one folder: the second is refused while the first runs,
+    and the folder is free again once the first is killed (SIGKILL releases the lock)."""
+    import signal
+    import time
+
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lmckit.cli",
+            *digits_mlp_args(tmp_path, seeds=[0], epochs=400, hidden=[64]),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 60
+        while (
+            not (tmp_path / ".lmckit.lock").exists() or not (tmp_path / ".lmckit.lock").read_text()
+        ):
+            assert time.time() < deadline and first.poll() is None
+            time.sleep(0.05)
+        second = [*digits_mlp_args(tmp_path, seeds=[0], epochs=1, hidden=[64]), "--lr", "0.01"]
+        assert main(second) == 2
+        assert f"being written by another lmckit run (pid {first.pid})" in capsys.readouterr().err
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert main(second) == 0  # the killed run's lock died with it
+    assert not (tmp_path / "mlp-digits-seed0.safetensors.part").exists()

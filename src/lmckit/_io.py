@@ -4,14 +4,19 @@ checks that an output path can be written before work starts."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import functools
+import inspect
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lmckit.errors import OutputPathError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _default_mode() -> int:
@@ -119,3 +124,84 @@ def prepare_output_file(path: str | os.PathLike, what: str = "output file") -> P
         raise OutputPathError(f"{what} {path} is under a file ({existing})")
     prepare_output_dir(parent, what=f"folder of {what}")
     return path
+
+
+_HELD: dict[Path, int] = {}  # locks this process holds: folder -> nesting depth
+
+
+@contextlib.contextmanager
+def locked_output(folder: str | os.PathLike, what: str = "output folder") -> Iterator[Path]:
+    """Create ``folder`` (see :func:`prepare_output_dir`) and hold an exclusive lock on it
+    for the ``with`` block, so two runs never write one folder at once. The lock is an
+    ``flock`` on ``<folder>/.lmckit.lock``: the system releases it when the process ends,
+    even on SIGKILL. Re-entrant within one process. A folder this call created is removed
+    again if the block fails before writing anything into it.
+
+    Raises:
+        OutputPathError: another process holds the folder (the message names its pid).
+    """
+    created = not Path(folder).exists()
+    path = prepare_output_dir(folder, what).resolve()
+    if path in _HELD:
+        _HELD[path] += 1
+        try:
+            yield path
+        finally:
+            _HELD[path] -= 1
+        return
+    fd = os.open(path / ".lmckit.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise OutputPathError(
+            f"{what} {folder} is being written by another lmckit run (pid {holder}); wait for "
+            "it to finish or choose another folder"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD[path] = 1
+    failed = True
+    try:
+        yield path
+        failed = False
+    finally:
+        del _HELD[path]
+        if failed and created and [p.name for p in path.iterdir()] == [".lmckit.lock"]:
+            # a run that failed before writing anything leaves no empty folder behind
+            (path / ".lmckit.lock").unlink()
+            path.rmdir()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def check_not_inputs(
+    outputs: Iterable[str | os.PathLike], inputs: Iterable[str | os.PathLike], what: str = "--out"
+) -> None:
+    """Raise :class:`OutputPathError` if a file a command will write is one of its inputs."""
+    taken = {Path(p).resolve(): Path(p) for p in inputs}
+    for out in outputs:
+        if Path(out).resolve() in taken:
+            raise OutputPathError(
+                f"{what} would write {out}, which is one of the inputs "
+                f"({taken[Path(out).resolve()]}); choose another output"
+            )
+
+
+def writes_folder(argument: str = "out") -> Callable[[F], F]:
+    """Decorate a function that writes into the folder passed as ``argument``: the folder
+    is locked (:func:`locked_output`) for the whole call."""
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            folder = signature.bind(*args, **kwargs).arguments[argument]
+            with locked_output(folder, "--out"):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

@@ -2,8 +2,14 @@
 
 ``save_checkpoint(path, model, meta)`` writes ``<stem>.safetensors`` and ``<stem>.json``,
 each to a temporary file renamed into place; the sidecar is written last, so a checkpoint
-whose sidecar exists is complete. ``load_checkpoint`` rebuilds the zoo model from the
-sidecar's ``model`` entry and checks every tensor (names, shapes, finiteness).
+whose sidecar exists is complete. The sidecar holds the SHA-256 of the weights file
+(``weights_sha256``, as ``sha256sum`` prints it) and of each of its 1 MiB chunks
+(``weights_sha256_chunks``, format version 2); ``load_checkpoint`` verifies the chunks in
+parallel while reading the file once: a truncated or modified file is an error naming it,
+never a result. It then
+checks the sidecar's model config against the file's header (no allocation for a config
+that does not match), rebuilds the zoo model and checks every tensor (names, shapes,
+finiteness).
 
 Foreign PyTorch files (``.pt``/``.pth``) are read with ``torch.load(weights_only=True)`` only:
 a file that needs arbitrary unpickling is refused, never executed.
@@ -11,28 +17,36 @@ a file that needs arbitrary unpickling is refused, never executed.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
+import queue
+import struct
+import sys
+import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from safetensors.torch import save as save_tensors
 from torch import Tensor, nn
 
 from lmckit import __version__
-from lmckit._io import atomic_path, atomic_write_json
+from lmckit._io import atomic_write_bytes, atomic_write_json
 from lmckit.errors import CheckpointError, LmcError
 from lmckit.models import build_model, model_config, permutation_spec
 from lmckit.params import check_finite, short_list
 from lmckit.perm import PermutationSpec
 
 FORMAT = "lmckit-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the sidecar holds the weights file's SHA-256
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 
 
@@ -53,11 +67,13 @@ def save_checkpoint(
     """
     weights, sidecar = checkpoint_paths(path)
     tensors = {k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}
-    with atomic_path(weights) as tmp:
-        save_file(tensors, tmp, metadata={"format": FORMAT})
+    data = save_tensors(tensors, metadata={"format": FORMAT})
+    atomic_write_bytes(weights, data)
     info = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
+        "weights_sha256": hashlib.sha256(data).hexdigest(),
+        "weights_sha256_chunks": {"bytes": CHUNK_BYTES, "digests": chunk_digests(data)},
         "lmckit_version": __version__,
         "torch_version": torch.__version__,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -77,6 +93,11 @@ class Checkpoint:
     params: dict[str, Tensor]
     meta: dict[str, Any]
     path: Path
+
+    @property
+    def files(self) -> tuple[Path, Path]:
+        """``(weights, sidecar)``: the files this checkpoint was read from."""
+        return checkpoint_paths(self.path)
 
     @property
     def spec(self) -> PermutationSpec:
@@ -139,26 +160,198 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
     """Load an lmckit checkpoint (by stem, ``.safetensors`` or ``.json`` path).
 
     Raises:
-        CheckpointError: missing or unreadable files, a sidecar that is not lmckit's, a model
-            config that no longer builds, tensors that do not fit the model or are not finite.
+        CheckpointError: missing or unreadable files, weights that do not match the SHA-256
+            in the sidecar, a sidecar that is not lmckit's, a model config that no longer
+            builds or does not fit the weights, tensors that are not finite.
     """
     weights, _ = checkpoint_paths(path)
     meta = read_meta(path)
-    # The sidecar says what to build: check it against the weights file's header on the
-    # meta device first, so an absurd or tampered config allocates nothing.
-    header = read_safetensors_header(weights)
+    buffer = read_checked(weights, meta)
+    header = parse_safetensors_header(buffer, weights)
+    # The sidecar says what to build: check it against the file's header on the meta
+    # device first, so an absurd or tampered config allocates nothing.
     with torch.device("meta"):
         skeleton = _build_from_sidecar(meta, weights)
-    fit_shapes({k: torch.Size(v) for k, v in header.items()}, skeleton, str(weights))
-    model = _build_from_sidecar(meta, weights)
-    params = read_safetensors(weights)
-    params = fit_state_dict(model, params, str(weights))
+    fit_shapes({k: torch.Size(v[1]) for k, v in header.items()}, skeleton, str(weights))
+    # Every tensor of the module is about to be overwritten from the file, so its storage
+    # is allocated without the random initialisation a fresh build would spend time on.
+    state = set(skeleton.state_dict())
+    names = [n for n, _ in skeleton.named_parameters()] + [n for n, _ in skeleton.named_buffers()]
+    model = (
+        skeleton.to_empty(device="cpu")
+        if all(n in state for n in names)
+        else _build_from_sidecar(meta, weights)
+    )
+    params = fit_state_dict(model, _tensors_from_buffer(buffer, header, weights), str(weights))
     model.load_state_dict(params)
     model.to(device)
     # `params` does not share storage with the module, so loading other weights into the
     # module later (e.g. a merged model) never changes this checkpoint's parameters.
     params = {k: v.to(device) for k, v in params.items()}
     return Checkpoint(model, params, meta, weights)
+
+
+CHUNK_BYTES = 1 << 20
+
+
+def chunk_digests(data: bytes | bytearray | memoryview, chunk: int = CHUNK_BYTES) -> list[str]:
+    """SHA-256 of every ``chunk``-byte piece of ``data`` (the last may be shorter)."""
+    view = memoryview(data)
+    return [hashlib.sha256(view[i : i + chunk]).hexdigest() for i in range(0, len(view), chunk)]
+
+
+def _sha256(piece: memoryview) -> str:
+    return hashlib.sha256(piece).hexdigest()
+
+
+_HASHERS: ThreadPoolExecutor | None = None
+_STREAM_FROM = 32 << 20  # files at least this large are hashed while they are being read
+
+
+def _hashers() -> ThreadPoolExecutor:
+    """One pool of hashing threads (one per core) for the whole process."""
+    global _HASHERS
+    if _HASHERS is None:
+        _HASHERS = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="sha")
+    return _HASHERS
+
+
+def read_checked(path: Path, meta: Mapping[str, Any]) -> bytearray:
+    """The weights file's bytes, verified against the sidecar's per-chunk SHA-256 digests.
+
+    The chunks are hashed in parallel by a pool of threads (one per core; hashlib and file
+    reads release the GIL); a large file is hashed chunk by chunk while a thread is still
+    reading it, so verification costs little beyond the read itself. Sidecars of format
+    version 1 carry no digests and their weights are read unchecked.
+
+    Raises:
+        CheckpointError: the file is missing, unreadable, or differs from the digests (the
+            message names the file and the first differing byte range).
+    """
+    recorded = meta.get("weights_sha256_chunks")
+    if recorded is None and meta.get("format_version", 1) >= 2:
+        raise CheckpointError(f"{path}: its sidecar lacks the weights_sha256_chunks it must carry")
+    try:
+        size = path.stat().st_size
+        handle = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the reader below
+    except FileNotFoundError:
+        raise CheckpointError(f"weights file {path} not found") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+    chunk = int(recorded["bytes"]) if recorded else CHUNK_BYTES
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    pieces: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        position = 0
+        try:
+            with handle:
+                while position < size:
+                    got = handle.readinto(view[position : position + chunk])
+                    if not got:
+                        break
+                    pieces.put((position, position + got))
+                    position += got
+        except OSError as exc:
+            pieces.put(exc)
+        pieces.put(None)
+
+    reader = threading.Thread(target=read, daemon=True) if size >= _STREAM_FROM else None
+    if reader is not None:
+        reader.start()
+    else:
+        read()
+    digests = []
+    while (item := pieces.get()) is not None:
+        if isinstance(item, OSError):
+            if reader is not None:
+                reader.join()
+            raise CheckpointError(f"cannot read {path}: {item.strerror or item}")
+        if recorded:
+            digests.append(_hashers().submit(_sha256, view[item[0] : item[1]]))
+    if reader is not None:
+        reader.join()
+    if recorded:
+        expected = list(recorded["digests"])
+        found = [d.result() for d in digests]
+        if found != expected:
+            first = next(
+                (i for i, (x, y) in enumerate(zip(found, expected, strict=False)) if x != y),
+                min(len(found), len(expected)),
+            )
+            raise CheckpointError(
+                f"{path} does not match the SHA-256 digests recorded in its sidecar (first "
+                f"difference in bytes {first * chunk}..{min((first + 1) * chunk, size)} of "
+                f"{size}): the file is truncated, corrupted or was replaced; restore it or "
+                "delete the checkpoint"
+            )
+    return buffer
+
+
+def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Check a checkpoint's weights against its sidecar's digests without building the
+    model; returns the sidecar. Raises :class:`CheckpointError` naming the file."""
+    weights, _ = checkpoint_paths(path)
+    meta = read_meta(path)
+    read_checked(weights, meta)
+    return meta
+
+
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def parse_safetensors_header(
+    data: bytes | bytearray, path: Path
+) -> dict[str, tuple[torch.dtype, tuple[int, ...], int, int]]:
+    """``{name: (dtype, shape, start, end)}`` from safetensors ``data`` (an 8-byte
+    little-endian header length, that many bytes of JSON, then the tensors' bytes; offsets
+    are absolute here), checked for consistency with the file's size."""
+    try:
+        (length,) = struct.unpack("<Q", bytes(data[:8]))
+        if length > len(data) - 8:
+            raise ValueError(f"header of {length} bytes in a file of {len(data)}")
+        header = json.loads(bytes(data[8 : 8 + length]))
+        out = {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = _DTYPES[entry["dtype"]]
+            shape = tuple(int(d) for d in entry["shape"])
+            start, end = (8 + length + int(o) for o in entry["data_offsets"])
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            if end > len(data) or end - start != math.prod(shape) * itemsize:
+                raise ValueError(f"tensor {name!r}: offsets do not fit its shape or the file")
+            out[name] = (dtype, shape, start, end)
+        return out
+    except (struct.error, ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"cannot read {path} as safetensors: {exc}") from None
+
+
+def _tensors_from_buffer(buffer: bytearray, header, path: Path) -> dict[str, Tensor]:
+    """Tensors viewing ``buffer`` (no copy; safetensors stores little-endian, as this
+    machine does — anything else is refused)."""
+    if sys.byteorder != "little":  # pragma: no cover - lmckit runs on little-endian machines
+        raise CheckpointError(f"{path}: reading safetensors needs a little-endian machine")
+    out = {}
+    for name, (dtype, shape, start, end) in header.items():
+        if end == start:
+            out[name] = torch.empty(shape, dtype=dtype)
+        else:
+            count = math.prod(shape)
+            out[name] = torch.frombuffer(buffer, dtype=dtype, count=count, offset=start).view(shape)
+    return out
 
 
 def _build_from_sidecar(meta: dict[str, Any], weights: Path) -> nn.Module:
@@ -168,22 +361,6 @@ def _build_from_sidecar(meta: dict[str, Any], weights: Path) -> nn.Module:
         raise CheckpointError(
             f"{weights}: cannot rebuild the model from its sidecar: {exc}"
         ) from None
-
-
-def read_safetensors_header(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
-    """Tensor names and shapes of a safetensors file, from its header (no data is read).
-
-    Raises:
-        CheckpointError: missing file or unreadable header.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"weights file {path} not found")
-    try:
-        with safe_open(path, framework="pt") as fh:
-            return {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {path} as safetensors: {exc}") from None
 
 
 def read_safetensors(path: str | os.PathLike) -> dict[str, Tensor]:

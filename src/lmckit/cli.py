@@ -349,15 +349,16 @@ def _data_for(ckpt, args: argparse.Namespace):
 
 
 def cmd_match(args: argparse.Namespace) -> int:
-    from lmckit._io import prepare_output_file
+    from lmckit._io import check_not_inputs, locked_output, prepare_output_file
     from lmckit.experiments.matching import check_same_architecture, match_checkpoints, save_match
     from lmckit.match import METHODS
 
     prepare_output_file(args.out, "--out")
     a, b = _load_checkpoints([args.a, args.b], args.device)
+    check_not_inputs([args.out], [*a.files, *b.files])
     check_same_architecture(a, b)
     data = _data_for(a, args) if METHODS[args.method].needs_data else None
-    with ProgressBars(not args.quiet) as bars:
+    with ProgressBars(not args.quiet) as bars, locked_output(args.out.parent, "--out's folder"):
         result = match_checkpoints(
             a,
             b,
@@ -370,7 +371,7 @@ def cmd_match(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             restarts=args.restarts,
         )
-    save_match(args.out, result, a=str(a.path), b=str(b.path))
+        save_match(args.out, result, a=str(a.path), b=str(b.path))
     objective = f"{result.history[-1]:.6g}" if result.history else "n/a"
     print(f"method        {result.method}")
     print(f"objective     {objective}   ({result.iterations} iterations)")

@@ -24,7 +24,7 @@ def test_train_seeds_is_resumable_and_bit_identical(tmp_path, digits):
 
     with pytest.raises(Interrupt):
         train_seeds("mlp", model_cfg, digits, cfg, [0, 1], tmp_path / "a", progress=progress)
-    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
+    assert sorted(p.name for p in (tmp_path / "a").glob("[!.]*")) == [
         "mlp-digits-seed0.json",
         "mlp-digits-seed0.safetensors",
     ]  # the interrupted seed left nothing behind

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from lmckit._io import atomic_write_bytes, atomic_write_json, prepare_output_dir
+from lmckit._io import atomic_write_bytes, atomic_write_json, prepare_output_dir, writes_folder
 from lmckit.checkpoint import load_checkpoint
 from lmckit.data import Dataset, fashion_mnist_available, load_dataset
 from lmckit.evaluate import Curve, interpolate, save_curves
@@ -71,6 +71,7 @@ def _cached_curve(path: Path) -> Curve | None:
     return Curve.from_dict(json.loads(path.read_text()))
 
 
+@writes_folder("out")
 def run_demo(
     out: str | Path,
     *,

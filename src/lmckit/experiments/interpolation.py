@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from lmckit._io import atomic_write_json, prepare_output_dir
+from lmckit._io import atomic_write_json, check_not_inputs, prepare_output_dir, writes_folder
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset
 from lmckit.errors import UsageError
@@ -27,6 +27,7 @@ from lmckit.progress import ProgressCallback
 NAIVE = "none"
 
 
+@writes_folder("out")
 def run_interpolate(
     a: Checkpoint,
     b: Checkpoint,
@@ -62,6 +63,16 @@ def run_interpolate(
     uses_bn = has_batchnorm(a.params)
     if repair and uses_bn:
         raise UsageError("--repair is for networks without BatchNorm (BN nets are BN-reset)")
+    out = Path(out)
+    outputs = [out / f"perm-{m}.json" for m in methods] + [
+        out / f"{name}{suffix}"
+        for name, suffixes in (
+            ("interpolation", (".json", ".csv", ".png")),
+            ("barriers", (".json", ".png")),
+        )
+        for suffix in suffixes
+    ]
+    check_not_inputs(outputs, [*a.files, *b.files, *([perm_file] if perm_file else [])])
     perms: dict[str, Permutation] = {}
     if perm_file is not None:
         perms["given"] = load_permutation(perm_file, a.spec)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from lmckit._io import atomic_write_json, prepare_output_dir
+from lmckit._io import atomic_write_json, check_not_inputs, prepare_output_dir, writes_folder
 from lmckit.analysis import multi_model_metrics, plane_landscape, sharpness
 from lmckit.checkpoint import Checkpoint, checkpoint_paths, save_checkpoint
 from lmckit.data import Dataset
@@ -86,6 +86,7 @@ def _bn_data(ckpt: Checkpoint, data: Dataset):
     )
 
 
+@writes_folder("out")
 def run_merge(
     ckpts: Sequence[Checkpoint],
     method: str,
@@ -104,6 +105,9 @@ def run_merge(
     Returns the report written to ``metrics.json``.
     """
     check_checkpoints(ckpts, data)
+    names = ("merged.safetensors", "merged.json", "permutations.json", "metrics.json")
+    names += ("geometry.png", "landscape.json", "landscape.png")
+    check_not_inputs([Path(out) / n for n in names], [f for c in ckpts for f in c.files])
     if sharpness_probes and sharpness_probes < 2:
         raise UsageError(f"sharpness needs at least 2 probes, got {sharpness_probes}")
     if landscape and landscape < 2:
@@ -187,6 +191,7 @@ def parse_range(text: str) -> list[int]:
     return list(range(lo, hi + 1))
 
 
+@writes_folder("out")
 def sweep(
     ckpts: Sequence[Checkpoint],
     methods: Sequence[str],
@@ -203,6 +208,9 @@ def sweep(
     model on the test set. Each finished (method, n) is stored in ``out/sweep/`` at once and
     reused on a rerun. Writes ``out/sweep.json`` and ``out/sweep.png``."""
     check_checkpoints(ckpts, data)
+    outputs = [Path(out) / n for n in ("sweep.json", "sweep.png")]
+    outputs += [Path(out) / "sweep" / f"{m}-n{n}.json" for m in methods for n in ns]
+    check_not_inputs(outputs, [f for c in ckpts for f in c.files])
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise UsageError(f"unknown merging method(s) {unknown}; choose from {sorted(METHODS)}")

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from lmckit._io import prepare_output_dir
-from lmckit.checkpoint import checkpoint_paths, read_meta, save_checkpoint
+from lmckit._io import prepare_output_dir, writes_folder
+from lmckit.checkpoint import checkpoint_paths, save_checkpoint, verify_checkpoint
 from lmckit.data import Dataset, canonical_name, load_dataset
 from lmckit.data.datasets import INPUT_SHAPES
 from lmckit.errors import CheckpointError, ModelConfigError
@@ -117,6 +117,7 @@ def _differences(found: dict[str, Any], wanted: dict[str, Any], prefix: str = ""
     return out
 
 
+@writes_folder("out")
 def train_seeds(
     model_name: str,
     model_config: dict[str, Any],
@@ -148,7 +149,7 @@ def train_seeds(
         weights, sidecar = checkpoint_paths(stem)
         seed_config = replace(config, seed=int(seed))
         if sidecar.exists() and weights.exists():
-            meta = read_meta(stem)
+            meta = verify_checkpoint(stem)  # a damaged file is an error, never "done"
             wanted = _settings(
                 {"model": full_model_config, "train": seed_config.to_dict(), "dataset": data.name}
             )
