@@ -207,7 +207,7 @@ def test_merge_command_and_sweep(tmp_path, capsys):
     assert (sweep / "sweep.png").exists() and (sweep / "sweep.json").exists()
     assert len(list((sweep / "sweep").glob("*.json"))) == 6
     assert main(args) == 0
-    assert capsys.readouterr().out.count("cached") == 6
+    assert capsys.readouterr().out.count("stored result reused") == 6
     assert main(["merge", ckpts[0], "--out", str(tmp_path / "x")]) == 2
 
 

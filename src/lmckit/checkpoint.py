@@ -95,6 +95,15 @@ class Checkpoint:
     path: Path
 
     @property
+    def content_hash(self) -> str:
+        """SHA-256 of the weights file (from the sidecar; computed for version-1 files)."""
+        recorded = self.meta.get("weights_sha256")
+        if recorded is None:
+            recorded = hashlib.sha256(self.path.read_bytes()).hexdigest()
+            self.meta["weights_sha256"] = recorded
+        return recorded
+
+    @property
     def files(self) -> tuple[Path, Path]:
         """``(weights, sidecar)``: the files this checkpoint was read from."""
         return checkpoint_paths(self.path)

@@ -29,3 +29,21 @@ def test_demo_runs_on_digits_and_reuses_its_results(tmp_path, capsys):
     assert main(args) == 0
     assert "cached" in capsys.readouterr().out
     assert json.loads((tmp_path / "results.json").read_text())["rows"] == first["rows"]
+
+
+@pytest.mark.slow
+def test_the_demo_recomputes_for_another_dataset_in_the_same_folder(tmp_path):
+    """Formerly the second dataset got the first one's barriers and permutations."""
+    from lmckit.experiments.demo import run_demo
+
+    quiet = {"log": lambda _: None, "epochs": 2}
+    first = run_demo(tmp_path / "out", dataset="synthetic", **quiet)
+    second = run_demo(tmp_path / "out", dataset="digits", **quiet)
+    fresh = run_demo(tmp_path / "fresh", dataset="digits", **quiet)
+
+    def rows(summary):
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in summary["rows"]]
+
+    assert second["dataset"] == "digits" and rows(second) == rows(fresh)
+    assert rows(second) != rows(first)
+    assert second["pairwise_wm"] == fresh["pairwise_wm"]

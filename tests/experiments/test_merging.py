@@ -33,3 +33,33 @@ def test_model_count_ranges():
     for bad in ("1..3", "5..2", "a", "2..x", "", "2...4"):
         with pytest.raises(UsageError):
             parse_range(bad)
+
+
+def test_a_sweep_over_other_checkpoints_in_the_same_folder_recomputes(tmp_path, digits):
+    """Formerly a file-existence cache: the second set of checkpoints got the first set's
+    merged accuracy."""
+    from lmckit.experiments.merging import sweep
+    from tests.zoo import train_mlp
+
+    paths = []
+    for seed in range(4):
+        save_checkpoint(
+            tmp_path / f"m{seed}",
+            train_mlp(digits, seed, hidden=(16,), epochs=2),
+            {"dataset": "digits"},
+        )
+        paths.append(tmp_path / f"m{seed}")
+    ckpts = [load_checkpoint(p) for p in paths]
+    quiet = {"log": lambda _: None}
+    first = sweep(ckpts[:2], ["star-wm"], [2], digits, tmp_path / "out", **quiet)
+    second = sweep(ckpts[2:], ["star-wm"], [2], digits, tmp_path / "out", **quiet)
+    fresh = sweep(ckpts[2:], ["star-wm"], [2], digits, tmp_path / "fresh", **quiet)
+    drop = {"seconds"}
+
+    def strip(result):
+        return {k: v for k, v in result["star-wm"][2].items() if k not in drop}
+
+    assert strip(second) == strip(fresh)
+    assert strip(second) != strip(first)
+    again = sweep(ckpts[2:], ["star-wm"], [2], digits, tmp_path / "out", **quiet)
+    assert again == second  # the same inputs again: the stored result, seconds included

@@ -27,6 +27,8 @@ the cache, verified by MD5. CIFAR is looked up the same way (directory
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -133,6 +135,18 @@ class Dataset:
     num_classes: int
     augment: bool = False
     source: str = ""
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """The data's identity: SHA-256 over the name, the number of classes and every
+        example's and label's bytes (after normalisation and padding), so two datasets
+        share a fingerprint exactly when they hold the same data."""
+        digest = hashlib.sha256(f"{self.name}|{self.num_classes}|".encode())
+        for t in (self.train_x, self.train_y, self.test_x, self.test_y):
+            t = t.detach().cpu().contiguous()
+            digest.update(f"{t.dtype}{tuple(t.shape)}|".encode())
+            digest.update(t.view(torch.uint8).numpy() if t.numel() else b"")
+        return digest.hexdigest()
 
     @property
     def input_shape(self) -> tuple[int, ...]:

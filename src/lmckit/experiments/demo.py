@@ -3,12 +3,13 @@
 Train three 3×512 MLPs on Fashion-MNIST (digits when Fashion-MNIST is absent), align model
 B to model A with every matcher, evaluate the linear paths naively and after matching, and
 write a table and figures. Every finished piece (checkpoints, permutations, curves) is kept
-in the output folder, so a rerun — or a run after an interruption — reuses it.
+in the output folder under a key of everything that determines it, so a rerun — or a run
+after an interruption — reuses exactly what still applies and recomputes the rest (another
+dataset, other epochs, another lmckit version).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +20,11 @@ import torch
 from lmckit._io import atomic_write_bytes, atomic_write_json, prepare_output_dir, writes_folder
 from lmckit.checkpoint import load_checkpoint
 from lmckit.data import Dataset, fashion_mnist_available, load_dataset
-from lmckit.evaluate import Curve, interpolate, save_curves
-from lmckit.experiments.matching import load_permutation, match_checkpoints, save_match
+from lmckit.evaluate import Curve, save_curves
+from lmckit.experiments.interpolation import stored_curve
+from lmckit.experiments.matching import stored_match
+from lmckit.experiments.store import Store
 from lmckit.experiments.training import model_config_for, train_seeds
-from lmckit.match import weight_matching
 from lmckit.params import params_distance
 from lmckit.perm import Permutation
 from lmckit.plots import plot_barriers, plot_interpolation
@@ -59,16 +61,6 @@ def choose_dataset(preferred: str | None, log: Callable[[str], None]) -> Dataset
         "using scikit-learn's bundled 8×8 digits instead."
     )
     return load_dataset("digits")
-
-
-def _curve_path(out: Path, label: str) -> Path:
-    return out / "curves" / f"{label}.json"
-
-
-def _cached_curve(path: Path) -> Curve | None:
-    if not path.exists():
-        return None
-    return Curve.from_dict(json.loads(path.read_text()))
 
 
 @writes_folder("out")
@@ -117,14 +109,15 @@ def run_demo(
         "train": data.subset(train_idx=subset).loader("train", batch_size=2000, shuffle=False),
         "test": data.loader("test", batch_size=2000),
     }
+    store = Store(out / "store")
+    evaluation = {
+        "train": f"{len(subset)} examples chosen by a permutation seeded 0",
+        "test": "all",
+    }
     perms: dict[str, tuple[Permutation, float]] = {"naive": (Permutation.identity(a.spec), 0.0)}
     for label, method in METHODS.items():
-        path = out / "perms" / f"{label}.json"
-        if path.exists():
-            perms[label] = (load_permutation(path, a.spec), json.loads(path.read_text())["seconds"])
-            log(f"match {LABELS[label]:8s} cached ({path})")
-            continue
-        result = match_checkpoints(
+        perm, artifact, reused = stored_match(
+            store,
             a,
             b,
             method,
@@ -132,29 +125,27 @@ def run_demo(
             epochs=ste_epochs,
             progress=progress(f"match {label}") if progress else None,
         )
-        save_match(path, result, a=str(a.path), b=str(b.path))
-        perms[label] = (result.perm, result.seconds)
+        r = artifact.record
+        perms[label] = (perm, r["seconds"])
         log(
-            f"match {LABELS[label]:8s} {result.seconds:7.2f} s   L2 {result.distance_before:.2f}"
-            f" -> {result.distance_after:.2f}"
+            f"match {LABELS[label]:8s} {r['seconds']:7.2f} s   L2 {r['distance_before']:.2f}"
+            f" -> {r['distance_after']:.2f}{'   (stored result reused)' if reused else ''}"
         )
     curves: dict[str, Curve] = {}
     rows = []
     for label, (perm, seconds) in perms.items():
-        path = _curve_path(out, label)
-        curve = _cached_curve(path)
-        if curve is None:
-            aligned = perm.apply(b.params)
-            curve = interpolate(
-                a.model,
-                a.params,
-                aligned,
-                loaders,
-                lambdas=lambdas,
-                calibrated=True,
-                ensemble=label == "naive",
-            )
-            atomic_write_json(path, curve.to_dict())
+        curve, _, _ = stored_curve(
+            store,
+            a,
+            b,
+            perm,
+            data=data,
+            loaders=loaders,
+            evaluation=evaluation,
+            lambdas=lambdas,
+            calibrated=True,
+            ensemble=label == "naive",
+        )
         curves[LABELS[label]] = curve
         test = curve.barriers["test"]
         rows.append(
@@ -189,7 +180,7 @@ def run_demo(
             )
         ),
     }
-    pairwise = _pairwise_wm(ckpts, loaders["test"], out)
+    pairwise = _pairwise_wm(ckpts, data, loaders["test"], store)
     summary = {
         "dataset": data.name,
         "epochs": epochs,
@@ -204,27 +195,33 @@ def run_demo(
     return summary
 
 
-def _pairwise_wm(ckpts, test_loader, out: Path) -> list[dict[str, Any]]:
+def _pairwise_wm(ckpts, data, test_loader, store: Store) -> list[dict[str, Any]]:
     """Naive vs weight-matched test-loss barrier for every pair of the trained seeds."""
-    path = out / "curves" / "pairwise.json"
-    if path.exists():
-        return json.loads(path.read_text())
     rows = []
     for i in range(len(ckpts)):
         for j in range(i + 1, len(ckpts)):
             a, b = ckpts[i], ckpts[j]
-            wm = weight_matching(a.spec, a.params, b.params)
-            loaders = {"test": test_loader}
-            naive = interpolate(a.model, a.params, b.params, loaders, lambdas=11)
-            matched = interpolate(a.model, a.params, wm.perm.apply(b.params), loaders, lambdas=11)
+            wm, _, _ = stored_match(store, a, b, "wm-fast", data)
+            barrier = {}
+            for label, perm in (("naive", Permutation.identity(a.spec)), ("wm", wm)):
+                curve, _, _ = stored_curve(
+                    store,
+                    a,
+                    b,
+                    perm,
+                    data=data,
+                    loaders={"test": test_loader},
+                    evaluation={"test": "all"},
+                    lambdas=11,
+                )
+                barrier[label] = curve.barriers["test"]["loss"]["rebasin"]
             rows.append(
                 {
                     "pair": [a.meta["seed"], b.meta["seed"]],
-                    "naive_loss_barrier": naive.barriers["test"]["loss"]["rebasin"],
-                    "wm_loss_barrier": matched.barriers["test"]["loss"]["rebasin"],
+                    "naive_loss_barrier": barrier["naive"],
+                    "wm_loss_barrier": barrier["wm"],
                 }
             )
-    atomic_write_json(path, rows)
     return rows
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,14 +12,14 @@ from lmckit._io import atomic_write_json, check_not_inputs, prepare_output_dir, 
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset
 from lmckit.errors import UsageError
-from lmckit.evaluate import Curve, interpolate, save_curves
+from lmckit.evaluate import Curve, interpolate, lambda_grid, save_curves
 from lmckit.experiments.matching import (
     check_data_fits,
     check_same_architecture,
     load_permutation,
-    match_checkpoints,
-    save_match,
+    stored_match,
 )
+from lmckit.experiments.store import Artifact, Store, content_hash
 from lmckit.match import METHODS
 from lmckit.params import has_batchnorm
 from lmckit.perm import Permutation
@@ -25,6 +27,71 @@ from lmckit.plots import plot_barriers, plot_interpolation
 from lmckit.progress import ProgressCallback
 
 NAIVE = "none"
+
+
+def stored_curve(
+    store: Store,
+    a: Checkpoint,
+    b: Checkpoint,
+    perm: Permutation,
+    *,
+    data: Dataset,
+    loaders: Mapping[str, Any],
+    evaluation: Mapping[str, str],
+    lambdas: int | Sequence[float] = 25,
+    bn_reset_data: Any = None,
+    bn_reset_batches: int | None = None,
+    repair_data: Any = None,
+    calibrated: bool = False,
+    ensemble: bool = False,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+) -> tuple[Curve, Artifact, bool]:
+    """:func:`~lmckit.evaluate.interpolate` from A to π(B) through the result store:
+    ``(curve, artifact, reused)``. ``evaluation`` describes what each loader covers (it is
+    part of the key, with the dataset's fingerprint, the settings and the hashes of A, B
+    and π)."""
+    settings = {
+        "evaluation": dict(evaluation),
+        "lambdas": lambda_grid(lambdas),
+        "bn_reset_batches": bn_reset_batches if bn_reset_data is not None else None,
+        "repair": repair_data is not None,
+        "calibrated": calibrated,
+        "ensemble": ensemble,
+        "seed": seed,
+    }
+
+    def write(folder: Path) -> tuple[str, dict[str, Any]]:
+        curve = interpolate(
+            a.model,
+            a.params,
+            perm.apply(b.params),
+            loaders,
+            lambdas=lambdas,
+            bn_reset_data=bn_reset_data,
+            bn_reset_batches=bn_reset_batches,
+            repair_data=repair_data,
+            calibrated=calibrated,
+            ensemble=ensemble,
+            seed=seed,
+            progress=progress,
+        )
+        atomic_write_json(folder / "curve.json", curve.to_dict())
+        return content_hash(curve.to_dict()), {"barriers": curve.barriers}
+
+    artifact, reused = store.get_or_compute(
+        "curve",
+        settings,
+        write,
+        inputs={
+            "a": a.content_hash,
+            "b": b.content_hash,
+            "perm": content_hash(perm.to_dict()),
+        },
+        dataset=data.fingerprint,
+    )
+    curve = Curve.from_dict(json.loads(artifact.file("curve.json").read_text()))
+    return curve, artifact, reused
 
 
 @writes_folder("out")
@@ -50,7 +117,9 @@ def run_interpolate(
 
     BatchNorm networks are BN-reset at every interior λ (``bn_batches`` batches); with
     ``repair`` BN-free networks are REPAIRed instead. Writes ``perm-<method>.json``,
-    ``interpolation.json``/``.csv``/``.png`` and ``barriers.json``/``.png`` into ``out``.
+    ``interpolation.json``/``.csv``/``.png`` and ``barriers.json``/``.png`` into ``out``;
+    permutations and curves are kept in ``out/store`` under keys of everything that
+    determines them, so a rerun reuses exactly the results that still apply.
 
     Returns:
         ``{"curves": {label: Curve}, "files": [...]}``.
@@ -77,12 +146,14 @@ def run_interpolate(
     if perm_file is not None:
         perms["given"] = load_permutation(perm_file, a.spec)
     out = prepare_output_dir(out, "--out")
+    store = Store(out / "store")
     if perm_file is None:
         for method in methods:
             if method == NAIVE:
                 perms["naive"] = Permutation.identity(a.spec)
                 continue
-            result = match_checkpoints(
+            perm, artifact, reused = stored_match(
+                store,
                 a,
                 b,
                 method,
@@ -90,22 +161,28 @@ def run_interpolate(
                 seed=seed,
                 progress=progress(f"match {method}") if progress else None,
             )
-            save_match(out / f"perm-{method}.json", result, a=str(a.path), b=str(b.path))
+            shutil.copyfile(artifact.file("perm.json"), out / f"perm-{method}.json")
+            r = artifact.record
             log(
-                f"{method}: L2 {result.distance_before:.3f} -> {result.distance_after:.3f} "
-                f"in {result.seconds:.2f} s"
+                f"{method}: L2 {r['distance_before']:.3f} -> {r['distance_after']:.3f} in "
+                f"{r['seconds']:.2f} s{' (stored result reused)' if reused else ''}"
             )
-            perms[method] = result.perm
+            perms[method] = perm
     loaders = {"test": data.loader("test", batch_size=1000)}
+    evaluation = {"test": "all"}
     if not test_only:
         loaders = {"train": data.loader("train", batch_size=1000, shuffle=False), **loaders}
+        evaluation["train"] = "all"
     curves: dict[str, Curve] = {}
     for label, perm in perms.items():
-        curves[label] = interpolate(
-            a.model,
-            a.params,
-            perm.apply(b.params),
-            loaders,
+        curves[label], _, _ = stored_curve(
+            store,
+            a,
+            b,
+            perm,
+            data=data,
+            loaders=loaders,
+            evaluation=evaluation,
             lambdas=lambdas,
             bn_reset_data=data.loader("train", batch_size=500, shuffle=True) if uses_bn else None,
             bn_reset_batches=bn_batches,

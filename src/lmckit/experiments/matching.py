@@ -13,6 +13,7 @@ from lmckit._io import atomic_write_json
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset
 from lmckit.errors import DataError, PermutationError, UsageError
+from lmckit.experiments.store import Artifact, Store, content_hash
 from lmckit.functional import forward, module_mode
 from lmckit.match import METHODS, MatchResult
 from lmckit.perm import Permutation, PermutationSpec
@@ -127,3 +128,45 @@ def load_permutation(path: str | Path, spec: PermutationSpec) -> Permutation:
         return Permutation.from_dict(perm, spec)
     except PermutationError as exc:
         raise PermutationError(f"{path}: {exc}") from None
+
+
+def stored_match(
+    store: Store,
+    a: Checkpoint,
+    b: Checkpoint,
+    method: str,
+    data: Dataset | None = None,
+    *,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+    **options: Any,
+) -> tuple[Permutation, Artifact, bool]:
+    """:func:`match_checkpoints` through the result store: ``(permutation, artifact,
+    reused)``. The key holds the method, its options and seed, both checkpoints' weight
+    hashes and — for methods that look at data — the dataset's fingerprint."""
+    if method not in METHODS:
+        raise UsageError(f"unknown matching method {method!r}; choose from {sorted(METHODS)}")
+    matcher = METHODS[method]
+    accepted = set(matcher.options())
+    used = {k: v for k, v in options.items() if k in accepted and v is not None}
+
+    def write(folder: Path) -> tuple[str, dict[str, Any]]:
+        result = match_checkpoints(a, b, method, data, seed=seed, progress=progress, **used)
+        save_match(folder / "perm.json", result)
+        record = {
+            "method": result.method,
+            "seconds": result.seconds,
+            "iterations": result.iterations,
+            "distance_before": result.distance_before,
+            "distance_after": result.distance_after,
+        }
+        return content_hash(result.perm.to_dict()), record
+
+    artifact, reused = store.get_or_compute(
+        "permutation",
+        {"method": method, "seed": seed, "options": used},
+        write,
+        inputs={"a": a.content_hash, "b": b.content_hash},
+        dataset=data.fingerprint if matcher.needs_data and data is not None else None,
+    )
+    return load_permutation(artifact.file("perm.json"), a.spec), artifact, reused

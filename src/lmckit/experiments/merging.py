@@ -16,6 +16,7 @@ from lmckit.checkpoint import Checkpoint, checkpoint_paths, save_checkpoint
 from lmckit.data import Dataset
 from lmckit.errors import UsageError
 from lmckit.experiments.matching import check_data_fits, check_same_architecture
+from lmckit.experiments.store import Store, content_hash
 from lmckit.merge import METHODS, MergeResult
 from lmckit.models import build_model
 from lmckit.params import has_batchnorm
@@ -180,6 +181,50 @@ def run_merge(
     return report
 
 
+def stored_merge_metrics(
+    store: Store,
+    ckpts: Sequence[Checkpoint],
+    method: str,
+    data: Dataset,
+    *,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+    **options: Any,
+) -> tuple[dict[str, Any], bool]:
+    """Merge ``ckpts`` with ``method`` and measure the merged model on the test split,
+    through the result store: ``(multi-model metrics and seconds, reused)``. The key holds
+    the method, its options and seed, every checkpoint's weight hash (in order: the last is
+    the reference) and the dataset's fingerprint."""
+    if method not in METHODS:
+        raise UsageError(f"unknown merging method {method!r}; choose from {sorted(METHODS)}")
+    accepted = set(METHODS[method].options())
+    used = {k: v for k, v in options.items() if k in accepted and v is not None}
+
+    def write(folder: Path) -> tuple[str, dict[str, Any]]:
+        result = merge_checkpoints(ckpts, method, data, seed=seed, progress=progress, **used)
+        metrics = multi_model_metrics(
+            ckpts[0].model,
+            [c.params for c in ckpts],
+            result.perms,
+            data.loader("test", batch_size=1000),
+            bn_reset_data=_bn_data(ckpts[0], data),
+            merged=result.merged,
+        )
+        entry = {**metrics.to_dict(), "seconds": result.seconds}
+        atomic_write_json(folder / "metrics.json", entry)
+        atomic_write_json(folder / "permutations.json", [p.to_dict() for p in result.perms])
+        return content_hash(entry), {}
+
+    artifact, reused = store.get_or_compute(
+        "merge-metrics",
+        {"method": method, "seed": seed, "options": used, "evaluation": {"test": "all"}},
+        write,
+        inputs={f"model{i}": c.content_hash for i, c in enumerate(ckpts)},
+        dataset=data.fingerprint,
+    )
+    return json.loads(artifact.file("metrics.json").read_text()), reused
+
+
 def parse_range(text: str) -> list[int]:
     """``"2..5"`` -> [2, 3, 4, 5]; ``"4"`` -> [2, 3, 4]. :class:`UsageError` otherwise."""
     try:
@@ -205,8 +250,10 @@ def sweep(
     **options: Any,
 ) -> dict[str, dict[int, dict[str, Any]]]:
     """For each ``n`` and method, merge the first ``n`` checkpoints and measure the merged
-    model on the test set. Each finished (method, n) is stored in ``out/sweep/`` at once and
-    reused on a rerun. Writes ``out/sweep.json`` and ``out/sweep.png``."""
+    model on the test set. Each finished (method, n) is kept in ``out/store`` at once, keyed
+    by everything that determines it (:func:`stored_merge_metrics`), and reused on a rerun
+    only when that key matches; ``out/sweep/<method>-n<n>.json``, ``out/sweep.json`` and
+    ``out/sweep.png`` are written from the results."""
     check_checkpoints(ckpts, data)
     outputs = [Path(out) / n for n in ("sweep.json", "sweep.png")]
     outputs += [Path(out) / "sweep" / f"{m}-n{n}.json" for m in methods for n in ns]
@@ -218,15 +265,11 @@ def sweep(
         raise UsageError(f"--sweep-n asks for {max(ns)} models but {len(ckpts)} were given")
     out = prepare_output_dir(out, "--out")
     results: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in methods}
-    test = data.loader("test", batch_size=1000)
+    store = Store(out / "store")
     for n in ns:
         for method in methods:
-            path = out / "sweep" / f"{method}-n{n}.json"
-            if path.exists():
-                results[method][n] = json.loads(path.read_text())
-                log(f"n={n} {method:<10} cached")
-                continue
-            result = merge_checkpoints(
+            entry, reused = stored_merge_metrics(
+                store,
                 ckpts[:n],
                 method,
                 data,
@@ -234,20 +277,12 @@ def sweep(
                 progress=progress(f"{method} n={n}") if progress else None,
                 **options,
             )
-            m = multi_model_metrics(
-                ckpts[0].model,
-                [c.params for c in ckpts[:n]],
-                result.perms,
-                test,
-                bn_reset_data=_bn_data(ckpts[0], data),
-                merged=result.merged,
-            )
-            entry = {**m.to_dict(), "seconds": result.seconds}
-            atomic_write_json(path, entry)
+            atomic_write_json(out / "sweep" / f"{method}-n{n}.json", entry)
             results[method][n] = entry
             log(
-                f"n={n} {method:<10} merged test acc {100 * m.merged_accuracy:.2f} %, loss gap "
-                f"{m.loss_gap:+.4f}, pairwise gap {m.pairwise_gap:+.4f} ({result.seconds:.1f} s)"
+                f"n={n} {method:<10} merged test acc {100 * entry['merged_accuracy']:.2f} %, "
+                f"loss gap {entry['loss_gap']:+.4f}, pairwise gap {entry['pairwise_gap']:+.4f} "
+                f"({entry['seconds']:.1f} s{', stored result reused' if reused else ''})"
             )
     atomic_write_json(out / "sweep.json", results)
     plot_sweep(

@@ -20,6 +20,7 @@ from lmckit.checkpoint import checkpoint_paths, save_checkpoint, verify_checkpoi
 from lmckit.data import Dataset, canonical_name, load_dataset
 from lmckit.data.datasets import INPUT_SHAPES
 from lmckit.errors import CheckpointError, ModelConfigError
+from lmckit.experiments.store import make_key
 from lmckit.models import ALIASES, MODELS, build_model
 from lmckit.models import model_config as config_of
 from lmckit.progress import ProgressCallback
@@ -101,20 +102,74 @@ def checkpoint_stem(out: Path, model_name: str, dataset: str, seed: int) -> Path
     return out / f"{model_name_key(model_name)}-{dataset}-seed{seed}"
 
 
-def _settings(meta: dict[str, Any]) -> dict[str, Any]:
-    train_cfg = {k: v for k, v in meta.get("train", {}).items() if k != "seed"}
-    return {"model": meta.get("model"), "train": train_cfg, "dataset": meta.get("dataset")}
+def _differences(found: Any, wanted: Any, prefix: str = "") -> list[str]:
+    if isinstance(found, dict) and isinstance(wanted, dict):
+        out = []
+        for key in sorted(set(found) | set(wanted)):
+            out += _differences(found.get(key), wanted.get(key), f"{prefix}{key}.")
+        return out
+    return [] if found == wanted else [f"{prefix.rstrip('.')}: found {found!r}, wanted {wanted!r}"]
 
 
-def _differences(found: dict[str, Any], wanted: dict[str, Any], prefix: str = "") -> list[str]:
-    out = []
-    for key in sorted(set(found) | set(wanted)):
-        a, b = found.get(key), wanted.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key}: found {a!r}, wanted {b!r}")
-    return out
+def training_key(
+    model_name: str, model_config: dict[str, Any], config: TrainConfig, data: Dataset
+) -> tuple[str, dict[str, Any]]:
+    """``(key, document)`` of a trained checkpoint: the full model configuration, the
+    training configuration (seed included), the dataset's fingerprint and lmckit's
+    version. The key is recorded in the checkpoint's sidecar."""
+    with torch.device("meta"):  # validates the configuration without allocating weights
+        full_model_config = config_of(build_model(model_name, **model_config))
+    return make_key(
+        "checkpoint",
+        {"model": full_model_config, "train": config.to_dict()},
+        dataset=data.fingerprint,
+    )
+
+
+def train_checkpoint(
+    model_name: str,
+    model_config: dict[str, Any],
+    data: Dataset,
+    config: TrainConfig,
+    stem: Path,
+    *,
+    progress: ProgressCallback | None = None,
+    device: str = "cpu",
+) -> SeedOutcome:
+    """Train one model into the checkpoint ``stem`` — or reuse the checkpoint there if it
+    records exactly this training's key (and its weights verify).
+
+    Raises:
+        CheckpointError: a checkpoint exists at ``stem`` with another key; the message lists
+            what differs (settings, dataset, lmckit version).
+    """
+    key, document = training_key(model_name, model_config, config, data)
+    weights, sidecar = checkpoint_paths(stem)
+    if sidecar.exists() and weights.exists():
+        meta = verify_checkpoint(stem)  # a damaged file is an error, never "done"
+        if meta.get("key") != key:
+            found = meta.get("key_document", {"note": "made by an lmckit without keys"})
+            raise CheckpointError(
+                f"{weights} exists but was trained otherwise ("
+                + "; ".join(_differences(found, document)[:6])
+                + "); use another --out folder or remove it"
+            )
+        return SeedOutcome(config.seed, weights, True, meta.get("metrics", {}), 0.0)
+    model = init_model(model_name, model_config, config.seed).to(device)
+    result = train(model, data, config, progress=progress)
+    meta = {
+        "key": key,
+        "key_document": document,
+        "train": config.to_dict(),
+        "seed": int(config.seed),
+        "dataset": data.name,
+        "dataset_source": data.source,
+        "metrics": result.metrics_dict(),
+        "history": [vars(h) for h in result.history],
+        "train_seconds": result.seconds,
+    }
+    save_checkpoint(stem, model, meta)
+    return SeedOutcome(config.seed, weights, False, result.metrics_dict(), result.seconds)
 
 
 @writes_folder("out")
@@ -130,7 +185,9 @@ def train_seeds(
     on_seed_done: Callable[[SeedOutcome], None] | None = None,
     device: str = "cpu",
 ) -> list[SeedOutcome]:
-    """Train ``model_name`` once per seed (seed fixes initialisation and data order).
+    """Train ``model_name`` once per seed (seed fixes initialisation and data order) into
+    ``out/<model>-<dataset>-seed<N>``; a checkpoint already there is reused only if it
+    records exactly the same key (:func:`train_checkpoint`).
 
     Args:
         progress: ``seed -> callback`` for per-step progress of that seed's training.
@@ -138,43 +195,21 @@ def train_seeds(
 
     Raises:
         CheckpointError: a checkpoint for this model/dataset/seed exists in ``out`` but was
-            trained with different settings.
+            trained otherwise, or its weights do not verify.
     """
     out = prepare_output_dir(out, "--out")
+    training_key(model_name, model_config, config, data)  # a bad configuration fails first
     outcomes = []
-    with torch.device("meta"):  # validates the configuration without allocating weights
-        full_model_config = config_of(build_model(model_name, **model_config))
     for seed in seeds:
-        stem = checkpoint_stem(out, model_name, data.name, seed)
-        weights, sidecar = checkpoint_paths(stem)
-        seed_config = replace(config, seed=int(seed))
-        if sidecar.exists() and weights.exists():
-            meta = verify_checkpoint(stem)  # a damaged file is an error, never "done"
-            wanted = _settings(
-                {"model": full_model_config, "train": seed_config.to_dict(), "dataset": data.name}
-            )
-            differences = _differences(_settings(meta), wanted)
-            if differences:
-                raise CheckpointError(
-                    f"{weights} exists but was trained with other settings ("
-                    + "; ".join(differences)
-                    + "); use another --out folder or remove it"
-                )
-            outcome = SeedOutcome(seed, weights, True, meta.get("metrics", {}), 0.0)
-        else:
-            model = init_model(model_name, model_config, seed).to(device)
-            result = train(model, data, seed_config, progress=progress(seed) if progress else None)
-            meta = {
-                "train": seed_config.to_dict(),
-                "seed": int(seed),
-                "dataset": data.name,
-                "dataset_source": data.source,
-                "metrics": result.metrics_dict(),
-                "history": [vars(h) for h in result.history],
-                "train_seconds": result.seconds,
-            }
-            save_checkpoint(stem, model, meta)
-            outcome = SeedOutcome(seed, weights, False, result.metrics_dict(), result.seconds)
+        outcome = train_checkpoint(
+            model_name,
+            model_config,
+            data,
+            replace(config, seed=int(seed)),
+            checkpoint_stem(out, model_name, data.name, seed),
+            progress=progress(seed) if progress else None,
+            device=device,
+        )
         outcomes.append(outcome)
         if on_seed_done is not None:
             on_seed_done(outcome)

@@ -1,0 +1,214 @@
+"""One result store: every cached artifact keyed by everything that determines it.
+
+An artifact — a checkpoint, a permutation, a curve, a merge, an analysis — is stored under
+a key that is the SHA-256 of a canonical JSON document holding:
+
+* the step's **kind** and **settings** (every option that changes the result),
+* the **content hashes of its inputs** (a checkpoint's weights SHA-256, a permutation's
+  canonical hash) — never their paths or names,
+* the **dataset identity** (name and a hash of every example and label),
+* the **lmckit version**.
+
+A result is reused only when a stored artifact has exactly that key; anything else is
+computed afresh. The key document is written into the artifact's ``meta.json``, together
+with the SHA-256 of every file the artifact holds, which is checked when the artifact is
+reused: a damaged artifact is an error naming it, never a result. Artifacts are written
+into a scratch folder and renamed into place, so an interrupted run leaves none half
+written.
+
+Layout: ``<root>/<kind>/<key[:2]>/<key>/`` with ``meta.json`` and the artifact's files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from lmckit import __version__
+from lmckit._io import atomic_write_json
+from lmckit.errors import LmcError
+
+__all__ = ["Artifact", "Store", "StoreError", "canonical_json", "content_hash", "make_key"]
+
+
+class StoreError(LmcError):
+    """A stored artifact is damaged or does not hold what its key says."""
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple | set | frozenset):
+        return [_plain(v) for v in (sorted(value) if isinstance(value, set | frozenset) else value)]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: equal values give equal text."""
+    return json.dumps(_plain(value), sort_keys=True, separators=(",", ":"), allow_nan=True)
+
+
+def content_hash(value: Any) -> str:
+    """SHA-256 of ``value``'s canonical JSON."""
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def make_key(
+    kind: str,
+    settings: Mapping[str, Any],
+    inputs: Mapping[str, str] | None = None,
+    dataset: str | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """``(key, document)``: the key of an artifact of ``kind`` computed with ``settings``
+    from inputs with the given content hashes, on the dataset with the given identity."""
+    document = {
+        "kind": kind,
+        "settings": _plain(dict(settings)),
+        "inputs": dict(sorted((inputs or {}).items())),
+        "dataset": dataset,
+        "lmckit_version": __version__,
+    }
+    return content_hash(document), document
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A stored artifact: its folder and its ``meta.json`` (``key``, ``document``,
+    ``files``, ``content`` and whatever the producer recorded under ``record``)."""
+
+    folder: Path
+    meta: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        """The artifact's key."""
+        return self.meta["key"]
+
+    @property
+    def content(self) -> str:
+        """The hash downstream artifacts key on (the producer's choice, e.g. weights SHA-256)."""
+        return self.meta["content"]
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """What the producer recorded about the result (metrics, timings)."""
+        return self.meta.get("record", {})
+
+    def file(self, name: str) -> Path:
+        """Path of one of the artifact's files."""
+        return self.folder / name
+
+
+class Store:
+    """Keyed artifacts under ``root`` (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+
+    def folder(self, kind: str, key: str) -> Path:
+        """Where the artifact of ``kind`` with ``key`` lives (whether or not it exists)."""
+        return self.root / kind / key[:2] / key
+
+    def get(self, kind: str, key: str, *, verify: bool = True) -> Artifact | None:
+        """The artifact with exactly this key, or ``None`` if there is none.
+
+        Raises:
+            StoreError: an artifact is stored under the key but its ``meta.json`` names
+                another key, or one of its files is missing or differs from its hash.
+        """
+        folder = self.folder(kind, key)
+        meta_path = folder / "meta.json"
+        if not meta_path.is_file():
+            return None
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise StoreError(
+                f"stored artifact {folder} has an unreadable meta.json: {exc}"
+            ) from None
+        if meta.get("key") != key:
+            raise StoreError(f"stored artifact {folder} records key {meta.get('key')}, not {key}")
+        if verify:
+            for name, expected in meta.get("files", {}).items():
+                path = folder / name
+                if not path.is_file() or _file_sha256(path) != expected:
+                    raise StoreError(
+                        f"stored artifact file {path} is missing or damaged (its SHA-256 does "
+                        "not match meta.json); delete the folder to recompute it"
+                    )
+        return Artifact(folder, meta)
+
+    def put(
+        self,
+        kind: str,
+        key: str,
+        document: Mapping[str, Any],
+        write: Callable[[Path], tuple[str, Mapping[str, Any]]],
+    ) -> Artifact:
+        """Compute and store an artifact: ``write(folder)`` writes its files into a scratch
+        folder and returns ``(content hash, record)``; the folder is then renamed into place
+        in one step. If another writer stored the same key meanwhile, its copy is kept."""
+        final = self.folder(kind, key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{key[:12]}.", dir=final.parent))
+        try:
+            content, record = write(scratch)
+            files = {p.name: _file_sha256(p) for p in sorted(scratch.iterdir()) if p.is_file()}
+            meta = {
+                "key": key,
+                "document": dict(document),
+                "content": content,
+                "files": files,
+                "record": _plain(dict(record)),
+                "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+            atomic_write_json(scratch / "meta.json", meta)
+            os.chmod(scratch, 0o755)
+            try:
+                os.rename(scratch, final)
+            except OSError:
+                if not (final / "meta.json").is_file():
+                    raise
+                shutil.rmtree(scratch)  # the same key was stored concurrently: keep that one
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        artifact = self.get(kind, key, verify=False)
+        assert artifact is not None
+        return artifact
+
+    def get_or_compute(
+        self,
+        kind: str,
+        settings: Mapping[str, Any],
+        write: Callable[[Path], tuple[str, Mapping[str, Any]]],
+        *,
+        inputs: Mapping[str, str] | None = None,
+        dataset: str | None = None,
+    ) -> tuple[Artifact, bool]:
+        """``(artifact, reused)``: the stored artifact for this key, or a new one."""
+        key, document = make_key(kind, settings, inputs, dataset)
+        found = self.get(kind, key)
+        if found is not None:
+            return found, True
+        return self.put(kind, key, document, write), False
