@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 $(BIN)/lmckit: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,ray]'
 	touch $@
 
 setup: $(BIN)/lmckit

@@ -182,16 +182,26 @@ class ProgressBars:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.bars: list[Any] = []
+        self.kept: list[Any] = []
 
     def __enter__(self) -> ProgressBars:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close_finished()
+        for bar in self.kept:
+            bar.close()
+        self.kept.clear()
+
+    def close_finished(self) -> None:
+        """Close the bars of steps that are over (all but the kept ones)."""
         for bar in self.bars:
             bar.close()
         self.bars.clear()
 
-    def __call__(self, label: str):
+    def __call__(self, label: str, *, keep: bool = False, delay: float = 0.0):
+        """A callback driving a bar for ``label``; ``keep``: an overall bar that later bars
+        do not close; ``delay``: show the bar only once its work has lasted this long."""
         if not self.enabled:
             return None
         from tqdm.auto import tqdm
@@ -201,15 +211,18 @@ class ProgressBars:
         def callback(event) -> None:
             bar = state.get("bar")
             if bar is None:
-                self.__exit__()
+                if not keep:
+                    self.close_finished()
                 bar = state["bar"] = tqdm(
                     total=event.total,
                     desc=label,
                     dynamic_ncols=True,
-                    leave=True,
+                    leave=keep or delay == 0,
+                    delay=delay,
+                    position=0 if keep else None,
                     mininterval=0.1 if sys.stderr.isatty() else 10.0,
                 )
-                self.bars.append(bar)
+                (self.kept if keep else self.bars).append(bar)
             if event.total != bar.total:
                 bar.total = event.total
             if event.step > bar.n:
@@ -505,6 +518,96 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
+    """``--set key=value`` pairs; values are read as TOML (numbers, lists, strings...)."""
+    import tomllib
+
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--set needs key=value, got {pair!r}")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = text  # a bare word: a string
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from lmckit._io import check_output_dir
+    from lmckit.experiments.runner import run_experiment
+    from lmckit.experiments.spec import load_experiment
+
+    experiment = load_experiment(args.experiment, _overrides(args.set))
+    check_output_dir(args.out, "--out")
+    print(f"experiment {experiment.name}: {experiment.description or '(no description)'}")
+    if experiment.expected_runtime:
+        print(f"expected run time: {experiment.expected_runtime}")
+    with ProgressBars(not args.quiet) as bars:
+        overall = bars("jobs", keep=True)
+        summary = run_experiment(
+            experiment,
+            args.out,
+            executor=args.executor,
+            jobs=args.jobs,
+            address=args.address,
+            retry_failed=args.retry_failed,
+            data_dir=args.data_dir,
+            download=not args.no_download,
+            device=args.device,
+            log=lambda message: print(message, flush=True),
+            overall=overall,
+            job_progress=None if args.jobs > 1 and args.executor == "ray" else _JobBars(bars),
+        )
+    print(
+        f"{len(summary.done)} jobs run, {len(summary.reused)} reused from the store, "
+        f"{len(summary.failed)} failed, {len(summary.waiting)} waiting on failed jobs "
+        f"({summary.seconds:.1f} s) -> {args.out}"
+    )
+    if summary.failed:
+        print(f"see `lmckit status {args.out}` for the errors; rerun with --retry-failed")
+    return 0 if summary.complete else 1
+
+
+class _JobBars:
+    """Per-job bars for ``lmckit run``, only for jobs that report progress."""
+
+    def __init__(self, bars: ProgressBars) -> None:
+        self.bars = bars
+
+    def __call__(self, name: str):
+        return self.bars(name, delay=1.0)  # short jobs come and go without a bar
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from lmckit.experiments.ledger import STATUSES, Ledger
+
+    path = args.out / "ledger.sqlite"
+    if not path.is_file():
+        raise UsageError(f"{args.out} holds no experiment ledger (ledger.sqlite)")
+    ledger = Ledger(path)
+    try:
+        summary = ledger.summary()
+        print(f"{'step':<8} " + " ".join(f"{s:>8}" for s in STATUSES))
+        for kind, counts in summary.items():
+            print(f"{kind:<8} " + " ".join(f"{counts[s]:>8}" for s in STATUSES))
+        for job in ledger.jobs():
+            if job["status"] == "failed":
+                last = (job["error"] or "").strip().splitlines()
+                reason = last[-1] if last else ""
+                print(f"failed: {job['name']} ({job['attempts']} attempt(s)): {reason}")
+        if args.csv:
+            for path in ledger.export_csv(args.csv):
+                print(f"wrote {path}")
+        if args.parquet:
+            for path in ledger.export_parquet(args.parquet):
+                print(f"wrote {path}")
+    finally:
+        ledger.close()
+    return 0
+
+
 # -- the parser ----------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (usage is one ``--help`` away)."""
@@ -702,6 +805,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_data_arguments(p)
     p.set_defaults(func=cmd_merge)
+
+    from lmckit.experiments.executors import EXECUTORS
+
+    p = sub.add_parser(
+        "run",
+        help="run an experiment file (a sweep of training, matching, curves, merges)",
+        description="Expand an experiment file into jobs and run those whose results are not "
+        "stored yet. Kill it at any time and rerun: finished jobs are reused. Results, the "
+        "job ledger and the experiment file go to --out.",
+    )
+    p.add_argument("experiment", type=_existing_file, help="experiment file (.toml)")
+    p.add_argument("--out", type=Path, required=True, help="folder for the run")
+    p.add_argument("--executor", choices=EXECUTORS, default="local")
+    p.add_argument("--jobs", type=_int_at_least(1), default=1, help="jobs at a time")
+    p.add_argument("--address", help="Ray cluster address (with --executor ray)")
+    p.add_argument("--retry-failed", action="store_true", help="rerun jobs that failed before")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a value of the file, e.g. --set train.epochs=2 (repeatable)",
+    )
+    p.add_argument("--data-dir", type=_existing_dir, help="where the dataset files are")
+    p.add_argument("--no-download", action="store_true", help="never download datasets")
+    p.add_argument("--device", type=_device, default="cpu")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("status", help="summarise an experiment run's job ledger")
+    p.add_argument("out", type=_existing_dir, help="the run's --out folder")
+    p.add_argument("--csv", type=Path, metavar="DIR", help="also write jobs.csv and metrics.csv")
+    p.add_argument("--parquet", type=Path, metavar="DIR", help="also write Parquet (pyarrow)")
+    p.set_defaults(func=cmd_status)
     return parser
 
 

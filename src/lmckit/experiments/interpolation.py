@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,10 @@ from lmckit.experiments.matching import (
     check_data_fits,
     check_same_architecture,
     load_permutation,
+    permutation_content,
     stored_match,
 )
-from lmckit.experiments.store import Artifact, Store, content_hash
+from lmckit.experiments.store import Artifact, Store, content_hash, make_key
 from lmckit.match import METHODS
 from lmckit.params import has_batchnorm
 from lmckit.perm import Permutation
@@ -27,6 +29,36 @@ from lmckit.plots import plot_barriers, plot_interpolation
 from lmckit.progress import ProgressCallback
 
 NAIVE = "none"
+
+
+def curve_key(
+    a_content: str,
+    b_content: str,
+    perm_content: str,
+    data: Dataset,
+    *,
+    evaluation: Mapping[str, str],
+    lambdas: int | Sequence[float],
+    bn_reset_batches: int | None,
+    repair: bool,
+    calibrated: bool,
+    ensemble: bool,
+    seed: int,
+) -> tuple[str, dict[str, Any]]:
+    """``(key, document)`` of an interpolation curve from A to π(B): the weight hashes of A
+    and B, π's content (:func:`~lmckit.experiments.matching.permutation_content`), the
+    dataset's fingerprint, what each split covers and every setting of the curve."""
+    settings = {
+        "evaluation": dict(evaluation),
+        "lambdas": lambda_grid(lambdas),
+        "bn_reset_batches": bn_reset_batches,
+        "repair": repair,
+        "calibrated": calibrated,
+        "ensemble": ensemble,
+        "seed": seed,
+    }
+    inputs = {"a": a_content, "b": b_content, "perm": perm_content}
+    return make_key("curve", settings, inputs, data.fingerprint)
 
 
 def stored_curve(
@@ -51,17 +83,22 @@ def stored_curve(
     ``(curve, artifact, reused)``. ``evaluation`` describes what each loader covers (it is
     part of the key, with the dataset's fingerprint, the settings and the hashes of A, B
     and π)."""
-    settings = {
-        "evaluation": dict(evaluation),
-        "lambdas": lambda_grid(lambdas),
-        "bn_reset_batches": bn_reset_batches if bn_reset_data is not None else None,
-        "repair": repair_data is not None,
-        "calibrated": calibrated,
-        "ensemble": ensemble,
-        "seed": seed,
-    }
+    key, document = curve_key(
+        a.content_hash,
+        b.content_hash,
+        permutation_content(perm),
+        data,
+        evaluation=evaluation,
+        lambdas=lambdas,
+        bn_reset_batches=bn_reset_batches if bn_reset_data is not None else None,
+        repair=repair_data is not None,
+        calibrated=calibrated,
+        ensemble=ensemble,
+        seed=seed,
+    )
 
     def write(folder: Path) -> tuple[str, dict[str, Any]]:
+        started = time.perf_counter()
         curve = interpolate(
             a.model,
             a.params,
@@ -77,19 +114,10 @@ def stored_curve(
             progress=progress,
         )
         atomic_write_json(folder / "curve.json", curve.to_dict())
-        return content_hash(curve.to_dict()), {"barriers": curve.barriers}
+        record = {"barriers": curve.barriers, "seconds": time.perf_counter() - started}
+        return content_hash(curve.to_dict()), record
 
-    artifact, reused = store.get_or_compute(
-        "curve",
-        settings,
-        write,
-        inputs={
-            "a": a.content_hash,
-            "b": b.content_hash,
-            "perm": content_hash(perm.to_dict()),
-        },
-        dataset=data.fingerprint,
-    )
+    artifact, reused = store.get_or_put("curve", key, document, write)
     curve = Curve.from_dict(json.loads(artifact.file("curve.json").read_text()))
     return curve, artifact, reused
 

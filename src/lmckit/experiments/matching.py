@@ -4,6 +4,7 @@ before any expensive work (same architecture, data that fits the checkpoint)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from lmckit._io import atomic_write_json
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset
 from lmckit.errors import DataError, PermutationError, UsageError
-from lmckit.experiments.store import Artifact, Store, content_hash
+from lmckit.experiments.store import Artifact, Store, content_hash, make_key
 from lmckit.functional import forward, module_mode
 from lmckit.match import METHODS, MatchResult
 from lmckit.perm import Permutation, PermutationSpec
@@ -144,11 +145,8 @@ def stored_match(
     """:func:`match_checkpoints` through the result store: ``(permutation, artifact,
     reused)``. The key holds the method, its options and seed, both checkpoints' weight
     hashes and — for methods that look at data — the dataset's fingerprint."""
-    if method not in METHODS:
-        raise UsageError(f"unknown matching method {method!r}; choose from {sorted(METHODS)}")
-    matcher = METHODS[method]
-    accepted = set(matcher.options())
-    used = {k: v for k, v in options.items() if k in accepted and v is not None}
+    key, document = match_key(method, seed, options, a.content_hash, b.content_hash, data)
+    used = document["settings"]["options"]
 
     def write(folder: Path) -> tuple[str, dict[str, Any]]:
         result = match_checkpoints(a, b, method, data, seed=seed, progress=progress, **used)
@@ -160,13 +158,37 @@ def stored_match(
             "distance_before": result.distance_before,
             "distance_after": result.distance_after,
         }
-        return content_hash(result.perm.to_dict()), record
+        return permutation_content(result.perm), record
 
-    artifact, reused = store.get_or_compute(
+    artifact, reused = store.get_or_put("permutation", key, document, write)
+    return load_permutation(artifact.file("perm.json"), a.spec), artifact, reused
+
+
+def permutation_content(perm: Permutation) -> str:
+    """The content hash downstream artifacts key on: ``"identity"`` for the identity (so a
+    naive path needs no permutation to be keyed), else the hash of its index vectors."""
+    return "identity" if perm.is_identity() else content_hash(perm.to_dict())
+
+
+def match_key(
+    method: str,
+    seed: int,
+    options: Mapping[str, Any],
+    a_content: str,
+    b_content: str,
+    data: Dataset | None,
+) -> tuple[str, dict[str, Any]]:
+    """``(key, document)`` of the permutation ``method`` finds for B onto A: the method,
+    the options it takes (others are dropped), the seed, both checkpoints' weight hashes
+    and — for methods that look at data — the dataset's fingerprint."""
+    if method not in METHODS:
+        raise UsageError(f"unknown matching method {method!r}; choose from {sorted(METHODS)}")
+    matcher = METHODS[method]
+    accepted = set(matcher.options())
+    used = {k: v for k, v in options.items() if k in accepted and v is not None}
+    return make_key(
         "permutation",
         {"method": method, "seed": seed, "options": used},
-        write,
-        inputs={"a": a.content_hash, "b": b.content_hash},
-        dataset=data.fingerprint if matcher.needs_data and data is not None else None,
+        {"a": a_content, "b": b_content},
+        data.fingerprint if matcher.needs_data and data is not None else None,
     )
-    return load_permutation(artifact.file("perm.json"), a.spec), artifact, reused

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from lmckit.checkpoint import Checkpoint, checkpoint_paths, save_checkpoint
 from lmckit.data import Dataset
 from lmckit.errors import UsageError
 from lmckit.experiments.matching import check_data_fits, check_same_architecture
-from lmckit.experiments.store import Store, content_hash
+from lmckit.experiments.store import Store, content_hash, make_key
 from lmckit.merge import METHODS, MergeResult
 from lmckit.models import build_model
 from lmckit.params import has_batchnorm
@@ -181,6 +181,28 @@ def run_merge(
     return report
 
 
+def merge_key(
+    method: str,
+    seed: int,
+    options: Mapping[str, Any],
+    contents: Sequence[str],
+    data: Dataset,
+) -> tuple[str, dict[str, Any]]:
+    """``(key, document)`` of a merge and its test-set metrics: the method, the options it
+    takes, the seed, every model's weight hash in order (the last is the reference) and the
+    dataset's fingerprint."""
+    if method not in METHODS:
+        raise UsageError(f"unknown merging method {method!r}; choose from {sorted(METHODS)}")
+    accepted = set(METHODS[method].options())
+    used = {k: v for k, v in options.items() if k in accepted and v is not None}
+    return make_key(
+        "merge-metrics",
+        {"method": method, "seed": seed, "options": used, "evaluation": {"test": "all"}},
+        {f"model{i}": c for i, c in enumerate(contents)},
+        data.fingerprint,
+    )
+
+
 def stored_merge_metrics(
     store: Store,
     ckpts: Sequence[Checkpoint],
@@ -195,10 +217,8 @@ def stored_merge_metrics(
     through the result store: ``(multi-model metrics and seconds, reused)``. The key holds
     the method, its options and seed, every checkpoint's weight hash (in order: the last is
     the reference) and the dataset's fingerprint."""
-    if method not in METHODS:
-        raise UsageError(f"unknown merging method {method!r}; choose from {sorted(METHODS)}")
-    accepted = set(METHODS[method].options())
-    used = {k: v for k, v in options.items() if k in accepted and v is not None}
+    key, document = merge_key(method, seed, options, [c.content_hash for c in ckpts], data)
+    used = document["settings"]["options"]
 
     def write(folder: Path) -> tuple[str, dict[str, Any]]:
         result = merge_checkpoints(ckpts, method, data, seed=seed, progress=progress, **used)
@@ -215,13 +235,7 @@ def stored_merge_metrics(
         atomic_write_json(folder / "permutations.json", [p.to_dict() for p in result.perms])
         return content_hash(entry), {}
 
-    artifact, reused = store.get_or_compute(
-        "merge-metrics",
-        {"method": method, "seed": seed, "options": used, "evaluation": {"test": "all"}},
-        write,
-        inputs={f"model{i}": c.content_hash for i, c in enumerate(ckpts)},
-        dataset=data.fingerprint,
-    )
+    artifact, reused = store.get_or_put("merge-metrics", key, document, write)
     return json.loads(artifact.file("metrics.json").read_text()), reused
 
 

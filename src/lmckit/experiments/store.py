@@ -197,6 +197,19 @@ class Store:
         assert artifact is not None
         return artifact
 
+    def get_or_put(
+        self,
+        kind: str,
+        key: str,
+        document: Mapping[str, Any],
+        write: Callable[[Path], tuple[str, Mapping[str, Any]]],
+    ) -> tuple[Artifact, bool]:
+        """``(artifact, reused)`` for a key made with :func:`make_key`."""
+        found = self.get(kind, key)
+        if found is not None:
+            return found, True
+        return self.put(kind, key, document, write), False
+
     def get_or_compute(
         self,
         kind: str,
@@ -208,7 +221,4 @@ class Store:
     ) -> tuple[Artifact, bool]:
         """``(artifact, reused)``: the stored artifact for this key, or a new one."""
         key, document = make_key(kind, settings, inputs, dataset)
-        found = self.get(kind, key)
-        if found is not None:
-            return found, True
-        return self.put(kind, key, document, write), False
+        return self.get_or_put(kind, key, document, write)

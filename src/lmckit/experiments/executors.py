@@ -1,0 +1,157 @@
+"""Where jobs run: in this process, in worker processes, or as Ray tasks.
+
+Every executor takes job payloads (plain data, see :mod:`lmckit.experiments.runner`) and
+returns :class:`concurrent.futures.Future` objects holding :func:`~lmckit.experiments.
+steps.execute`'s result. Per-job progress events reach the driver through
+:meth:`Executor.poll_progress` (in-process and worker processes; Ray tasks report only
+when they finish). Only the driver touches the ledger; workers write artifacts into the
+store, which is safe to share (atomic, keyed).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any
+
+from lmckit.errors import UsageError
+from lmckit.progress import Progress
+
+__all__ = ["EXECUTORS", "Executor", "make_executor"]
+
+EXECUTORS = ("local", "ray")
+
+
+class Executor:
+    """Runs payloads; ``capacity`` jobs at a time."""
+
+    capacity = 1
+
+    def submit(self, payload: dict[str, Any]) -> Future:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def poll_progress(self) -> list[tuple[str, Progress]]:
+        """Progress events ``(job name, event)`` received since the last call."""
+        return []
+
+    def close(self) -> None:
+        """Release workers."""
+
+
+class InlineExecutor(Executor):
+    """One job at a time, in this process (``--jobs 1``): the simplest and the default."""
+
+    def __init__(self, on_progress: Callable[[str, Progress], None] | None = None) -> None:
+        self.on_progress = on_progress
+
+    def submit(self, payload: dict[str, Any]) -> Future:
+        from lmckit.experiments.steps import execute
+
+        name = payload["name"]
+        callback = None
+        if self.on_progress is not None:
+            on_progress = self.on_progress
+
+            def callback(event: Progress) -> None:
+                on_progress(name, event)
+
+        future: Future = Future()
+        future.set_result(execute(payload, callback))
+        return future
+
+
+_EVENTS: Any = None
+
+
+def _init_worker(events: Any) -> None:
+    global _EVENTS
+    _EVENTS = events
+
+
+def _execute_in_worker(payload: dict[str, Any]) -> dict[str, Any]:
+    from lmckit.experiments.steps import execute
+
+    name = payload["name"]
+
+    def forward(event: Progress) -> None:
+        if _EVENTS is not None:
+            _EVENTS.put((name, event.step, event.total, dict(event.metrics)))
+
+    return execute(payload, forward)
+
+
+class ProcessExecutor(Executor):
+    """``jobs`` worker processes (``--executor local --jobs N``); each job sets its own
+    torch threads, so N × threads need not exceed the cores."""
+
+    def __init__(self, jobs: int) -> None:
+        context = multiprocessing.get_context("spawn")  # no forked torch thread pools
+        self.manager = context.Manager()
+        self.events = self.manager.Queue()
+        self.pool = ProcessPoolExecutor(
+            max_workers=jobs, mp_context=context, initializer=_init_worker, initargs=(self.events,)
+        )
+        self.capacity = jobs
+
+    def submit(self, payload: dict[str, Any]) -> Future:
+        return self.pool.submit(_execute_in_worker, payload)
+
+    def poll_progress(self) -> list[tuple[str, Progress]]:
+        out = []
+        while True:
+            try:
+                name, step, total, metrics = self.events.get_nowait()
+            except queue.Empty:
+                return out
+            out.append((name, Progress(step, total, metrics)))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.manager.shutdown()
+
+
+class RayExecutor(Executor):
+    """Ray tasks (``--executor ray [--address ADDR]``), each declaring its step kind's
+    resources (``num_cpus`` = the job's threads, ``num_gpus``); the same code path from a
+    laptop's local Ray to a cluster with GPUs. Artifacts go to the shared ``--out`` folder."""
+
+    def __init__(self, address: str | None, capacity: int) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise UsageError("the ray executor needs Ray: pip install 'lmckit[ray]'") from None
+        self.ray = ray
+        if not ray.is_initialized():
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+                **({} if address else {"num_cpus": os.cpu_count()}),
+            )
+        self.remote = ray.remote(_execute_in_worker)
+        self.capacity = capacity
+
+    def submit(self, payload: dict[str, Any]) -> Future:
+        options = {"num_cpus": payload.get("num_cpus", 1), "num_gpus": payload.get("num_gpus", 0)}
+        return self.remote.options(**options).remote(payload).future()
+
+
+def make_executor(
+    kind: str,
+    *,
+    jobs: int = 1,
+    address: str | None = None,
+    on_progress: Callable[[str, Progress], None] | None = None,
+) -> Executor:
+    """The executor ``kind`` (``"local"`` or ``"ray"``) for ``jobs`` concurrent jobs."""
+    if kind not in EXECUTORS:
+        raise UsageError(f"executor must be one of {EXECUTORS}, got {kind!r}")
+    if kind == "ray":
+        return RayExecutor(address, capacity=max(1, jobs))
+    if jobs == 1:
+        return InlineExecutor(on_progress)
+    return ProcessExecutor(jobs)

@@ -1,0 +1,214 @@
+"""Running an experiment: expand it into jobs, run what is missing, record everything.
+
+``run_experiment(experiment, out)`` expands the experiment into its jobs
+(:func:`~lmckit.experiments.dag.build_jobs`) and runs them, dependencies first, on an
+executor. Before a job runs, the driver computes its result-store key from its settings
+and its dependencies' content hashes; the job then finds its artifact in the store (a
+finished job is never redone) or computes and stores it. The driver alone writes the job
+ledger (``out/ledger.sqlite``): one row per job key with its status, attempts, times,
+host, error text and metrics.
+
+Killing a run at any moment loses nothing finished: artifacts are written atomically and
+keyed by content, so the next run reuses them; a job that was running starts again.
+Failed jobs are recorded with their traceback and not retried unless
+``retry_failed=True``; the jobs that depend on them wait.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmckit import __version__
+from lmckit._io import atomic_write_bytes, writes_folder
+from lmckit.experiments.dag import build_jobs
+from lmckit.experiments.executors import make_executor
+from lmckit.experiments.ledger import Ledger
+from lmckit.experiments.spec import Experiment, model_configs
+from lmckit.experiments.steps import STEPS, Job, dataset_for, job_key
+from lmckit.progress import Progress, ProgressCallback
+
+__all__ = ["ARTIFACT_KIND", "RunSummary", "run_experiment"]
+
+ARTIFACT_KIND = {
+    "train": "checkpoint",
+    "match": "permutation",
+    "curve": "curve",
+    "merge": "merge-metrics",
+}
+
+
+@dataclass
+class RunSummary:
+    """What a run did: job names by outcome, and where its ledger is."""
+
+    out: Path
+    done: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        """Every job finished."""
+        return not self.failed and not self.waiting
+
+
+def environment() -> dict[str, Any]:
+    """Versions and machine facts recorded with every run."""
+    import numpy
+    import scipy
+
+    return {
+        "lmckit": __version__,
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "scipy": scipy.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "cpus": os.cpu_count(),
+        "cuda": torch.cuda.is_available(),
+    }
+
+
+@writes_folder("out")
+def run_experiment(
+    experiment: Experiment,
+    out: str | Path,
+    *,
+    executor: str = "local",
+    jobs: int = 1,
+    address: str | None = None,
+    retry_failed: bool = False,
+    data_dir: str | Path | None = None,
+    download: bool = True,
+    device: str = "cpu",
+    log: Callable[[str], None] = print,
+    overall: ProgressCallback | None = None,
+    job_progress: Callable[[str], ProgressCallback | None] | None = None,
+) -> RunSummary:
+    """Run ``experiment`` into ``out`` (see the module docstring).
+
+    Args:
+        executor: ``"local"`` (``jobs`` worker processes; 1 runs in this process) or
+            ``"ray"`` (tasks on the Ray cluster at ``address``, or a local Ray instance).
+        jobs: jobs at a time; each uses ``experiment.threads`` torch threads, by default
+            the cores divided by ``jobs``.
+        retry_failed: run again the jobs the ledger records as failed.
+        data_dir, download: where the dataset is (see :func:`lmckit.data.load_dataset`).
+        overall: a :class:`~lmckit.progress.Progress` after every job (step of total).
+        job_progress: ``job name -> callback`` for the events within a job.
+    """
+    start = time.perf_counter()
+    out = Path(out)
+    threads = experiment.threads or max(1, (os.cpu_count() or 1) // max(1, jobs))
+    data_key = str(data_dir) if data_dir is not None else None
+
+    def data_for(model_name: str):
+        return dataset_for(model_name, experiment.dataset, data_key, download)
+
+    configs = model_configs(experiment, data_for)
+    all_jobs = build_jobs(experiment, configs)
+    atomic_write_bytes(out / "experiment.toml", experiment.text.encode())
+    ledger = Ledger(out / "ledger.sqlite")
+    ledger.start_run(experiment.text, environment())
+    summary = RunSummary(out)
+    bars: dict[str, ProgressCallback | None] = {}
+
+    def on_progress(name: str, event: Progress) -> None:
+        if job_progress is None:
+            return
+        if name not in bars:
+            bars[name] = job_progress(name)
+        if bars[name] is not None:
+            bars[name](event)
+
+    pool = make_executor(executor, jobs=jobs, address=address, on_progress=on_progress)
+    results: dict[str, dict[str, Any]] = {}
+    blocked: set[str] = set()
+    remaining: list[Job] = list(all_jobs)
+    running: dict[Any, tuple[Job, str]] = {}
+    finished = 0
+    try:
+        while remaining or running:
+            for job in list(remaining):
+                if len(running) >= pool.capacity:
+                    break
+                if any(d in blocked for d in job.deps):
+                    blocked.add(job.name)
+                    remaining.remove(job)
+                    summary.waiting.append(job.name)
+                    continue
+                if not all(d in results for d in job.deps):
+                    continue
+                remaining.remove(job)
+                data = data_for(job.settings["model_name"])
+                deps = {d: results[d] for d in job.deps}
+                key, _ = job_key(job, deps, data)
+                ledger.ensure(key, job.kind, job.name, {**job.settings, "labels": job.labels})
+                if ledger.status(key) == "failed" and not retry_failed:
+                    blocked.add(job.name)
+                    summary.failed.append(job.name)
+                    log(f"{job.name}: failed in an earlier run (see lmckit status; --retry-failed)")
+                    continue
+                ledger.started(key)
+                payload = {
+                    "name": job.name,
+                    "kind": job.kind,
+                    "key": key,
+                    "settings": dict(job.settings),
+                    "deps": deps,
+                    "dep_order": list(job.deps),
+                    "store": str(out / "store"),
+                    "dataset": experiment.dataset,
+                    "data_dir": data_key,
+                    "download": download,
+                    "device": device,
+                    "threads": threads,
+                    "num_cpus": threads,
+                    "num_gpus": STEPS[job.kind].num_gpus,
+                }
+                running[pool.submit(payload)] = (job, key)
+            for name, event in pool.poll_progress():
+                on_progress(name, event)
+            done = [f for f in running if f.done()]
+            if not done:
+                time.sleep(0.05)
+                continue
+            for future in done:
+                job, key = running.pop(future)
+                result = future.result()
+                finished += 1
+                if "error" in result:
+                    ledger.failed(key, result["error"])
+                    blocked.add(job.name)
+                    summary.failed.append(job.name)
+                    last = result["error"].strip().splitlines()[-1]
+                    log(f"{job.name}: failed ({last}); recorded in the ledger")
+                else:
+                    record = dict(result["record"])
+                    # the time the artifact took to compute (stored with it), not this run's
+                    seconds = record.pop("seconds", result["seconds"])
+                    ledger.done(key, record, seconds)
+                    results[job.name] = {
+                        "key": key,
+                        "content": result["content"],
+                        "kind": ARTIFACT_KIND[job.kind],
+                    }
+                    (summary.reused if result["reused"] else summary.done).append(job.name)
+                if overall is not None:
+                    overall(Progress(finished, len(all_jobs), {"job": job.name}))
+    finally:
+        pool.close()
+        ledger.close()
+    summary.seconds = time.perf_counter() - start
+    return summary

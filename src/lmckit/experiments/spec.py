@@ -1,0 +1,371 @@
+"""Experiment files: a paper's figure as data.
+
+An experiment is a TOML file::
+
+    name = "width-fmnist"
+    description = "Git Re-Basin Fig. 4 at CPU scale"
+    expected_runtime = "about 40 min on 2 CPU cores"
+    seeds = [0, 1, 2]              # one trained model per seed and grid cell
+    threads = 1                    # torch threads per job (default: cores / --jobs)
+
+    [data]
+    dataset = "fashion-mnist"
+
+    [model]                        # the zoo model and its options
+    name = "mlp"
+
+    [train]                        # training options over the paper's recipe
+    epochs = 5
+
+    [grid]                         # every combination is a cell; dotted keys
+    "model.width_multiplier" = [0.25, 0.5, 1, 2]
+
+    [[compare]]                    # match pairs of seeds, interpolate the paths
+    pairs = "all"                  # "all", "first" or [[0, 1], [0, 2]]
+    methods = ["none", "wm-fast", "am"]
+    lambdas = 25
+    splits = { test = "all" }      # "all" or a number of examples (seeded subset)
+    calibrated = false
+    ensemble = false
+    [compare.options]              # per-method options
+    ste = { epochs = 1 }
+
+    [[merge]]                      # merge the first n seeds' models
+    methods = ["star-wm", "merge-many"]
+    n = [2, 3]
+    [merge.options]
+    ste-mm = { epochs = 10 }
+
+:func:`load_experiment` validates every key and type, naming the key and what it
+expected; :meth:`Experiment.cells` expands the grid.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmckit.errors import UsageError
+
+__all__ = ["Compare", "Experiment", "ExperimentError", "MergeBlock", "load_experiment"]
+
+
+class ExperimentError(UsageError):
+    """An experiment file with a missing, unknown or ill-typed key."""
+
+
+TOP_KEYS = {
+    "name",
+    "description",
+    "expected_runtime",
+    "seeds",
+    "threads",
+    "data",
+    "model",
+    "train",
+    "grid",
+    "compare",
+    "merge",
+}
+COMPARE_KEYS = {"pairs", "methods", "lambdas", "splits", "calibrated", "ensemble", "options"}
+MERGE_KEYS = {"methods", "n", "options"}
+TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "a list"}
+
+
+def _expect(value: Any, kind: type | tuple[type, ...], key: str) -> Any:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    ok = isinstance(value, kinds) and not (bool not in kinds and isinstance(value, bool))
+    if not ok:
+        names = " or ".join(TYPE_NAMES.get(k, k.__name__) for k in kinds)
+        raise ExperimentError(f"{key} must be {names}, got {value!r}")
+    return value
+
+
+def _table(value: Any, key: str, known: set[str] | None = None) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ExperimentError(f"{key} must be a table, got {value!r}")
+    if known is not None:
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ExperimentError(f"{key} has unknown key(s) {unknown}; known: {sorted(known)}")
+    return dict(value)
+
+
+@dataclass(frozen=True)
+class Compare:
+    """One ``[[compare]]`` block: which pairs, which methods, how to interpolate."""
+
+    pairs: str | tuple[tuple[int, int], ...]
+    methods: tuple[str, ...]
+    lambdas: int
+    splits: Mapping[str, int | str]
+    calibrated: bool
+    ensemble: bool
+    options: Mapping[str, Mapping[str, Any]]
+
+    def pair_list(self, seeds: int) -> list[tuple[int, int]]:
+        """Index pairs ``(i, j)`` into the seed list."""
+        if self.pairs == "all":
+            return list(itertools.combinations(range(seeds), 2))
+        if self.pairs == "first":
+            return [(0, 1)]
+        return list(self.pairs)
+
+
+@dataclass(frozen=True)
+class MergeBlock:
+    """One ``[[merge]]`` block: methods and numbers of models."""
+
+    methods: tuple[str, ...]
+    n: tuple[int, ...]
+    options: Mapping[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A parsed, validated experiment file (see the module docstring)."""
+
+    name: str
+    description: str
+    expected_runtime: str
+    seeds: tuple[int, ...]
+    threads: int | None
+    dataset: str
+    model: Mapping[str, Any]
+    train: Mapping[str, Any]
+    grid: Mapping[str, tuple[Any, ...]]
+    compare: tuple[Compare, ...]
+    merge: tuple[MergeBlock, ...]
+    text: str = field(default="", compare=False)
+
+    def cells(self) -> list[dict[str, Any]]:
+        """Every combination of the grid's values: ``{"model": ..., "train": ...,
+        "values": {grid key: value}}``, in the grid's order."""
+        keys = list(self.grid)
+        cells = []
+        for combo in itertools.product(*(self.grid[k] for k in keys)) if keys else [()]:
+            model, train = copy.deepcopy(dict(self.model)), copy.deepcopy(dict(self.train))
+            for key, value in zip(keys, combo, strict=True):
+                section, option = key.split(".", 1)
+                (model if section == "model" else train)[option] = value
+            cells.append(
+                {"model": model, "train": train, "values": dict(zip(keys, combo, strict=True))}
+            )
+        return cells
+
+
+def _methods(value: Any, key: str, allowed: set[str]) -> tuple[str, ...]:
+    methods = tuple(_expect(value, list, key))
+    for m in methods:
+        if m not in allowed:
+            raise ExperimentError(f"{key}: unknown method {m!r}; choose from {sorted(allowed)}")
+    if not methods:
+        raise ExperimentError(f"{key} must name at least one method")
+    return methods
+
+
+def _options(value: Any, key: str, methods: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    table = _table(value, key)
+    for method, options in table.items():
+        if method not in methods:
+            raise ExperimentError(f"{key}.{method}: the block does not use method {method!r}")
+        _table(options, f"{key}.{method}")
+    return {m: dict(o) for m, o in table.items()}
+
+
+def _parse_compare(raw: Any, where: str) -> Compare:
+    from lmckit.match import METHODS as MATCHERS
+
+    block = _table(raw, where, COMPARE_KEYS)
+    pairs = block.get("pairs", "first")
+    if isinstance(pairs, str):
+        if pairs not in ("all", "first"):
+            raise ExperimentError(f'{where}.pairs must be "all", "first" or a list of [i, j]')
+    else:
+        pairs = tuple(
+            tuple(_expect(p, list, f"{where}.pairs[]"))
+            for p in _expect(pairs, list, f"{where}.pairs")
+        )
+        if not all(len(p) == 2 and all(isinstance(i, int) for i in p) for p in pairs):
+            raise ExperimentError(f"{where}.pairs must be a list of [i, j] index pairs")
+    methods = _methods(
+        block.get("methods", ["none", "wm-fast"]), f"{where}.methods", {"none", *MATCHERS}
+    )
+    lambdas = _expect(block.get("lambdas", 25), int, f"{where}.lambdas")
+    if lambdas < 2:
+        raise ExperimentError(f"{where}.lambdas must be at least 2, got {lambdas}")
+    splits = _table(block.get("splits", {"test": "all"}), f"{where}.splits", {"train", "test"})
+    for split, size in splits.items():
+        if size != "all" and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ExperimentError(f'{where}.splits.{split} must be "all" or a positive integer')
+    return Compare(
+        pairs=pairs,
+        methods=methods,
+        lambdas=lambdas,
+        splits=splits,
+        calibrated=_expect(block.get("calibrated", False), bool, f"{where}.calibrated"),
+        ensemble=_expect(block.get("ensemble", False), bool, f"{where}.ensemble"),
+        options=_options(block.get("options", {}), f"{where}.options", methods),
+    )
+
+
+def _parse_merge(raw: Any, where: str) -> MergeBlock:
+    from lmckit.merge import METHODS as MERGERS
+
+    block = _table(raw, where, MERGE_KEYS)
+    methods = _methods(block.get("methods"), f"{where}.methods", set(MERGERS))
+    ns = tuple(_expect(n, int, f"{where}.n[]") for n in _expect(block.get("n"), list, f"{where}.n"))
+    if not ns or min(ns) < 2:
+        raise ExperimentError(f"{where}.n must list model counts of at least 2")
+    return MergeBlock(methods, ns, _options(block.get("options", {}), f"{where}.options", methods))
+
+
+def parse_experiment(
+    raw: Mapping[str, Any], text: str = "", overrides: Mapping[str, Any] | None = None
+) -> Experiment:
+    """Validate a parsed TOML document (``overrides``: dotted keys replacing values, e.g.
+    ``{"data.dataset": "digits", "train.epochs": 2}``)."""
+    raw = copy.deepcopy(dict(raw))
+    for dotted, value in (overrides or {}).items():
+        section, _, option = dotted.partition(".")
+        if option:
+            raw.setdefault(section, {})[option] = value
+        else:
+            raw[section] = value
+    unknown = sorted(set(raw) - TOP_KEYS)
+    if unknown:
+        raise ExperimentError(f"unknown top-level key(s) {unknown}; known: {sorted(TOP_KEYS)}")
+    name = _expect(raw.get("name", "experiment"), str, "name")
+    seeds = tuple(
+        _expect(s, int, "seeds[]") for s in _expect(raw.get("seeds", [0, 1]), list, "seeds")
+    )
+    if len(seeds) < 1 or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ExperimentError(f"seeds must be distinct non-negative integers, got {list(seeds)}")
+    threads = raw.get("threads")
+    if threads is not None and (_expect(threads, int, "threads") < 1):
+        raise ExperimentError(f"threads must be at least 1, got {threads}")
+    data = _table(raw.get("data", {}), "data", {"dataset"})
+    dataset = _expect(data.get("dataset"), str, "data.dataset")
+    model = _table(raw.get("model", {}), "model")
+    _expect(model.get("name"), str, "model.name")
+    train = _table(raw.get("train", {}), "train")
+    grid = {}
+    for key, values in _table(raw.get("grid", {}), "grid").items():
+        section = key.split(".", 1)[0]
+        if "." not in key or section not in ("model", "train"):
+            raise ExperimentError(f'grid key {key!r} must be "model.<option>" or "train.<option>"')
+        if not _expect(values, list, f"grid.{key}"):
+            raise ExperimentError(f"grid.{key} must list at least one value")
+        grid[key] = tuple(values)
+    compare = tuple(
+        _parse_compare(block, f"compare[{i}]")
+        for i, block in enumerate(_expect(raw.get("compare", []), list, "compare"))
+    )
+    merge = tuple(
+        _parse_merge(block, f"merge[{i}]")
+        for i, block in enumerate(_expect(raw.get("merge", []), list, "merge"))
+    )
+    for i, block in enumerate(compare):
+        top = max((max(p) for p in block.pair_list(len(seeds))), default=0)
+        if top >= len(seeds):
+            raise ExperimentError(f"compare[{i}].pairs index {top} but only {len(seeds)} seeds")
+    for i, block in enumerate(merge):
+        if max(block.n) > len(seeds):
+            raise ExperimentError(
+                f"merge[{i}].n asks for {max(block.n)} models; {len(seeds)} seeds"
+            )
+    experiment = Experiment(
+        name=name,
+        description=_expect(raw.get("description", ""), str, "description"),
+        expected_runtime=_expect(raw.get("expected_runtime", ""), str, "expected_runtime"),
+        seeds=seeds,
+        threads=threads,
+        dataset=dataset,
+        model=model,
+        train=train,
+        grid=grid,
+        compare=compare,
+        merge=merge,
+        text=text,
+    )
+    _check_configurations(experiment)
+    return experiment
+
+
+MODEL_KEYS = {"name", "width_multiplier", "hidden", "norm", "skip"}
+
+
+def _check_configurations(experiment: Experiment) -> None:
+    """Every cell names a zoo model with known options and valid training options (the
+    model itself is built once the dataset is known: :func:`model_configs`)."""
+    from lmckit.errors import LmcError
+    from lmckit.experiments.training import model_name_key
+    from lmckit.train import TrainConfig
+
+    for cell in experiment.cells():
+        where = f"cell {cell['values']}" if cell["values"] else "model/train"
+        unknown = sorted(set(cell["model"]) - MODEL_KEYS)
+        if unknown:
+            raise ExperimentError(
+                f"{where}: unknown model option(s) {unknown}; known: {sorted(MODEL_KEYS)}"
+            )
+        try:
+            model_name_key(cell["model"]["name"])
+            TrainConfig.paper_defaults(cell["model"]["name"], experiment.dataset, **cell["train"])
+        except (LmcError, TypeError) as exc:
+            raise ExperimentError(f"{where}: {exc}") from None
+
+
+def model_configs(experiment: Experiment, data_for) -> list[tuple[str, dict[str, Any]]]:
+    """``(model name, zoo configuration)`` of every cell, fitted to the dataset
+    (``data_for(model name)`` gives it, shaped for that model) and built once on the meta
+    device so that a bad option fails before any job runs."""
+    import torch
+
+    from lmckit.errors import LmcError
+    from lmckit.experiments.training import model_config_for
+    from lmckit.models import build_model
+
+    out = []
+    for cell in experiment.cells():
+        options = dict(cell["model"])
+        name = options.pop("name")
+        norm = options.pop("norm", "default")
+        try:
+            config = model_config_for(
+                name, data_for(name), norm=None if norm == "none" else norm, **options
+            )
+            with torch.device("meta"):
+                build_model(name, **config)
+        except (LmcError, TypeError) as exc:
+            raise ExperimentError(f"cell {cell['values'] or '(no grid)'}: {exc}") from None
+        out.append((name, config))
+    return out
+
+
+def load_experiment(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Experiment:
+    """Read and validate an experiment file.
+
+    Raises:
+        ExperimentError: unreadable TOML, or a key that is missing, unknown or of the wrong
+            type (the message names it and says what was expected).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+        raw = tomllib.loads(text)
+    except OSError as exc:
+        raise ExperimentError(
+            f"cannot read experiment file {path}: {exc.strerror or exc}"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ExperimentError(f"{path} is not valid TOML: {exc}") from None
+    try:
+        return parse_experiment(raw, text, overrides)
+    except ExperimentError as exc:
+        raise ExperimentError(f"{path}: {exc}") from None

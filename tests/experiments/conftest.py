@@ -1,0 +1,3 @@
+from pathlib import Path
+
+TINY = Path(__file__).parent / "files" / "tiny.toml"

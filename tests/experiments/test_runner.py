@@ -1,0 +1,166 @@
+"""Running experiments: reuse, executors that agree bit for bit, SIGKILL and resume,
+failures recorded and retried."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import lmckit.experiments.steps as steps
+from lmckit.experiments.ledger import Ledger
+from lmckit.experiments.runner import run_experiment
+from lmckit.experiments.spec import load_experiment
+from tests.experiments.conftest import TINY
+
+QUIET = {"log": lambda _: None}
+
+
+def contents(out):
+    """The ledger's jobs (key, kind, status) and metrics by job name — what a run produced,
+    without when, where or in how many attempts."""
+    ledger = Ledger(out / "ledger.sqlite")
+    try:
+        jobs = {j["name"]: (j["key"], j["kind"], j["status"]) for j in ledger.jobs()}
+        metrics = {(m["name"], m["metric"]): m["value"] for m in ledger.metrics()}
+        return jobs, metrics
+    finally:
+        ledger.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run in this process."""
+    out = tmp_path_factory.mktemp("reference")
+    summary = run_experiment(load_experiment(TINY), out, **QUIET)
+    assert summary.complete and len(summary.done) == 44 and not summary.reused
+    return out
+
+
+def test_a_rerun_reuses_every_stored_result(reference):
+    before = contents(reference)
+    summary = run_experiment(load_experiment(TINY), reference, **QUIET)
+    assert len(summary.reused) == 44 and not summary.done
+    assert contents(reference) == before
+    jobs, metrics = before
+    assert {kind for _, kind, _ in jobs.values()} == {"train", "match", "curve", "merge"}
+    assert all(status == "done" for _, _, status in jobs.values())
+    assert 0 < metrics[("train/c1/seed0", "test_accuracy")] <= 1
+    naive = metrics[("curve/b0/c1/0-1/none", "test.loss.barrier.rebasin")]
+    matched = metrics[("curve/b0/c1/0-1/wm-fast", "test.loss.barrier.rebasin")]
+    assert matched < naive
+
+
+def test_worker_processes_give_the_same_ledger_bit_for_bit(reference, tmp_path):
+    run_experiment(load_experiment(TINY), tmp_path, jobs=2, **QUIET)
+    assert contents(tmp_path) == contents(reference)
+
+
+def test_ray_gives_the_same_ledger_bit_for_bit(reference, tmp_path):
+    pytest.importorskip("ray", reason="the CI installs lmckit[ray]")
+    import ray
+
+    try:
+        run_experiment(load_experiment(TINY), tmp_path, executor="ray", jobs=2, **QUIET)
+    finally:
+        ray.shutdown()
+    assert contents(tmp_path) == contents(reference)
+
+
+def test_sigkill_mid_run_then_rerun_gives_the_uninterrupted_ledger(reference, tmp_path):
+    command = [sys.executable, "-m", "lmckit.cli", "run", str(TINY), "--out", str(tmp_path), "-q"]
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline and run.poll() is None:
+            if (tmp_path / "ledger.sqlite").exists():
+                ledger = Ledger(tmp_path / "ledger.sqlite")
+                done = ledger.summary().get("train", {}).get("done", 0)
+                ledger.close()
+                if done >= 2:  # killed with work finished and work running
+                    break
+            time.sleep(0.02)
+        assert run.poll() is None, "the run finished before it could be killed"
+        run.send_signal(signal.SIGKILL)
+    finally:
+        run.wait()
+    partial, _ = contents(tmp_path)
+    assert any(status != "done" for _, _, status in partial.values()) or len(partial) < 44
+    summary = run_experiment(load_experiment(TINY), tmp_path, **QUIET)
+    assert summary.complete and summary.reused  # finished work was kept
+    assert contents(tmp_path) == contents(reference)
+
+
+def test_failures_are_recorded_and_retried_only_when_asked(tmp_path, monkeypatch):
+    original = steps.STEPS["match"]
+
+    def broken(payload, progress):
+        if payload["settings"]["method"] == "am":
+            raise RuntimeError("planted failure")
+        return original.run(payload, progress)
+
+    monkeypatch.setitem(steps.STEPS, "match", steps.StepKind("match", original.key, broken))
+    summary = run_experiment(load_experiment(TINY), tmp_path, **QUIET)
+    assert len(summary.failed) == 6 and len(summary.waiting) == 6  # 6 AM matches, 6 curves
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    failed = [j for j in ledger.jobs() if j["status"] == "failed"]
+    assert len(failed) == 6 and "RuntimeError: planted failure" in failed[0]["error"]
+    assert "Traceback" in failed[0]["error"]
+    ledger.close()
+    monkeypatch.setitem(steps.STEPS, "match", original)
+    again = run_experiment(load_experiment(TINY), tmp_path, **QUIET)
+    assert len(again.failed) == 6 and not again.done  # not retried unasked
+    retried = run_experiment(load_experiment(TINY), tmp_path, retry_failed=True, **QUIET)
+    assert retried.complete and len(retried.done) == 12
+    jobs, _ = contents(tmp_path)
+    assert all(status == "done" for _, _, status in jobs.values())
+    attempts = {j["name"]: j["attempts"] for j in Ledger(tmp_path / "ledger.sqlite").jobs()}
+    assert attempts["match/c0/0-1/am"] == 2
+
+
+def test_a_second_run_into_the_folder_is_refused(tmp_path):
+    from lmckit._io import locked_output
+
+    with locked_output(tmp_path):  # held by this process; a second process is refused
+        result = subprocess.run(
+            [sys.executable, "-m", "lmckit.cli", "run", str(TINY), "--out", str(tmp_path), "-q"],
+            capture_output=True,
+            text=True,
+        )
+    assert result.returncode == 2
+    assert "being written by another lmckit run" in result.stderr
+
+
+def test_status_summarises_and_exports_the_ledger(reference, tmp_path, capsys):
+    from lmckit.cli import main
+
+    assert main(["status", str(reference), "--csv", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "train" in printed and "curve" in printed
+    jobs = (tmp_path / "jobs.csv").read_text().splitlines()
+    metrics = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert len(jobs) == 1 + 44 and metrics[0] == "job,name,kind,metric,value"
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        assert main(["status", str(reference), "--parquet", str(tmp_path)]) == 1
+        assert "needs pyarrow" in capsys.readouterr().err
+    else:
+        assert main(["status", str(reference), "--parquet", str(tmp_path)]) == 0
+        assert (tmp_path / "metrics.parquet").exists()
+    assert main(["status", str(tmp_path)]) == 2
+    assert "holds no experiment ledger" in capsys.readouterr().err
+
+
+def test_run_command_runs_and_resumes(tmp_path, capsys):
+    from lmckit.cli import main
+
+    args = ["run", str(TINY), "--out", str(tmp_path), "-q", "--set", "train.epochs=2"]
+    assert main(args) == 0
+    assert "jobs run, 0 reused" in capsys.readouterr().out
+    assert main(args) == 0
+    assert "0 jobs run" in capsys.readouterr().out
+    assert (tmp_path / "experiment.toml").read_text() == TINY.read_text()
+    assert main(["run", str(TINY), "--out", str(tmp_path), "--set", "seeds=[0, 0]"]) == 2
+    assert "seeds must be distinct" in capsys.readouterr().err
