@@ -26,6 +26,7 @@ lint: $(BIN)/lmckit
 	$(BIN)/ruff check .
 
 test: $(BIN)/lmckit
+	bash scripts/install-browser.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q

@@ -608,6 +608,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from lmckit.experiments.report import write_report
+
+    print(f"report -> {write_report(args.out)}")
+    return 0
+
+
 # -- the parser ----------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (usage is one ``--help`` away)."""
@@ -838,6 +845,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", type=Path, metavar="DIR", help="also write jobs.csv and metrics.csv")
     p.add_argument("--parquet", type=Path, metavar="DIR", help="also write Parquet (pyarrow)")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("report", help="write a self-contained HTML report of an experiment run")
+    p.add_argument("out", type=_existing_dir, help="the run's --out folder")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

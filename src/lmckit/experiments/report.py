@@ -1,0 +1,300 @@
+"""``lmckit report OUT``: one self-contained HTML page for an experiment run.
+
+The page holds the experiment file, its figures (PNG, embedded), a table of every metric
+the ledger records — mean ± standard deviation over the seeds or pairs of each group —,
+the environment and versions of every run, and every job's status and time. It needs
+nothing but the file itself to display.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import statistics
+import tomllib
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from lmckit._io import atomic_write_bytes
+from lmckit.errors import UsageError
+from lmckit.experiments.ledger import Ledger
+from lmckit.experiments.store import Store
+
+__all__ = ["metric_groups", "write_report"]
+
+# Which label keys tell jobs of a kind apart (the rest — seed, pair — are repetitions).
+GROUP_BY = {
+    "train": ("cell",),
+    "match": ("cell", "method"),
+    "curve": ("block", "cell", "method"),
+    "merge": ("block", "cell", "method", "n"),
+}
+
+
+def _labels(job: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(job["settings"].get("labels", {}))
+
+
+def metric_groups(jobs: Sequence[Mapping], metrics: Sequence[Mapping]) -> list[dict[str, Any]]:
+    """Every (kind, group, metric) with the values of its repetitions, their mean and
+    sample standard deviation (``None`` for a single value)."""
+    by_job = {j["key"]: j for j in jobs if j["status"] == "done"}
+    values: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
+    for m in metrics:
+        job = by_job.get(m["job"])
+        if job is None or m["value"] is None:
+            continue
+        labels = _labels(job)
+        group = {k: labels[k] for k in GROUP_BY.get(job["kind"], ()) if k in labels}
+        grid = {k: v for k, v in labels.items() if "." in k}
+        where = (json.dumps(group, sort_keys=True), json.dumps(grid, sort_keys=True))
+        values[(job["kind"], *where, m["metric"])].append(float(m["value"]))
+    rows = []
+    for (kind, group, grid, metric), vals in sorted(values.items()):
+        rows.append(
+            {
+                "kind": kind,
+                "group": json.loads(group),
+                "grid": json.loads(grid),
+                "metric": metric,
+                "values": vals,
+                "mean": statistics.fmean(vals),
+                "std": statistics.stdev(vals) if len(vals) > 1 else None,
+            }
+        )
+    return rows
+
+
+def _png(fig) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _cell_label(grid: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in grid.items()) or "—"
+
+
+def _barrier_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    figures = []
+    for metric, title in (
+        ("test.loss.barrier.rebasin", "test loss barrier"),
+        ("test.accuracy.barrier.rebasin", "test accuracy barrier"),
+    ):
+        chosen = [r for r in rows if r["kind"] == "curve" and r["metric"] == metric]
+        for block in sorted({r["group"].get("block") for r in chosen}):
+            part = [r for r in chosen if r["group"].get("block") == block]
+            cells = sorted({r["group"]["cell"] for r in part})
+            labels = {r["group"]["cell"]: _cell_label(r["grid"]) for r in part}
+            fig, ax = plt.subplots(figsize=(5.8, 3.4))
+            for method in sorted({r["group"]["method"] for r in part}):
+                points = {r["group"]["cell"]: r for r in part if r["group"]["method"] == method}
+                xs = [c for c in cells if c in points]
+                scale = 100 if "accuracy" in metric else 1
+                ax.errorbar(
+                    xs,
+                    [scale * points[c]["mean"] for c in xs],
+                    yerr=[scale * (points[c]["std"] or 0.0) for c in xs],
+                    marker="o",
+                    capsize=3,
+                    label="naive" if method == "none" else method,
+                )
+            ax.set_xticks(cells, [labels[c] for c in cells], rotation=20, ha="right", fontsize=8)
+            ax.set_ylabel(title + (" (pp)" if "accuracy" in metric else ""))
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+            figures.append((f"{title}, compare block {block} (mean ± std over pairs)", _png(fig)))
+    return figures
+
+
+def _curve_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
+    store = Store(out / "store")
+    curves: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    lambdas: dict[tuple, list[float]] = {}
+    for job in jobs:
+        if job["kind"] != "curve" or job["status"] != "done":
+            continue
+        artifact = store.get("curve", job["key"], verify=False)
+        if artifact is None:
+            continue
+        data = json.loads(artifact.file("curve.json").read_text())
+        labels = _labels(job)
+        grid = json.dumps({k: v for k, v in labels.items() if "." in k}, sort_keys=True)
+        where = (labels.get("block"), grid)
+        curves[where][labels.get("method")].append(data["splits"]["test"]["loss"])
+        lambdas[where] = data["lambdas"]
+    figures = []
+    for where, by_method in curves.items():
+        fig, ax = plt.subplots(figsize=(5.4, 3.3))
+        for method, runs in sorted(by_method.items()):
+            mean = [statistics.fmean(v) for v in zip(*runs, strict=True)]
+            ax.plot(lambdas[where], mean, marker=".", label="naive" if method == "none" else method)
+        ax.set_xlabel("λ")
+        ax.set_ylabel("test loss (mean over pairs)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        caption = f"interpolation, block {where[0]}, {_cell_label(json.loads(where[1]))}"
+        figures.append((caption, _png(fig)))
+    return figures
+
+
+def _merge_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    chosen = [r for r in rows if r["kind"] == "merge" and r["metric"] == "merged_accuracy"]
+    figures = []
+    for block in sorted({r["group"].get("block") for r in chosen}):
+        fig, ax = plt.subplots(figsize=(5.4, 3.3))
+        part = [r for r in chosen if r["group"].get("block") == block]
+        for method in sorted({r["group"]["method"] for r in part}):
+            for cell in sorted({r["group"]["cell"] for r in part}):
+                points = sorted(
+                    (r["group"]["n"], r["mean"])
+                    for r in part
+                    if r["group"]["method"] == method and r["group"]["cell"] == cell
+                )
+                grid = next(r["grid"] for r in part if r["group"]["cell"] == cell)
+                ax.plot(
+                    [n for n, _ in points],
+                    [100 * v for _, v in points],
+                    marker="o",
+                    label=f"{method} ({_cell_label(grid)})",
+                )
+        ax.set_xlabel("number of models n")
+        ax.set_ylabel("merged test accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        figures.append((f"merging, block {block}", _png(fig)))
+    return figures
+
+
+def _number(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return f"{value:.4g}"
+
+
+def _metrics_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "<table class='metrics'><thead><tr><th>step</th><th>group</th><th>grid cell</th>"
+        "<th>metric</th><th>mean ± std</th><th>n</th></tr></thead><tbody>"
+    ]
+    for r in rows:
+        group = ", ".join(f"{k}={v}" for k, v in r["group"].items() if k != "cell")
+        std = "" if r["std"] is None else f" ± {_number(r['std'])}"
+        lines.append(
+            f"<tr data-kind='{html.escape(r['kind'])}' data-metric='{html.escape(r['metric'])}' "
+            f"data-group='{html.escape(json.dumps(r['group'], sort_keys=True))}' "
+            f"data-mean='{r['mean']!r}' data-count='{len(r['values'])}'>"
+            f"<td>{html.escape(r['kind'])}</td><td>{html.escape(group)}</td>"
+            f"<td>{html.escape(_cell_label(r['grid']))}</td><td>{html.escape(r['metric'])}</td>"
+            f"<td class='num'>{_number(r['mean'])}{std}</td>"
+            f"<td class='num'>{len(r['values'])}</td></tr>"
+        )
+    lines.append("</tbody></table>")
+    return "\n".join(lines)
+
+
+def _jobs_table(jobs: Sequence[Mapping]) -> str:
+    lines = [
+        "<table class='jobs'><thead><tr><th>job</th><th>step</th><th>status</th>"
+        "<th>attempts</th><th>seconds</th><th>host</th></tr></thead><tbody>"
+    ]
+    for j in jobs:
+        lines.append(
+            f"<tr><td>{html.escape(j['name'])}</td><td>{j['kind']}</td>"
+            f"<td class='{j['status']}'>{j['status']}</td><td class='num'>{j['attempts']}</td>"
+            f"<td class='num'>{_number(j['seconds'])}</td>"
+            f"<td>{html.escape(j['host'] or '')}</td></tr>"
+        )
+    lines.append("</tbody></table>")
+    return "\n".join(lines)
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 72rem; color: #222; }
+h1 { margin-bottom: 0.2rem; } .sub { color: #666; margin-top: 0; }
+table { border-collapse: collapse; font-size: 0.85rem; margin: 0.5rem 0 1.5rem; }
+th, td { border-bottom: 1px solid #ddd; padding: 0.2rem 0.6rem; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.failed { color: #b00; } td.done { color: #070; }
+figure { display: inline-block; margin: 0.5rem 1rem 1rem 0; }
+figcaption { font-size: 0.85rem; color: #555; }
+pre { background: #f6f6f6; padding: 0.8rem; overflow-x: auto; font-size: 0.8rem; }
+"""
+
+
+def write_report(out: str | Path) -> Path:
+    """Write ``out/report.html`` for the experiment run in ``out``; returns its path.
+
+    Raises:
+        UsageError: ``out`` holds no experiment run (no ledger).
+    """
+    out = Path(out)
+    if not (out / "ledger.sqlite").is_file():
+        raise UsageError(f"{out} holds no experiment run (no ledger.sqlite)")
+    ledger = Ledger(out / "ledger.sqlite")
+    try:
+        jobs, metrics, runs = ledger.jobs(), ledger.metrics(), ledger.runs()
+    finally:
+        ledger.close()
+    text = (out / "experiment.toml").read_text() if (out / "experiment.toml").exists() else ""
+    raw = tomllib.loads(text) if text else {}
+    rows = metric_groups(jobs, metrics)
+    figures = _barrier_figures(rows) + _curve_figures(out, jobs) + _merge_figures(rows)
+    counts: dict[str, int] = defaultdict(int)
+    for j in jobs:
+        counts[j["status"]] += 1
+    environment = runs[-1]["environment"] if runs else {}
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>{html.escape(raw.get('name', 'experiment'))} — lmckit report</title>",
+        f"<style>{STYLE}</style></head><body>",
+        f"<h1>{html.escape(raw.get('name', 'experiment'))}</h1>",
+        f"<p class='sub'>{html.escape(raw.get('description', ''))}</p>",
+        "<p>"
+        + ", ".join(f"{n} jobs {s}" for s, n in sorted(counts.items()))
+        + f"; {len(runs)} run(s); report written "
+        + datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        + (
+            f"; expected run time: {html.escape(raw['expected_runtime'])}"
+            if raw.get("expected_runtime")
+            else ""
+        )
+        + "</p>",
+        "<h2>Figures</h2>",
+    ]
+    for caption, data in figures:
+        parts.append(
+            f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{data}'>"
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        )
+    parts += [
+        "<h2>Metrics</h2><p>Mean ± sample standard deviation over the seeds (training) or "
+        "pairs of seeds (matching, curves) of each group; n is the number of values.</p>",
+        _metrics_table(rows),
+        "<h2>Experiment file</h2>",
+        f"<pre>{html.escape(text)}</pre>",
+        "<h2>Environment</h2><table>",
+        *(
+            f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+            for k, v in environment.items()
+        ),
+        "</table>",
+        "<h2>Jobs</h2>",
+        _jobs_table(jobs),
+        "</body></html>",
+    ]
+    path = out / "report.html"
+    atomic_write_bytes(path, "\n".join(parts).encode())
+    return path

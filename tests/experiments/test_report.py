@@ -1,0 +1,92 @@
+"""The HTML report, loaded in a real headless browser (Debian's chromium via Playwright)."""
+
+import html
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+
+from lmckit.experiments.ledger import Ledger
+from lmckit.experiments.report import write_report
+from lmckit.experiments.runner import run_experiment
+from lmckit.experiments.spec import load_experiment
+from tests.experiments.conftest import TINY
+
+CHROMIUM = shutil.which("chromium")
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    run_experiment(load_experiment(TINY), out, log=lambda _: None)
+    return out
+
+
+def test_the_report_is_written_from_the_ledger(run):
+    path = write_report(run)
+    text = path.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "data:image/png;base64," in text
+    assert "http://" not in text and "https://" not in text  # self-contained
+    assert html.escape(TINY.read_text()) in text  # the experiment file is embedded
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (scripts/install-browser.sh)"
+)
+def test_the_report_renders_in_chromium_with_the_ledgers_numbers(run, tmp_path):
+    playwright = pytest.importorskip("playwright.sync_api")
+    path = write_report(run)
+    ledger = Ledger(run / "ledger.sqlite")
+    jobs = {j["key"]: j for j in ledger.jobs()}
+    metrics = ledger.metrics()
+    ledger.close()
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        problems = []
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.goto(Path(path).resolve().as_uri())
+        images = page.evaluate(
+            "Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight])"
+        )
+        rows = page.evaluate(
+            "Array.from(document.querySelectorAll('table.metrics tbody tr')).map(r => ({"
+            "kind: r.dataset.kind, metric: r.dataset.metric, group: r.dataset.group, "
+            "mean: Number(r.dataset.mean), count: Number(r.dataset.count), "
+            "shown: r.children[4].textContent}))"
+        )
+        page.screenshot(path=str(tmp_path / "report.png"))
+        browser.close()
+    assert problems == []
+    assert len(images) >= 4 and all(ok and w > 0 and h > 0 for ok, w, h in images)
+    # every (group, metric) the page shows is the mean of the ledger's values for it
+    values = {}
+    for m in metrics:
+        labels = jobs[m["job"]]["settings"]["labels"]
+        if m["kind"] == "curve":
+            group = {k: labels[k] for k in ("block", "cell", "method")}
+            values.setdefault((m["metric"], json.dumps(group, sort_keys=True)), []).append(
+                m["value"]
+            )
+    checked = 0
+    for row in rows:
+        if row["kind"] != "curve":
+            continue
+        expected = values[(row["metric"], row["group"])]
+        assert row["count"] == len(expected) == 3
+        assert row["mean"] == pytest.approx(statistics.fmean(expected), rel=1e-12)
+        assert row["shown"].startswith(f"{statistics.fmean(expected):.4g} ± ")
+        checked += 1
+    assert checked == len(values) > 0
+    assert (tmp_path / "report.png").stat().st_size > 10_000
