@@ -27,7 +27,7 @@ def test_demo_runs_on_digits_and_reuses_its_results(tmp_path, capsys):
         assert (tmp_path / name).exists(), name
     first = json.loads((tmp_path / "results.json").read_text())
     assert main(args) == 0
-    assert "cached" in capsys.readouterr().out
+    assert "0 jobs run, 20 reused from the store" in capsys.readouterr().out
     assert json.loads((tmp_path / "results.json").read_text())["rows"] == first["rows"]
 
 
@@ -47,3 +47,12 @@ def test_the_demo_recomputes_for_another_dataset_in_the_same_folder(tmp_path):
     assert second["dataset"] == "digits" and rows(second) == rows(fresh)
     assert rows(second) != rows(first)
     assert second["pairwise_wm"] == fresh["pairwise_wm"]
+
+
+def test_the_repositorys_demo_file_is_the_built_in_one():
+    from pathlib import Path
+
+    from lmckit.experiments.demo import DEMO
+
+    root = Path(__file__).resolve().parents[2]
+    assert (root / "experiments" / "demo.toml").read_text() == DEMO.read_text()

@@ -1,39 +1,37 @@
 """``lmckit demo``: the papers' headline experiment end to end, on this machine, in minutes.
 
-Train three 3×512 MLPs on Fashion-MNIST (digits when Fashion-MNIST is absent), align model
-B to model A with every matcher, evaluate the linear paths naively and after matching, and
-write a table and figures. Every finished piece (checkpoints, permutations, curves) is kept
-in the output folder under a key of everything that determines it, so a rerun — or a run
-after an interruption — reuses exactly what still applies and recomputes the rest (another
-dataset, other epochs, another lmckit version).
+The demo is a built-in experiment file (``demo.toml``, also in the repository's
+``experiments/``) plus its table: train three 3×512 MLPs on Fashion-MNIST (digits when
+Fashion-MNIST is absent), align seed 1 to seed 0 with every matcher, evaluate the linear
+paths naively and after matching, and compare naive and weight-matching barriers for every
+pair. It runs through the experiment engine, so every finished piece is kept in the output
+folder under a key of everything that determines it: a rerun — or a run after an
+interruption — reuses exactly what still applies and recomputes the rest (another dataset,
+other epochs, another lmckit version).
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from lmckit._io import atomic_write_bytes, atomic_write_json, prepare_output_dir, writes_folder
-from lmckit.checkpoint import load_checkpoint
+from lmckit._io import atomic_write_bytes, atomic_write_json, writes_folder
 from lmckit.data import Dataset, fashion_mnist_available, load_dataset
+from lmckit.errors import LmcError
 from lmckit.evaluate import Curve, save_curves
-from lmckit.experiments.interpolation import stored_curve
-from lmckit.experiments.matching import stored_match
+from lmckit.experiments.ledger import Ledger
+from lmckit.experiments.runner import run_experiment
+from lmckit.experiments.spec import Experiment, load_experiment
 from lmckit.experiments.store import Store
-from lmckit.experiments.training import model_config_for, train_seeds
-from lmckit.params import params_distance
-from lmckit.perm import Permutation
 from lmckit.plots import plot_barriers, plot_interpolation
 from lmckit.progress import ProgressCallback
-from lmckit.train import TrainConfig
 
-METHODS = {"wm": "wm-fast", "am": "am", "ste": "ste", "sinkhorn": "sinkhorn"}
-LABELS = {"naive": "naive", "wm": "WM", "am": "AM", "ste": "STE", "sinkhorn": "Sinkhorn"}
-TRAIN_SUBSET = 10_000
+DEMO = Path(__file__).with_name("demo.toml")
+LABELS = {"none": "naive", "wm-fast": "WM", "am": "AM", "ste": "STE", "sinkhorn": "Sinkhorn"}
 
 
 @dataclass
@@ -63,104 +61,91 @@ def choose_dataset(preferred: str | None, log: Callable[[str], None]) -> Dataset
     return load_dataset("digits")
 
 
+def demo_experiment(
+    dataset: str | None = None,
+    epochs: int | None = None,
+    ste_epochs: int = 1,
+    log: Callable[[str], None] = print,
+) -> Experiment:
+    """The built-in demo experiment (``demo.toml``), on ``dataset`` (default: Fashion-MNIST
+    when installed, else the bundled digits, saying so) for ``epochs`` (default 5, or 40 on
+    the 1,437 digits images: the same order of optimisation steps)."""
+    name = choose_dataset(dataset, log).name
+    overrides: dict[str, Any] = {"data.dataset": name}
+    if epochs is not None or name == "digits":
+        overrides["train.epochs"] = epochs if epochs is not None else 40
+    experiment = load_experiment(DEMO, overrides)
+    compare = experiment.compare[0]
+    options = {**compare.options, "ste": {**compare.options.get("ste", {}), "epochs": ste_epochs}}
+    first = replace(compare, options=options)
+    return replace(experiment, compare=(first, *experiment.compare[1:]))
+
+
 @writes_folder("out")
 def run_demo(
     out: str | Path,
     *,
     dataset: str | None = None,
     epochs: int | None = None,
-    seeds: tuple[int, ...] = (0, 1, 2),
-    lambdas: int = 25,
     ste_epochs: int = 1,
     log: Callable[[str], None] = print,
     progress: Callable[[str], ProgressCallback | None] | None = None,
 ) -> dict[str, Any]:
-    """Run the demo into ``out``; returns the summary that is also written to
-    ``out/results.json`` (rows of the table, pairwise barriers, paths of the figures).
-
-    ``epochs`` defaults to 5 on Fashion-MNIST and 40 on the 1,437 digits images (the same
-    order of optimisation steps is needed either way). ``progress(label)`` may return a
-    callback for the :class:`~lmckit.progress.Progress` events of each long step."""
-    out = prepare_output_dir(out, "--out")
-    data = choose_dataset(dataset, log)
-    if epochs is None:
-        epochs = 40 if data.name == "digits" else 5
-    log(f"data: {data.name} ({len(data.train_x)} train / {len(data.test_x)} test images)")
-    model_cfg = model_config_for("mlp", data)
-    config = TrainConfig.paper_defaults("mlp", data.name, epochs=epochs)
-    outcomes = train_seeds(
-        "mlp",
-        model_cfg,
-        data,
-        config,
-        seeds,
-        out / "models",
-        progress=(lambda seed: progress(f"train seed {seed}")) if progress else None,
-        on_seed_done=lambda o: log(
-            f"  seed {o.seed}: test accuracy {o.metrics['test_accuracy']:.4f}"
-            f"{' (cached)' if o.skipped else ''}"
-        ),
+    """Run the demo experiment into ``out`` and assemble its table; returns the summary that
+    is also written to ``out/results.json`` (rows of the table, pairwise barriers, paths of
+    the figures). Everything computed is kept in ``out/store`` under keys of everything that
+    determines it, so a rerun reuses exactly what still applies."""
+    out = Path(out)
+    experiment = demo_experiment(dataset, epochs, ste_epochs, log)
+    log(f"data: {experiment.dataset}; {experiment.train['epochs']} epochs per model")
+    run = run_experiment(
+        experiment,
+        out,
+        log=log,
+        overall=progress("jobs") if progress else None,
+        job_progress=progress,
     )
-    ckpts = [load_checkpoint(o.path) for o in outcomes]
-    a, b = ckpts[0], ckpts[1]
-    g = torch.Generator().manual_seed(0)
-    subset = torch.randperm(len(data.train_x), generator=g)[: min(TRAIN_SUBSET, len(data.train_x))]
-    loaders = {
-        "train": data.subset(train_idx=subset).loader("train", batch_size=2000, shuffle=False),
-        "test": data.loader("test", batch_size=2000),
-    }
+    if not run.complete:
+        raise LmcError(f"the demo did not finish: {run.failed} failed; see lmckit status {out}")
+    log(f"{len(run.done)} jobs run, {len(run.reused)} reused from the store ({run.seconds:.1f} s)")
+    return _assemble(experiment, out)
+
+
+def _assemble(experiment: Experiment, out: Path) -> dict[str, Any]:
+    """The demo's table, figures and pairwise barriers from the run's ledger and store."""
+    ledger = Ledger(out / "ledger.sqlite")
+    try:
+        jobs = {j["name"]: j for j in ledger.jobs()}
+        metrics: dict[str, dict[str, float]] = {}
+        for m in ledger.metrics():
+            metrics.setdefault(m["name"], {})[m["metric"]] = m["value"]
+    finally:
+        ledger.close()
     store = Store(out / "store")
-    evaluation = {
-        "train": f"{len(subset)} examples chosen by a permutation seeded 0",
-        "test": "all",
-    }
-    perms: dict[str, tuple[Permutation, float]] = {"naive": (Permutation.identity(a.spec), 0.0)}
-    for label, method in METHODS.items():
-        perm, artifact, reused = stored_match(
-            store,
-            a,
-            b,
-            method,
-            data,
-            epochs=ste_epochs,
-            progress=progress(f"match {label}") if progress else None,
-        )
-        r = artifact.record
-        perms[label] = (perm, r["seconds"])
-        log(
-            f"match {LABELS[label]:8s} {r['seconds']:7.2f} s   L2 {r['distance_before']:.2f}"
-            f" -> {r['distance_after']:.2f}{'   (stored result reused)' if reused else ''}"
-        )
+    s0, s1 = experiment.seeds[:2]
+    distance = metrics[f"match/c0/{s0}-{s1}/wm-fast"]["distance_before"]
     curves: dict[str, Curve] = {}
     rows = []
-    for label, (perm, seconds) in perms.items():
-        curve, _, _ = stored_curve(
-            store,
-            a,
-            b,
-            perm,
-            data=data,
-            loaders=loaders,
-            evaluation=evaluation,
-            lambdas=lambdas,
-            calibrated=True,
-            ensemble=label == "naive",
+    for method, label in LABELS.items():
+        curve_job = jobs[f"curve/b0/c0/{s0}-{s1}/{method}"]
+        curve = Curve.from_dict(
+            json.loads(store.folder("curve", curve_job["key"]).joinpath("curve.json").read_text())
         )
-        curves[LABELS[label]] = curve
+        curves[label] = curve
+        match = f"match/c0/{s0}-{s1}/{method}"
         test = curve.barriers["test"]
         rows.append(
             DemoRow(
-                method=LABELS[label],
-                seconds=seconds,
-                l2_before=params_distance(a.params, b.params),
-                l2_after=params_distance(a.params, perm.apply(b.params)),
+                method=label,
+                seconds=jobs[match]["seconds"] if match in jobs else 0.0,
+                l2_before=distance,
+                l2_after=metrics[match]["distance_after"] if match in jobs else distance,
                 loss_barrier=test["loss"]["rebasin"],
                 accuracy_barrier=test["accuracy"]["rebasin"],
                 merged_accuracy=curve.midpoint("test", "accuracy"),
                 merged_loss=curve.midpoint("test", "loss"),
             )
         )
-        log(f"interpolate {LABELS[label]:8s} test loss barrier {rows[-1].loss_barrier:.4f}")
     save_curves(curves, out / "interpolation")
     bars = {r.method: {"loss": r.loss_barrier, "accuracy": r.accuracy_barrier} for r in rows}
     atomic_write_json(out / "barriers.json", bars)
@@ -169,23 +154,36 @@ def run_demo(
             plot_interpolation(
                 curves,
                 out / "interpolation.png",
-                title=f"MLP 3×512 on {data.name}: seed {seeds[0]} → seed {seeds[1]}",
+                title=f"MLP 3×512 on {experiment.dataset}: seed {s0} → seed {s1}",
             )
         ),
         "barriers": str(
             plot_barriers(
-                bars,
-                out / "barriers.png",
-                title="test barriers (Git Re-Basin definition)",
+                bars, out / "barriers.png", title="test barriers (Git Re-Basin definition)"
             )
         ),
     }
-    pairwise = _pairwise_wm(ckpts, data, loaders["test"], store)
+    pairwise = []
+    for i, j in itertools.combinations(experiment.seeds, 2):
+        barrier = {
+            m: metrics[f"curve/b1/c0/{i}-{j}/{m}"]["test.loss.barrier.rebasin"]
+            for m in ("none", "wm-fast")
+        }
+        pairwise.append(
+            {
+                "pair": [i, j],
+                "naive_loss_barrier": barrier["none"],
+                "wm_loss_barrier": barrier["wm-fast"],
+            }
+        )
     summary = {
-        "dataset": data.name,
-        "epochs": epochs,
-        "seeds": list(seeds),
-        "endpoints": {"A": a.meta["metrics"], "B": b.meta["metrics"]},
+        "dataset": experiment.dataset,
+        "epochs": experiment.train["epochs"],
+        "seeds": list(experiment.seeds),
+        "endpoints": {
+            "A": metrics[f"train/c0/seed{s0}"],
+            "B": metrics[f"train/c0/seed{s1}"],
+        },
         "rows": [vars(r) for r in rows],
         "pairwise_wm": pairwise,
         "figures": figures,
@@ -193,36 +191,6 @@ def run_demo(
     atomic_write_json(out / "results.json", summary)
     atomic_write_bytes(out / "results.md", (format_table(rows) + "\n").encode())
     return summary
-
-
-def _pairwise_wm(ckpts, data, test_loader, store: Store) -> list[dict[str, Any]]:
-    """Naive vs weight-matched test-loss barrier for every pair of the trained seeds."""
-    rows = []
-    for i in range(len(ckpts)):
-        for j in range(i + 1, len(ckpts)):
-            a, b = ckpts[i], ckpts[j]
-            wm, _, _ = stored_match(store, a, b, "wm-fast", data)
-            barrier = {}
-            for label, perm in (("naive", Permutation.identity(a.spec)), ("wm", wm)):
-                curve, _, _ = stored_curve(
-                    store,
-                    a,
-                    b,
-                    perm,
-                    data=data,
-                    loaders={"test": test_loader},
-                    evaluation={"test": "all"},
-                    lambdas=11,
-                )
-                barrier[label] = curve.barriers["test"]["loss"]["rebasin"]
-            rows.append(
-                {
-                    "pair": [a.meta["seed"], b.meta["seed"]],
-                    "naive_loss_barrier": barrier["naive"],
-                    "wm_loss_barrier": barrier["wm"],
-                }
-            )
-    return rows
 
 
 def format_table(rows: list[DemoRow]) -> str:
