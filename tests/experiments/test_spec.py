@@ -65,3 +65,13 @@ def test_file_errors_name_the_file(tmp_path):
 def test_overrides_replace_values():
     experiment = load_experiment(TINY, {"train.epochs": 1, "data.dataset": "synthetic"})
     assert experiment.train["epochs"] == 1 and experiment.dataset == "synthetic"
+
+
+def test_every_experiment_file_in_the_repository_is_valid():
+    from pathlib import Path
+
+    files = sorted((Path(__file__).resolve().parents[2] / "experiments").glob("*.toml"))
+    assert len(files) >= 6
+    for path in files:
+        experiment = load_experiment(path)
+        assert experiment.description and experiment.expected_runtime, path

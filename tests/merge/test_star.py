@@ -23,3 +23,24 @@ def test_star_rejects_unknown_matchers():
     _, spec, params = random_models(2)
     with pytest.raises(ParamsError, match="star method must be one of"):
         star(spec, params, method="magic")
+
+
+def test_star_can_average_only_the_models_other_than_the_reference():
+    """STE-MM Fig. 1 merges (1/(n−1)) Σ_{i<n} π_i(θ_i): the reference itself is left out."""
+    import torch
+
+    from lmckit.params import average_params
+
+    _, spec, params = random_models(4)
+    everything = star(spec, params)
+    others = star(spec, params, average="others")
+    assert others.perms == everything.perms and others.method == "star-wm-fast-others"
+    expected = average_params(
+        [p.apply(x) for p, x in zip(others.perms[:3], params[:3], strict=True)]
+    )
+    assert all(torch.allclose(others.merged[k], expected[k]) for k in expected)
+    assert not torch.allclose(
+        others.merged["layers.0.weight"], everything.merged["layers.0.weight"]
+    )
+    with pytest.raises(ParamsError, match="average must be"):
+        star(spec, params, average="some")

@@ -36,6 +36,22 @@ METHODS: dict[str, Method] = {
             fixed={"method": "ste"},
         ),
         Method(
+            "star-wm-others",
+            star,
+            needs_model=False,
+            needs_data=False,
+            summary="star-WM, averaging the n-1 aligned non-reference models (STE-MM Fig. 1)",
+            fixed={"method": "wm-fast", "average": "others"},
+        ),
+        Method(
+            "star-ste-others",
+            star,
+            needs_model=True,
+            needs_data=True,
+            summary="star-STE, averaging the n-1 aligned non-reference models (STE-MM Fig. 1)",
+            fixed={"method": "ste", "average": "others"},
+        ),
+        Method(
             "merge-many",
             merge_many,
             needs_model=False,

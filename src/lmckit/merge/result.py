@@ -100,11 +100,14 @@ def merged_result(
     history: Sequence[float] = (),
     iterations: int = 0,
     info: dict[str, Any] | None = None,
+    members: Sequence[int] | None = None,
 ) -> MergeResult:
-    """The :class:`MergeResult` every merger returns: the average of the aligned models,
-    BatchNorm-reset on ``data`` when it has running statistics and ``model`` and ``data``
-    are given (an averaged model's statistics are not the statistics of its activations)."""
-    merged = merge_with([detached(p) for p in params_list], perms)
+    """The :class:`MergeResult` every merger returns: the average of the aligned models
+    (only those listed in ``members``, if given), BatchNorm-reset on ``data`` when it has
+    running statistics and ``model`` and ``data`` are given (an averaged model's
+    statistics are not the statistics of its activations)."""
+    chosen = range(len(params_list)) if members is None else members
+    merged = merge_with([detached(params_list[i]) for i in chosen], [perms[i] for i in chosen])
     reset = has_batchnorm(merged) and model is not None and data is not None
     if reset:
         merged = bn_reset(model, merged, data, seed=seed)

@@ -26,6 +26,7 @@ def star(
     seed: int = 0,
     progress: ProgressCallback | None = None,
     method: str = "wm-fast",
+    average: str = "all",
     **match_options,
 ) -> MergeResult:
     """Align every model to ``params_list[reference]`` with a two-model matcher, then average.
@@ -38,12 +39,19 @@ def star(
         seed: passed to every match.
         progress: a :class:`~lmckit.progress.Progress` after each model is matched.
         method: a name from :data:`lmckit.match.METHODS` (``"wm-fast"``, ``"ste"``, ...).
+        average: ``"all"`` — the merged model is the mean of all ``n`` aligned models — or
+            ``"others"``: the mean of the ``n − 1`` aligned models other than the reference,
+            ``(1/(n−1)) Σ_{i≠ref} π_i(θ_i)``, the merged model of STE-MM's Fig. 1.
         match_options: further options of that matcher (``epochs=``, ``lr=`` ...).
     """
     start = time.perf_counter()
     ref = check_models(spec, params_list, reference, seed=seed)
     if method not in MATCHERS:
         raise ParamsError(f"star method must be one of {sorted(MATCHERS)}, got {method!r}")
+    if average not in ("all", "others"):
+        raise ParamsError(f"average must be 'all' or 'others', got {average!r}")
+    if average == "others" and len(params_list) < 2:
+        raise ParamsError("average='others' needs at least 2 models")
     matcher = MATCHERS[method]
     n = len(params_list)
     perms = []
@@ -57,12 +65,13 @@ def star(
         perms.append(result.perm)
         notify(progress, len(perms) - (ref < i), n - 1, model=i)
     return merged_result(
-        f"star-{method}",
+        f"star-{method}" + ("-others" if average == "others" else ""),
         params_list,
         perms,
         start,
         model=model,
         data=data,
         seed=seed,
-        info={"reference": ref},
+        info={"reference": ref, "average": average},
+        members=None if average == "all" else [i for i in range(n) if i != ref],
     )
