@@ -1,12 +1,14 @@
 """LAP solver: optimal for the original cost, cold and warm-started, on hard inputs."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
 from lmckit.errors import LapError
-from lmckit.lap import solve_lap
+from lmckit.lap import assign, solve_lap
 
 
 def objective(c, p):
@@ -119,3 +121,28 @@ def test_bad_input_is_rejected():
         solve_lap(np.zeros((4, 4)), duals=duals)
     with pytest.raises(LapError, match="backend"):
         solve_lap(np.zeros((4, 4)), backend="hungarian")
+
+
+@pytest.mark.parametrize("maximize", [True, False])
+def test_assign_is_optimal_by_brute_force(maximize):
+    """Against every permutation, on random costs, ties and dead (all-zero) rows/columns —
+    the correlation matrices of units that never fire, which is what activation matching
+    hands it."""
+    rng = np.random.default_rng(3)
+    cases = [rng.standard_normal((6, 6)), rng.integers(0, 2, (7, 7)).astype(float)]
+    dead = rng.standard_normal((7, 7))
+    dead[[1, 4]] = 0.0
+    dead[:, 2] = 0.0
+    cases.append(dead)
+    for c in cases:
+        p = assign(torch.from_numpy(c), maximize=maximize)
+        values = [objective(c, q) for q in itertools.permutations(range(len(c)))]
+        assert p.dtype == torch.long and sorted(p.tolist()) == list(range(len(c)))
+        assert objective(c, p) == pytest.approx(max(values) if maximize else min(values))
+
+
+def test_assign_rejects_bad_costs():
+    with pytest.raises(LapError, match="square"):
+        assign(np.zeros((2, 3)))
+    with pytest.raises(LapError, match="non-finite"):
+        assign(np.array([[0.0, np.nan], [1.0, 2.0]]))

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, forward, module_mode
-from lmckit.lap import solve_lap
+from lmckit.lap import assign
 from lmckit.match._functional import batches_per_pass, require_model_and_data
 from lmckit.match.result import MatchResult, check_inputs
 from lmckit.params import Params, params_distance
@@ -188,7 +188,7 @@ def activation_matching(
                 f"taps of group {g!r} produce {gains.shape[0]} channels, the group has "
                 f"{spec.groups[g]}"
             )
-        p, _ = solve_lap(gains, maximize=True)
+        p = assign(gains, maximize=True)
         perms[g] = p
         gain += float(gains[torch.arange(len(p)), p.to(gains.device)].sum())
     perm = Permutation(spec, perms)

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
-from lmckit.lap import solve_lap
+from lmckit.lap import assign
 from lmckit.match._functional import (
     batch_loss,
     batches_per_pass,
@@ -176,7 +176,7 @@ def sinkhorn_matching(
         perms = {}
         for g, z in logits.items():
             p_soft = log_sinkhorn(z / tau, sinkhorn_iters).exp()
-            perms[g], _ = solve_lap(p_soft, maximize=True)
+            perms[g] = assign(p_soft, maximize=True)
     perm = Permutation(spec, perms)
     return MatchResult(
         perm=perm,

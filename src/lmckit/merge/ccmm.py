@@ -22,7 +22,7 @@ from torch import nn
 
 from lmckit._checks import check_int, check_number
 from lmckit.data import DataSource
-from lmckit.lap import solve_lap
+from lmckit.lap import assign
 from lmckit.match.sinkhorn import soft_apply
 from lmckit.merge.result import MergeResult, canonicalise, check_models, merged_result
 from lmckit.merge.star import star
@@ -105,7 +105,7 @@ def ccmm(
             for g, m in s.items():
                 grad = grads[k]
                 k += 1
-                p, _ = solve_lap(grad, maximize=True)
+                p = assign(grad, maximize=True)
                 vertex[g] = torch.eye(m.shape[0], dtype=dtype, device=device)[p.to(device)]
                 gap += float((grad * (vertex[g] - m)).sum())
             vertices.append(vertex)
@@ -118,9 +118,7 @@ def ccmm(
         soft = [
             {g: s[g] + step * (v[g] - s[g]) for g in s} for s, v in zip(soft, vertices, strict=True)
         ]
-    perms = [
-        Permutation(spec, {g: solve_lap(m, maximize=True)[0] for g, m in s.items()}) for s in soft
-    ]
+    perms = [Permutation(spec, {g: assign(m, maximize=True) for g, m in s.items()}) for s in soft]
     return merged_result(
         "ccmm",
         params_list,
