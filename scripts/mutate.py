@@ -283,6 +283,55 @@ MUTATIONS = [
         "spec, params_list[0], params, model=model, data=data, seed=seed, **match_options",
         ("tests/merge/test_star.py", "tests/merge/test_result.py"),
     ),
+    # -- the analyses (Ito et al., Git Re-Basin's counterexample) ----------------------------
+    M(
+        "r-ignores-input-permutation",
+        "R permutes the left singular vectors of B but not the right ones (P_{l-1} dropped)",
+        "src/lmckit/analysis/spectral.py",
+        "    V = svd.V if cols is None else svd.V.index_select(0, cols.to(svd.V.device))",
+        "    V = svd.V",
+        ("tests/analysis/test_spectral.py",),
+    ),
+    M(
+        "r-normalised-by-all-vectors",
+        "R divides by every singular value's count instead of the kept ones",
+        "src/lmckit/analysis/spectral.py",
+        "        n = min(int(ka.sum()), int(kb.sum()))",
+        "        n = a.S.numel()",
+        ("tests/analysis/test_spectral.py",),
+    ),
+    M(
+        "operator-spectrum-unpadded",
+        "the kernel's DFT is taken at its own size, not zero-padded to the input",
+        "src/lmckit/analysis/spectral.py",
+        "torch.fft.fft2(kernel.detach().double(), s=(n, m))",
+        "torch.fft.fft2(kernel.detach().double())",
+        ("tests/analysis/test_spectral.py",),
+    ),
+    M(
+        "taylor-hessians-swapped",
+        "eq. 2 weights B's curvature by λ and A's by 1 − λ",
+        "src/lmckit/analysis/taylor.py",
+        "        curvature = lam * curv_a + (1 - lam) * curv_b",
+        "        curvature = lam * curv_b + (1 - lam) * curv_a",
+        ("tests/analysis/test_taylor.py",),
+    ),
+    M(
+        "taylor-gradient-sign",
+        "eq. 2 uses ∇L(θ_B) − ∇L(θ_A)",
+        "src/lmckit/analysis/taylor.py",
+        "(beta * (slope_a - slope_b)",
+        "(beta * (slope_b - slope_a)",
+        ("tests/analysis/test_taylor.py",),
+    ),
+    M(
+        "exhaustive-tries-identity-only",
+        "the exhaustive search stops after the first permutation",
+        "src/lmckit/analysis/counterexample.py",
+        '            notify(progress, k + 1, count, barrier=b["rebasin"])',
+        '            notify(progress, k + 1, count, barrier=b["rebasin"])\n            break',
+        ("tests/analysis/test_counterexample.py",),
+    ),
 ]
 
 

@@ -146,6 +146,48 @@ def test_interpolate_command_writes_curves_and_plots(tmp_path, capsys):
     )
 
 
+def test_analyze_command_writes_measurements_and_figures(tmp_path, capsys):
+    import json
+
+    train = digits_mlp_args(tmp_path, seeds=[0, 1], epochs=3, hidden=[32, 32])
+    assert main(train) == 0
+    a, b = (str(tmp_path / f"mlp-digits-seed{s}.safetensors") for s in (0, 1))
+    out = tmp_path / "analysis"
+    argv = ["analyze", a, b, "--method", "none", "wm-fast", "--gamma", "0", "0.3", "--out"]
+    assert main([*argv, str(out), "-q"]) == 0
+    printed = capsys.readouterr().out
+    assert "R(γ=0.3)" in printed and "wm-fast" in printed
+    summary = json.loads((out / "analysis.json").read_text())
+    naive, wm = summary["results"]["none"], summary["results"]["wm-fast"]
+    assert wm["distances"]["parameters"][1] < naive["distances"]["parameters"][1]
+    assert wm["R"]["0.3"]["total"] > naive["R"]["0.3"]["total"]
+    assert wm["taylor"]["lambdas"] == [0.1, 0.25, 0.5, 0.75, 0.9]
+    for name in (
+        "spectra.png",
+        "alignment.png",
+        "alignment-merged.png",
+        "distances.png",
+        "cosines-wm-fast.png",
+        "taylor.png",
+        "perm-wm-fast.json",
+    ):
+        assert (out / name).stat().st_size > 0, name
+    perm = ["analyze", a, b, "--perm", str(out / "perm-wm-fast.json"), "--no-data"]
+    assert main([*perm, "--out", str(tmp_path / "given")]) == 0
+    given = json.loads((tmp_path / "given" / "analysis.json").read_text())["results"]["given"]
+    assert given["R"] == wm["R"] and "taylor" not in given
+
+
+def test_analyze_counterexample(tmp_path, capsys):
+    import json
+
+    assert main(["analyze", "--counterexample", "--out", str(tmp_path)]) == 0
+    assert "lowest barrier over all 4 permutations" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "counterexample.json").read_text())
+    assert summary["train_error"] == {"a": 0.0, "b": 0.0} and min(summary["barriers"]) > 0.05
+    assert (tmp_path / "counterexample.png").stat().st_size > 0
+
+
 def test_merge_command_and_sweep(tmp_path, capsys):
     import json
 
@@ -358,6 +400,16 @@ def bad_inputs(f):
         ("merge-out-under-file", ["merge", a, b, "--out", f"{file}/x"], 2, "under a file"),
         ("sweep-out-file", ["merge", a, b, "--sweep-n", "2", "--out", file], 2, "is a file"),
         ("demo-out-file", ["demo", "--out", file, "-q"], 2, "is a file"),
+        ("analyze-out-file", ["analyze", a, b, "--out", file], 2, "is a file"),
+        ("analyze-one-checkpoint", ["analyze", a, "--out", str(r / "an")], 2, "two checkpoints"),
+        (
+            "analyze-counterexample-ckpt",
+            ["analyze", a, "--counterexample", "--out", folder],
+            2,
+            "takes no checkpoints",
+        ),
+        ("analyze-gamma-1", ["analyze", a, b, "--gamma", "1", "--out", folder], 2, "--gamma"),
+        ("analyze-method", ["analyze", a, b, "--method", "xx", "--out", folder], 2, "--method"),
         ("demo-out-under-file", ["demo", "--out", f"{file}/x", "-q"], 2, "under a file"),
         (
             "match-data-misfit",

@@ -6,10 +6,16 @@ import pytest
 import torch
 
 from lmckit.analysis import (
+    alignment,
     exact_weighted_hessian_trace,
+    l2_distances,
     multi_model_metrics,
+    operator_spectra,
     plane_landscape,
     sharpness,
+    singular_vector_cosines,
+    taylor_barrier,
+    three_models,
 )
 from lmckit.evaluate import (
     bn_reset,
@@ -72,6 +78,22 @@ CALLS = {
     "sharpness": lambda m, s, p, d: sharpness(m, p[0], held_out(d), probes=2, n_batches=1),
     "exact_weighted_hessian_trace": lambda m, s, p, d: exact_weighted_hessian_trace(
         m, p[0], held_out(d), n_batches=1
+    ),
+    "alignment": lambda m, s, p, d: alignment(s, p[0], p[1], Permutation.random(s, 0), gamma=0.3),
+    "singular_vector_cosines": lambda m, s, p, d: singular_vector_cosines(s, p[0], p[1], k=4),
+    "l2_distances": lambda m, s, p, d: l2_distances(p[0], p[1], Permutation.random(s, 0)),
+    "operator_spectra": lambda m, s, p, d: operator_spectra(m, p[0], d.test_x[:2]),
+    "taylor_barrier": lambda m, s, p, d: taylor_barrier(m, p[0], p[1], held_out(d), n_batches=1),
+    "three_models": lambda m, s, p, d: three_models(
+        s,
+        m,
+        p[0],
+        p[1],
+        p[2],
+        Permutation.identity(s),
+        Permutation.identity(s),
+        held_out(d),
+        bn_reset_data=d,
     ),
 }
 # REPAIR is for networks without normalisation layers.

@@ -429,6 +429,60 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from lmckit._io import check_output_dir
+    from lmckit.experiments.analysis import run_analyze, run_counterexample
+
+    check_output_dir(args.out, "--out")
+    if args.counterexample:
+        if args.a or args.b:
+            raise UsageError("--counterexample takes no checkpoints")
+        result = run_counterexample(args.out)["result"]
+        print(f"{'permutation':<40} {'error barrier':>13}")
+        for perm, barrier in zip(result.permutations, result.barriers, strict=True):
+            print(f"{perm.to_dict()!s:<40} {100 * barrier:>12.2f}%")
+        print(
+            f"lowest barrier over all {len(result.barriers)} permutations: "
+            f"{100 * min(result.barriers):.2f}% (both networks: 0 % error)"
+        )
+        print(f"figure and data -> {args.out}")
+        return 0
+    if args.a is None or args.b is None:
+        raise UsageError("analyze needs two checkpoints A and B (or --counterexample)")
+    a, b = _load_checkpoints([args.a, args.b], args.device)
+    data = None
+    if not args.no_data:
+        data = _data_for(a, args)
+    with ProgressBars(not args.quiet) as bars:
+        summary = run_analyze(
+            a,
+            b,
+            data,
+            args.out,
+            methods=args.method,
+            perm_file=args.perm,
+            gammas=args.gamma,
+            taylor=not args.no_taylor,
+            seed=args.seed,
+            progress=bars,
+        )
+    gammas = [f"{g:g}" for g in args.gamma]
+    head = " ".join(f"{'R(γ=' + g + ')':>9}" for g in gammas)
+    print(
+        f"{'method':<10} {'L2 before':>10} {'L2 after':>10} {head} {'barrier½':>9} {'Taylor½':>9}"
+    )
+    for label, r in summary["results"].items():
+        before, after = r["distances"]["parameters"]
+        rs = " ".join(f"{r['R'][g]['total']:>9.4f}" for g in gammas)
+        t = r.get("taylor")
+        half = t["lambdas"].index(0.5) if t and 0.5 in t["lambdas"] else None
+        actual = f"{t['actual'][half]:>9.4f}" if half is not None else f"{'—':>9}"
+        taylor = f"{t['predicted'][half]:>9.4f}" if half is not None else f"{'—':>9}"
+        print(f"{label:<10} {before:>10.3f} {after:>10.3f} {rs} {actual} {taylor}")
+    print(f"analysis.json and figures -> {args.out}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from lmckit._io import check_output_dir
     from lmckit.experiments.demo import DemoRow, format_table, run_demo
@@ -755,6 +809,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_data_arguments(p)
     p.set_defaults(func=cmd_interpolate)
+
+    p = sub.add_parser(
+        "analyze",
+        help="L2 distances, spectra, singular-vector alignment R(γ) and the Taylor barrier of "
+        "two checkpoints (or Git Re-Basin's counterexample)",
+        description="Ito et al.'s measurements for each matching method: per-tensor L2 "
+        "before/after, singular values (Fig. 1), R(θ_A, π(θ_B)) at each γ (Fig. 2), R to the "
+        "merged model (Fig. 3), singular-vector cosine heat maps, and eq. 2's Taylor barrier "
+        "beside the actual one along λ; conv nets also get their operator spectra. "
+        "--counterexample draws Git Re-Basin Fig. 6 instead.",
+    )
+    p.add_argument("a", type=_checkpoint, nargs="?", help="reference checkpoint")
+    p.add_argument("b", type=_checkpoint, nargs="?", help="checkpoint to permute")
+    p.add_argument("--perm", type=_existing_file, help="use this permutation file")
+    p.add_argument(
+        "--method",
+        nargs="+",
+        default=["none", "wm-fast"],
+        choices=["none", *sorted(MATCHERS)],
+        help="none = no permutation",
+    )
+    p.add_argument(
+        "--gamma",
+        type=_float_in(0.0, 1.0),
+        nargs="+",
+        default=[0.0, 0.3],
+        help="thresholds γ of R (singular values > γ × the largest)",
+    )
+    p.add_argument("--no-taylor", action="store_true", help="skip the Taylor barrier")
+    p.add_argument(
+        "--no-data",
+        action="store_true",
+        help="weights only: no Taylor barrier, no data-driven methods",
+    )
+    p.add_argument(
+        "--counterexample",
+        action="store_true",
+        help="Git Re-Basin's counterexample (App. A.3, Fig. 6) instead",
+    )
+    p.add_argument("--out", type=Path, required=True, help="folder for analysis.json and plots")
+    _add_data_arguments(p)
+    p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser(
         "demo",

@@ -173,3 +173,173 @@ def plot_geometry(ratios, angles, path: str | Path, *, title: str = "") -> Path:
     if title:
         fig.suptitle(title)
     return _save(fig, path)
+
+
+def _grid(n: int, width: float = 3.2, height: float = 2.8, cols: int = 4):
+    cols = min(cols, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    return fig, list(axes.flat[:n])
+
+
+def plot_spectra(
+    spectra: Mapping[str, list], path: str | Path, *, labels=None, title: str = ""
+) -> Path:
+    """One panel per layer: every model's singular values in descending order, overlaid
+    (Ito et al. Fig. 1 / Fig. 6). ``spectra[layer]`` is a list of 1-D sequences, one per
+    model; ``labels`` names the models."""
+    path = Path(path)
+    fig, axes = _grid(len(spectra))
+    for ax, (layer, values) in zip(axes, spectra.items(), strict=True):
+        for k, s in enumerate(values):
+            label = labels[k] if labels is not None else None
+            ax.plot(range(1, len(s) + 1), [float(v) for v in s], lw=1, label=label)
+        ax.set_title(layer, fontsize=8)
+        ax.set_xlabel("index", fontsize=8)
+        ax.set_ylabel("singular value", fontsize=8)
+        ax.tick_params(labelsize=7)
+    if labels is not None and len(labels) <= 10:
+        axes[0].legend(fontsize=6)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_alignment_bars(
+    values: Mapping[str, Mapping[str, float]],
+    path: str | Path,
+    *,
+    ylabel: str = "R",
+    errors=None,
+    title: str = "",
+) -> Path:
+    """Grouped bars: ``values[group][bar]`` (e.g. ``{"γ=0.3": {"wm": 0.4, "none": 0.01}}``,
+    Ito et al. Fig. 2); ``errors`` of the same shape draws error bars."""
+    path = Path(path)
+    groups = list(values)
+    bars = list(dict.fromkeys(b for g in groups for b in values[g]))
+    width = 0.8 / max(len(bars), 1)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(groups) * max(len(bars), 1) / 2, 3.4))
+    for k, bar in enumerate(bars):
+        xs = [i + (k - (len(bars) - 1) / 2) * width for i in range(len(groups))]
+        ys = [values[g].get(bar, math.nan) for g in groups]
+        err = [errors[g].get(bar, 0.0) for g in groups] if errors is not None else None
+        ax.bar(xs, ys, width, yerr=err, capsize=3, label=bar)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel(ylabel)
+    ax.axhline(0, color="k", lw=0.6)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    return _save(fig, path)
+
+
+def plot_layer_distances(
+    distances: Mapping[str, Mapping[str, float]], path: str | Path, *, title: str = ""
+) -> Path:
+    """Horizontal bars of the L2 distance per tensor, one bar per label (``"before"``,
+    ``"wm"``...): ``distances[label][tensor]``."""
+    path = Path(path)
+    labels = list(distances)
+    tensors = list(dict.fromkeys(t for lab in labels for t in distances[lab]))
+    height = 0.8 / max(len(labels), 1)
+    fig, ax = plt.subplots(figsize=(7, 0.9 + 0.32 * len(tensors) * max(len(labels), 1) / 2))
+    for k, lab in enumerate(labels):
+        ys = [i + (k - (len(labels) - 1) / 2) * height for i in range(len(tensors))]
+        ax.barh(ys, [distances[lab].get(t, math.nan) for t in tensors], height, label=lab)
+    ax.set_yticks(range(len(tensors)), tensors, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("L2 distance to A")
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    return _save(fig, path)
+
+
+def plot_cosine_heatmaps(
+    cosines: Mapping[str, tuple], path: str | Path, *, title: str = ""
+) -> Path:
+    """Per layer, |cos| between A's and π(B)'s top singular vectors: left vectors above,
+    right vectors below (an aligned pair is a bright diagonal)."""
+    path = Path(path)
+    layers = list(cosines)
+    fig, axes = plt.subplots(2, len(layers), figsize=(2.4 * len(layers), 4.8), squeeze=False)
+    for col, layer in enumerate(layers):
+        for row, (name, matrix) in enumerate(zip(("left", "right"), cosines[layer], strict=True)):
+            ax = axes[row][col]
+            ax.imshow([[float(v) for v in r] for r in matrix], vmin=0, vmax=1, cmap="magma")
+            ax.set_title(f"{layer}\n{name}" if row == 0 else name, fontsize=7)
+            ax.set_xticks([])
+            ax.set_yticks([])
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_taylor(
+    results: Mapping[str, Mapping[str, list]], path: str | Path, *, title: str = ""
+) -> Path:
+    """Actual barrier (solid) and eq. 2's Taylor prediction (dashed) along λ, one colour per
+    label: ``results[label]`` holds ``lambdas``, ``actual`` and ``predicted``."""
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for i, (label, r) in enumerate(results.items()):
+        colour = f"C{i % 10}"
+        ax.plot(r["lambdas"], r["actual"], "-o", ms=3, color=colour, label=f"{label}: actual")
+        ax.plot(r["lambdas"], r["predicted"], "--", color=colour, label=f"{label}: Taylor")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xlabel("λ")
+    ax.set_ylabel("L(θ(λ)) − ((1−λ)L_A + λL_B)")
+    ax.legend(fontsize=7)
+    if title:
+        ax.set_title(title)
+    return _save(fig, path)
+
+
+def plot_counterexample(
+    result, predictions, path: str | Path, *, extent=(-1, 1, -1, 1), data=None, columns=None
+) -> Path:
+    """Git Re-Basin Fig. 6 (and 7): left, the error along λ for every permutation; right, a
+    grid of prediction images, one row per permutation and one column per λ.
+    ``predictions[k][c]`` is a 2-D array of ``f(x) ≥ 0`` over ``extent``; ``data = (x, y)``
+    adds a scatter of the data (Fig. 7) as a last panel; ``columns`` labels the λ of each
+    column."""
+    path = Path(path)
+    rows = len(predictions)
+    cols = len(predictions[0])
+    fig = plt.figure(figsize=(4.5 + 1.3 * cols + (3.2 if data is not None else 0), 1.3 * rows + 1))
+    n_panels = 2 + (data is not None)
+    ratios = [3.4, 1.3 * cols] + ([3.0] if data is not None else [])
+    outer = fig.add_gridspec(1, n_panels, width_ratios=ratios, wspace=0.25)
+    ax = fig.add_subplot(outer[0])
+    for k, values in enumerate(result.values):
+        ax.plot(
+            result.lambdas,
+            [100 * v for v in values],
+            label=f"π{k}: barrier {100 * result.barriers[k]:.1f} %",
+        )
+    ax.set_xlabel("λ")
+    ax.set_ylabel("error (%)")
+    ax.legend(fontsize=7)
+    inner = outer[1].subgridspec(rows, cols, wspace=0.05, hspace=0.1)
+    for r in range(rows):
+        for c in range(cols):
+            sub = fig.add_subplot(inner[r, c])
+            sub.imshow(
+                predictions[r][c], origin="lower", extent=extent, cmap="coolwarm", vmin=0, vmax=1
+            )
+            sub.set_xticks([])
+            sub.set_yticks([])
+            if c == 0:
+                sub.set_ylabel(f"π{r}", fontsize=8)
+            if r == 0 and columns is not None:
+                sub.set_title(f"λ = {columns[c]:g}", fontsize=8)
+    if data is not None:
+        x, y = data
+        sub = fig.add_subplot(outer[2])
+        sub.scatter(x[:, 0], x[:, 1], c=y, s=2, cmap="coolwarm")
+        sub.set_aspect("equal")
+        sub.set_title("data", fontsize=9)
+    return _save(fig, path)

@@ -43,6 +43,15 @@ def test_the_tiny_file_expands_into_cells():
         ({"merge": [{"methods": ["star-wm"], "n": [1]}]}, "merge[0].n must list model counts"),
         ({"merge": [{"methods": ["star-wm"], "n": [3]}]}, "asks for 3 models; 2 seeds"),
         ({"merge": [{"methods": "star-wm", "n": [2]}]}, "merge[0].methods must be a list"),
+        ({"compare": [{"analyses": ["svd"]}]}, "compare[0].analyses: unknown analysis ['svd']"),
+        ({"compare": [{"analyses": [["taylor"]]}]}, "compare[0].analyses[] must be a string"),
+        ({"compare": [{"splits": {}}]}, "compare[0].splits must name at least one split"),
+        ({"triplets": [{"methods": ["wm-fast"]}]}, "triplets[0] needs at least three seeds"),
+        ({"seeds": [0, 1, 2], "triplets": [{"triples": [[0, 1, 3]]}]}, "beyond the 3 seeds"),
+        ({"seeds": [0, 1, 2], "triplets": [{"triples": "all"}]}, 'must be "disjoint"'),
+        ({"seeds": [0, 1, 2], "triplets": [{"gamma": 1}]}, "triplets[0].gamma must be a number"),
+        ({"seeds": [0, 1, 2], "triplets": [{"methods": ["none"]}]}, "unknown method 'none'"),
+        ({"spectra": "yes"}, "spectra must be true or false"),
     ],
 )
 def test_bad_files_name_the_key_and_what_it_expected(change, message):

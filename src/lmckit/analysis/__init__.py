@@ -1,20 +1,61 @@
-"""Analyses of aligned models: multi-model metrics and simplex geometry, sharpness, loss
-landscapes on planes through three models."""
+"""Analyses of aligned models: L2 distances, spectra and singular-vector alignment R(γ),
+the Taylor-predicted barrier, three models aligned to one, Git Re-Basin's counterexample,
+multi-model metrics and simplex geometry, sharpness, loss landscapes on planes through three
+models."""
 
+from lmckit.analysis.counterexample import (
+    ExhaustiveBarriers,
+    counterexample_data,
+    counterexample_error,
+    counterexample_networks,
+    exhaustive_barriers,
+)
+from lmckit.analysis.distance import Distances, l2_distances
 from lmckit.analysis.geometry import distance_ratios, pairwise_distances, triplet_angles
 from lmckit.analysis.landscape import Landscape, plane_landscape
 from lmckit.analysis.multi import MultiModelMetrics, multi_model_metrics
 from lmckit.analysis.sharpness import Sharpness, exact_weighted_hessian_trace, sharpness
+from lmckit.analysis.spectral import (
+    Alignment,
+    LayerSVD,
+    alignment,
+    conv_operator_singular_values,
+    layer_svds,
+    operator_spectra,
+    singular_values,
+    singular_vector_cosines,
+)
+from lmckit.analysis.taylor import TaylorBarrier, taylor_barrier
+from lmckit.analysis.triplet import ThreeModels, three_models
 
 __all__ = [
+    "Alignment",
+    "Distances",
+    "ExhaustiveBarriers",
     "Landscape",
+    "LayerSVD",
     "MultiModelMetrics",
     "Sharpness",
+    "TaylorBarrier",
+    "ThreeModels",
+    "alignment",
+    "conv_operator_singular_values",
+    "counterexample_data",
+    "counterexample_error",
+    "counterexample_networks",
     "distance_ratios",
     "exact_weighted_hessian_trace",
+    "exhaustive_barriers",
+    "l2_distances",
+    "layer_svds",
     "multi_model_metrics",
+    "operator_spectra",
     "pairwise_distances",
     "plane_landscape",
     "sharpness",
+    "singular_values",
+    "singular_vector_cosines",
+    "taylor_barrier",
+    "three_models",
     "triplet_angles",
 ]

@@ -1,8 +1,10 @@
-"""An experiment expanded into its jobs: one per trained model, match, curve and merge."""
+"""An experiment expanded into its jobs: one per trained model, match, curve, analysis,
+triplet, spectra and merge."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -24,6 +26,34 @@ def _full_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
 def _uses_batchnorm(name: str, config: dict[str, Any]) -> bool:
     with torch.device("meta"):
         return has_batchnorm(build_model(name, **config).state_dict())
+
+
+def _match_job(
+    jobs: list[Job],
+    train_names: list[str],
+    seeds: tuple[int, ...],
+    cell: int,
+    common: dict[str, Any],
+    i: int,
+    j: int,
+    method: str,
+    options: Any,
+    suffix: str,
+    labels: dict[str, Any],
+) -> str:
+    """The name of the job matching seed index ``j`` onto ``i`` with ``method`` and
+    ``options`` in grid cell ``cell``: an earlier job with the same settings, else a new
+    one appended to ``jobs``."""
+    pair = (seeds[i], seeds[j])
+    settings = {**common, "method": method, "seed": 0, "options": dict(options)}
+    name = f"match/c{cell}/{pair[0]}-{pair[1]}/{method}"
+    earlier = next((job for job in jobs if job.name == name), None)
+    if earlier is not None and earlier.settings != settings:
+        name += f"/{suffix}"  # the same method with other options
+        earlier = next((job for job in jobs if job.name == name), None)
+    if earlier is None:
+        jobs.append(Job(name, "match", settings, (train_names[i], train_names[j]), labels))
+    return name
 
 
 def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]) -> list[Job]:
@@ -50,6 +80,8 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
             jobs.append(job)
             train_names.append(job.name)
         batchnorm = _uses_batchnorm(name, config)
+
+        match_job = partial(_match_job, jobs, train_names, experiment.seeds, c, common)
         for b, block in enumerate(experiment.compare):
             for i, j in block.pair_list(len(experiment.seeds)):
                 pair = (experiment.seeds[i], experiment.seeds[j])
@@ -57,20 +89,8 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
                     labels = {**where, "pair": list(pair), "method": method, "block": b}
                     deps = (train_names[i], train_names[j])
                     if method != "none":
-                        settings = {
-                            **common,
-                            "method": method,
-                            "seed": 0,
-                            "options": dict(block.options.get(method, {})),
-                        }
-                        match_name = f"match/c{c}/{pair[0]}-{pair[1]}/{method}"
-                        earlier = next((job for job in jobs if job.name == match_name), None)
-                        if earlier is not None and earlier.settings != settings:
-                            match_name += f"/b{b}"  # the same method with other options
-                            earlier = None
-                        if earlier is None:
-                            jobs.append(Job(match_name, "match", settings, deps, labels))
-                        deps = (*deps, match_name)
+                        options = block.options.get(method, {})
+                        deps = (*deps, match_job(i, j, method, options, f"b{b}", labels))
                     jobs.append(
                         Job(
                             name=f"curve/b{b}/c{c}/{pair[0]}-{pair[1]}/{method}",
@@ -88,6 +108,56 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
                             labels=labels,
                         )
                     )
+                    if block.analyses:
+                        jobs.append(
+                            Job(
+                                name=f"analysis/b{b}/c{c}/{pair[0]}-{pair[1]}/{method}",
+                                kind="analysis",
+                                settings={
+                                    **common,
+                                    "analyses": list(block.analyses),
+                                    "splits": dict(block.splits),
+                                    "gammas": [0.0, 0.3],
+                                    "taylor_lambdas": [0.5],
+                                },
+                                deps=deps,
+                                labels=labels,
+                            )
+                        )
+        for b, block in enumerate(experiment.triplets):
+            for i, j, k in block.triple_list(len(experiment.seeds)):
+                seeds = [experiment.seeds[t] for t in (i, j, k)]
+                for method in block.methods:
+                    labels = {**where, "triple": seeds, "method": method, "block": b}
+                    options = block.options.get(method, {})
+                    matches = (
+                        match_job(i, j, method, options, f"t{b}", labels),
+                        match_job(i, k, method, options, f"t{b}", labels),
+                    )
+                    jobs.append(
+                        Job(
+                            name=f"triplet/b{b}/c{c}/{'-'.join(map(str, seeds))}/{method}",
+                            kind="triplet",
+                            settings={
+                                **common,
+                                "gamma": block.gamma,
+                                "splits": dict(block.splits),
+                                "batchnorm": batchnorm,
+                            },
+                            deps=(train_names[i], train_names[j], train_names[k], *matches),
+                            labels=labels,
+                        )
+                    )
+        if experiment.spectra:
+            jobs.append(
+                Job(
+                    name=f"spectra/c{c}",
+                    kind="spectra",
+                    settings={**common, "seeds": list(experiment.seeds)},
+                    deps=tuple(train_names),
+                    labels=dict(where),
+                )
+            )
         for b, block in enumerate(experiment.merge):
             for method in block.methods:
                 for n in block.n:

@@ -39,6 +39,9 @@ GROUP_BY = {
     "match": ("cell", "method"),
     "curve": ("block", "cell", "method"),
     "merge": ("block", "cell", "method", "n"),
+    "analysis": ("block", "cell", "method"),
+    "triplet": ("block", "cell", "method"),
+    "spectra": ("cell",),
 }
 
 
@@ -178,6 +181,149 @@ def _merge_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return figures
 
 
+def _bars(ax, groups: list[str], series: dict[str, list[tuple[float, float]]]) -> None:
+    width = 0.8 / max(len(series), 1)
+    for k, (label, points) in enumerate(series.items()):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
+        ax.bar(
+            xs, [m for m, _ in points], width, yerr=[e for _, e in points], capsize=3, label=label
+        )
+    ax.set_xticks(range(len(groups)), groups, fontsize=8)
+    ax.axhline(0, color="k", lw=0.6)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+
+
+def _analysis_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Ito et al. Fig. 2 (R(θ_A, π(θ_B)) per γ and method), Fig. 3 (R to the merged model)
+    and Fig. 4 (R of the three pairs of a triplet), per grid cell, mean ± std."""
+    figures = []
+    analysis = [r for r in rows if r["kind"] == "analysis"]
+    for cell in sorted({r["group"]["cell"] for r in analysis}):
+        part = [r for r in analysis if r["group"]["cell"] == cell]
+        label = _cell_label(part[0]["grid"])
+        methods = sorted({r["group"]["method"] for r in part})
+        find = {(r["group"]["method"], r["metric"]): r for r in part}
+
+        def point(method: str, metric: str, find=find) -> tuple[float, float]:
+            r = find.get((method, metric))
+            return (r["mean"], r["std"] or 0.0) if r else (math.nan, 0.0)
+
+        gammas = sorted({r["metric"][2:] for r in part if r["metric"].startswith("R.")}, key=float)
+        if gammas:
+            fig, ax = plt.subplots(figsize=(5.4, 3.3))
+            _bars(
+                ax,
+                [f"γ = {g}" for g in gammas],
+                {m: [point(m, f"R.{g}") for g in gammas] for m in methods},
+            )
+            ax.set_ylabel("R(θ_A, π(θ_B))")
+            figures.append((f"singular-vector alignment R (Ito et al. Fig. 2), {label}", _png(fig)))
+            fig, ax = plt.subplots(figsize=(6.4, 3.3))
+            groups = [f"{m}, γ = {g}" for m in methods for g in gammas]
+            _bars(
+                ax,
+                groups,
+                {
+                    end: [point(m, f"R_merged.{end}.{g}") for m in methods for g in gammas]
+                    for end in ("a", "b")
+                },
+            )
+            ax.set_ylabel("R(θ_A or π(θ_B), merged)")
+            figures.append(
+                (
+                    f"singular-vector alignment to the merged model (Ito et al. Fig. 3),"
+                    f" a = θ_A, b = π(θ_B), {label}",
+                    _png(fig),
+                )
+            )
+    triplets = [r for r in rows if r["kind"] == "triplet" and r["metric"].startswith("R.")]
+    for cell in sorted({r["group"]["cell"] for r in triplets}):
+        part = [r for r in triplets if r["group"]["cell"] == cell]
+        methods = sorted({r["group"]["method"] for r in part})
+        pairs = ["a-b", "a-c", "b-c"]
+        find = {(r["group"]["method"], r["metric"]): r for r in part}
+        fig, ax = plt.subplots(figsize=(5.4, 3.3))
+        _bars(
+            ax,
+            methods,
+            {
+                p: [
+                    (find[(m, f"R.{p}")]["mean"], find[(m, f"R.{p}")]["std"] or 0.0)
+                    if (m, f"R.{p}") in find
+                    else (math.nan, 0.0)
+                    for m in methods
+                ]
+                for p in pairs
+            },
+        )
+        ax.set_ylabel("R between aligned models")
+        figures.append(
+            (
+                f"three models, B and C matched to A (Ito et al. Fig. 4), "
+                f"{_cell_label(part[0]['grid'])}",
+                _png(fig),
+            )
+        )
+    return figures
+
+
+def _spectra_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
+    """Ito et al. Fig. 1/6: every model's singular values per layer, overlaid; and App. D.3
+    Fig. 7: spectra normalised by their largest value against the relative index, one line
+    per grid cell (its first model)."""
+    store = Store(out / "store")
+    figures = []
+    normalised: dict[str, dict[str, list[float]]] = defaultdict(dict)
+    for job in jobs:
+        if job["kind"] != "spectra" or job["status"] != "done":
+            continue
+        artifact = store.get("spectra", job["key"], verify=False)
+        if artifact is None:
+            continue
+        data = json.loads(artifact.file("spectra.json").read_text())
+        label = _cell_label({k: v for k, v in _labels(job).items() if "." in k})
+        layers = data["layers"]
+        cols = min(4, len(layers))
+        rows = math.ceil(len(layers) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 2.5 * rows), squeeze=False)
+        for ax in axes.flat[len(layers) :]:
+            ax.axis("off")
+        for ax, (layer, models) in zip(axes.flat, layers.items(), strict=False):
+            for seed, values in zip(data["seeds"], models, strict=True):
+                ax.plot(range(1, len(values) + 1), values, lw=0.9, label=f"seed {seed}")
+            ax.set_title(layer, fontsize=8)
+            ax.tick_params(labelsize=7)
+            normalised[layer][label] = [v / models[0][0] for v in models[0]]
+        axes.flat[0].set_ylabel("singular value", fontsize=8)
+        if len(data["seeds"]) <= 10:
+            axes.flat[0].legend(fontsize=6)
+        figures.append(
+            (f"singular values of every model per layer (Ito et al. Fig. 1), {label}", _png(fig))
+        )
+    if any(len(cells) > 1 for cells in normalised.values()):
+        cols = min(4, len(normalised))
+        rows = math.ceil(len(normalised) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 2.5 * rows), squeeze=False)
+        for ax in axes.flat[len(normalised) :]:
+            ax.axis("off")
+        for ax, (layer, cells) in zip(axes.flat, normalised.items(), strict=False):
+            for label, values in cells.items():
+                ax.plot([i / len(values) for i in range(len(values))], values, lw=0.9, label=label)
+            ax.set_title(layer, fontsize=8)
+            ax.tick_params(labelsize=7)
+        axes.flat[0].set_ylabel("s_i / s_1", fontsize=8)
+        axes.flat[0].legend(fontsize=6)
+        figures.append(
+            (
+                "normalised singular values against the relative index, per grid cell "
+                "(Ito et al. App. D.3 Fig. 7)",
+                _png(fig),
+            )
+        )
+    return figures
+
+
 def _number(value: float | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
@@ -251,7 +397,13 @@ def write_report(out: str | Path) -> Path:
     text = (out / "experiment.toml").read_text() if (out / "experiment.toml").exists() else ""
     raw = tomllib.loads(text) if text else {}
     rows = metric_groups(jobs, metrics)
-    figures = _barrier_figures(rows) + _curve_figures(out, jobs) + _merge_figures(rows)
+    figures = (
+        _barrier_figures(rows)
+        + _curve_figures(out, jobs)
+        + _merge_figures(rows)
+        + _analysis_figures(rows)
+        + _spectra_figures(out, jobs)
+    )
     counts: dict[str, int] = defaultdict(int)
     for j in jobs:
         counts[j["status"]] += 1

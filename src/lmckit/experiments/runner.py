@@ -42,6 +42,9 @@ ARTIFACT_KIND = {
     "match": "permutation",
     "curve": "curve",
     "merge": "merge-metrics",
+    "analysis": "analysis",
+    "triplet": "triplet",
+    "spectra": "spectra",
 }
 
 

@@ -7,6 +7,7 @@ An experiment is a TOML file::
     expected_runtime = "about 40 min on 2 CPU cores"
     seeds = [0, 1, 2]              # one trained model per seed and grid cell
     threads = 1                    # torch threads per job (default: cores / --jobs)
+    spectra = true                 # singular values of every model, per cell (Fig. 1)
 
     [data]
     dataset = "fashion-mnist"
@@ -30,11 +31,19 @@ An experiment is a TOML file::
     [compare.options]              # per-method options
     ste = { epochs = 1 }
 
+    analyses = ["spectral", "taylor"]  # per pair and method: L2, R(γ), R to the merge;
+                                   # Taylor barrier on the first split (Ito et al.)
+
     [[merge]]                      # merge the first n seeds' models
     methods = ["star-wm", "merge-many"]
     n = [2, 3]
     [merge.options]
     ste-mm = { epochs = 10 }
+
+    [[triplets]]                   # B and C matched to A: R and midpoint barriers of all
+    methods = ["wm-fast", "ste"]   # three pairs (Ito et al. §5.3, Table 3)
+    triples = "disjoint"           # (0,1,2), (3,4,5)...; or [[0, 1, 2], ...]
+    gamma = 0.3
 
 :func:`load_experiment` validates every key and type, naming the key and what it
 expected; :meth:`Experiment.cells` expands the grid.
@@ -52,7 +61,14 @@ from typing import Any
 
 from lmckit.errors import UsageError
 
-__all__ = ["Compare", "Experiment", "ExperimentError", "MergeBlock", "load_experiment"]
+__all__ = [
+    "Compare",
+    "Experiment",
+    "ExperimentError",
+    "MergeBlock",
+    "TripletBlock",
+    "load_experiment",
+]
 
 
 class ExperimentError(UsageError):
@@ -71,9 +87,22 @@ TOP_KEYS = {
     "grid",
     "compare",
     "merge",
+    "triplets",
+    "spectra",
 }
-COMPARE_KEYS = {"pairs", "methods", "lambdas", "splits", "calibrated", "ensemble", "options"}
+COMPARE_KEYS = {
+    "pairs",
+    "methods",
+    "lambdas",
+    "splits",
+    "calibrated",
+    "ensemble",
+    "options",
+    "analyses",
+}
 MERGE_KEYS = {"methods", "n", "options"}
+TRIPLET_KEYS = {"methods", "triples", "gamma", "splits", "options"}
+ANALYSES = {"spectral", "taylor"}
 TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "a list"}
 
 
@@ -107,6 +136,7 @@ class Compare:
     calibrated: bool
     ensemble: bool
     options: Mapping[str, Mapping[str, Any]]
+    analyses: tuple[str, ...] = ()
 
     def pair_list(self, seeds: int) -> list[tuple[int, int]]:
         """Index pairs ``(i, j)`` into the seed list."""
@@ -127,6 +157,23 @@ class MergeBlock:
 
 
 @dataclass(frozen=True)
+class TripletBlock:
+    """One ``[[triplets]]`` block: B and C matched to A with each method."""
+
+    methods: tuple[str, ...]
+    triples: str | tuple[tuple[int, int, int], ...]
+    gamma: float
+    splits: Mapping[str, int | str]
+    options: Mapping[str, Mapping[str, Any]]
+
+    def triple_list(self, seeds: int) -> list[tuple[int, int, int]]:
+        """Index triples ``(a, b, c)`` into the seed list."""
+        if self.triples == "disjoint":
+            return [(i, i + 1, i + 2) for i in range(0, seeds - 2, 3)]
+        return list(self.triples)
+
+
+@dataclass(frozen=True)
 class Experiment:
     """A parsed, validated experiment file (see the module docstring)."""
 
@@ -141,6 +188,8 @@ class Experiment:
     grid: Mapping[str, tuple[Any, ...]]
     compare: tuple[Compare, ...]
     merge: tuple[MergeBlock, ...]
+    triplets: tuple[TripletBlock, ...] = ()
+    spectra: bool = False
     text: str = field(default="", compare=False)
 
     def cells(self) -> list[dict[str, Any]]:
@@ -199,10 +248,16 @@ def _parse_compare(raw: Any, where: str) -> Compare:
     lambdas = _expect(block.get("lambdas", 25), int, f"{where}.lambdas")
     if lambdas < 2:
         raise ExperimentError(f"{where}.lambdas must be at least 2, got {lambdas}")
-    splits = _table(block.get("splits", {"test": "all"}), f"{where}.splits", {"train", "test"})
-    for split, size in splits.items():
-        if size != "all" and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-            raise ExperimentError(f'{where}.splits.{split} must be "all" or a positive integer')
+    splits = _splits(block.get("splits", {"test": "all"}), f"{where}.splits")
+    analyses = tuple(
+        _expect(a, str, f"{where}.analyses[]")
+        for a in _expect(block.get("analyses", []), list, f"{where}.analyses")
+    )
+    unknown = sorted(set(analyses) - ANALYSES)
+    if unknown:
+        raise ExperimentError(
+            f"{where}.analyses: unknown analysis {unknown}; choose from {sorted(ANALYSES)}"
+        )
     return Compare(
         pairs=pairs,
         methods=methods,
@@ -210,6 +265,45 @@ def _parse_compare(raw: Any, where: str) -> Compare:
         splits=splits,
         calibrated=_expect(block.get("calibrated", False), bool, f"{where}.calibrated"),
         ensemble=_expect(block.get("ensemble", False), bool, f"{where}.ensemble"),
+        options=_options(block.get("options", {}), f"{where}.options", methods),
+        analyses=analyses,
+    )
+
+
+def _splits(value: Any, where: str) -> dict[str, int | str]:
+    splits = _table(value, where, {"train", "test"})
+    if not splits:
+        raise ExperimentError(f"{where} must name at least one split")
+    for split, size in splits.items():
+        if size != "all" and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ExperimentError(f'{where}.{split} must be "all" or a positive integer')
+    return splits
+
+
+def _parse_triplets(raw: Any, where: str) -> TripletBlock:
+    from lmckit.match import METHODS as MATCHERS
+
+    block = _table(raw, where, TRIPLET_KEYS)
+    methods = _methods(block.get("methods", ["wm-fast"]), f"{where}.methods", set(MATCHERS))
+    triples = block.get("triples", "disjoint")
+    if isinstance(triples, str):
+        if triples != "disjoint":
+            raise ExperimentError(f'{where}.triples must be "disjoint" or a list of [a, b, c]')
+    else:
+        triples = tuple(
+            tuple(_expect(t, list, f"{where}.triples[]"))
+            for t in _expect(triples, list, f"{where}.triples")
+        )
+        if not all(len(t) == 3 and all(isinstance(i, int) for i in t) for t in triples):
+            raise ExperimentError(f"{where}.triples must be a list of [a, b, c] index triples")
+    gamma = _expect(block.get("gamma", 0.3), (int, float), f"{where}.gamma")
+    if isinstance(gamma, bool) or not 0 <= gamma < 1:
+        raise ExperimentError(f"{where}.gamma must be a number in [0, 1), got {gamma!r}")
+    return TripletBlock(
+        methods=methods,
+        triples=triples,
+        gamma=float(gamma),
+        splits=_splits(block.get("splits", {"test": "all"}), f"{where}.splits"),
         options=_options(block.get("options", {}), f"{where}.options", methods),
     )
 
@@ -270,6 +364,16 @@ def parse_experiment(
         _parse_merge(block, f"merge[{i}]")
         for i, block in enumerate(_expect(raw.get("merge", []), list, "merge"))
     )
+    triplets = tuple(
+        _parse_triplets(block, f"triplets[{i}]")
+        for i, block in enumerate(_expect(raw.get("triplets", []), list, "triplets"))
+    )
+    for i, block in enumerate(triplets):
+        chosen = block.triple_list(len(seeds))
+        if not chosen:
+            raise ExperimentError(f"triplets[{i}] needs at least three seeds")
+        if max(max(t) for t in chosen) >= len(seeds):
+            raise ExperimentError(f"triplets[{i}].triples index beyond the {len(seeds)} seeds")
     for i, block in enumerate(compare):
         top = max((max(p) for p in block.pair_list(len(seeds))), default=0)
         if top >= len(seeds):
@@ -291,6 +395,8 @@ def parse_experiment(
         grid=grid,
         compare=compare,
         merge=merge,
+        triplets=triplets,
+        spectra=_expect(raw.get("spectra", False), bool, "spectra"),
         text=text,
     )
     _check_configurations(experiment)

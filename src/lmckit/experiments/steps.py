@@ -1,4 +1,5 @@
-"""The steps an experiment is made of, as jobs: train, match, curve, merge.
+"""The steps an experiment is made of, as jobs: train, match, curve, merge, analysis,
+triplet, spectra.
 
 A :class:`Job` names its step kind, the settings it runs with and the jobs it depends on.
 Each kind has two functions:
@@ -27,12 +28,13 @@ from typing import Any
 
 import torch
 
+from lmckit._io import atomic_write_json
 from lmckit.checkpoint import load_checkpoint, save_checkpoint
 from lmckit.data import Dataset
 from lmckit.experiments.interpolation import curve_key, stored_curve
 from lmckit.experiments.matching import load_permutation, match_key, stored_match
 from lmckit.experiments.merging import merge_key, stored_merge_metrics
-from lmckit.experiments.store import Store, make_key
+from lmckit.experiments.store import Store, content_hash, make_key
 from lmckit.experiments.training import load_for_model
 from lmckit.perm import Permutation
 from lmckit.progress import ProgressCallback
@@ -248,6 +250,176 @@ def _merge_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
     return {"content": "", "record": record, "reused": reused}
 
 
+# -- analysis (Ito et al.: L2, R(γ), R to the merge, Taylor barrier) ----------------------------
+def _perm_of(payload: Mapping[str, Any], name: str, spec) -> Permutation:
+    info = payload["deps"][name]
+    folder = Store(payload["store"]).folder(info["kind"], info["key"])
+    return load_permutation(folder / "perm.json", spec)
+
+
+def _first_split_loader(data: Dataset, splits: Mapping[str, Any]):
+    split = next(iter(splits))
+    loaders, evaluation = _loaders(data, {split: splits[split]})
+    return loaders[split], {split: evaluation[split]}
+
+
+def _analysis_key(job: Job, deps, data: Dataset) -> tuple[str, dict[str, Any]]:
+    s = job.settings
+    a, b = (deps[name]["content"] for name in job.deps[:2])
+    perm = deps[job.deps[2]]["content"] if len(job.deps) > 2 else "identity"
+    _, evaluation = _first_split_loader(data, s["splits"])
+    settings = {
+        "analyses": s["analyses"],
+        "gammas": s["gammas"],
+        "taylor_lambdas": s["taylor_lambdas"],
+        "evaluation": evaluation if "taylor" in s["analyses"] else None,
+    }
+    dataset = data.fingerprint if "taylor" in s["analyses"] else None
+    return make_key("analysis", settings, {"a": a, "b": b, "perm": perm}, dataset)
+
+
+def _analysis_run(payload: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
+    from lmckit.analysis.distance import l2_distances
+    from lmckit.analysis.spectral import alignment, layer_svds
+    from lmckit.analysis.taylor import taylor_barrier
+    from lmckit.params import lerp_params
+
+    s = payload["settings"]
+    order = payload["dep_order"]
+    a, b = (_checkpoint(payload, name) for name in order[:2])
+    perm = _perm_of(payload, order[2], a.spec) if len(order) > 2 else Permutation.identity(a.spec)
+    data = _data(payload)
+    key, document = _analysis_key(Job("", "analysis", s, tuple(order)), payload["deps"], data)
+    assert key == payload["key"], "the worker computed another key than the driver"
+
+    def write(folder: Path) -> tuple[str, dict[str, Any]]:
+        started = time.perf_counter()
+        record: dict[str, Any] = {}
+        result: dict[str, Any] = {}
+        aligned = perm.apply(b.params)
+        if "spectral" in s["analyses"]:
+            d = l2_distances(a.params, b.params, perm)
+            result["distances"] = d.to_dict()
+            record["l2.before"], record["l2.after"] = d.parameters
+            svd_a, svd_al = layer_svds(a.params), layer_svds(aligned)
+            merged = lerp_params(a.params, aligned, 0.5)
+            svd_m = layer_svds(merged)
+            for g in s["gammas"]:
+                r = alignment(a.spec, a.params, aligned, gamma=g, svds_a=svd_a, svds_b=svd_al)
+                result[f"R.{g:g}"] = r.to_dict()
+                record[f"R.{g:g}"] = r.total
+                for end, params, svd in (("a", a.params, svd_a), ("b", aligned, svd_al)):
+                    record[f"R_merged.{end}.{g:g}"] = alignment(
+                        a.spec, params, merged, gamma=g, svds_a=svd, svds_b=svd_m
+                    ).total
+        if "taylor" in s["analyses"]:
+            loader, _ = _first_split_loader(data, s["splits"])
+            t = taylor_barrier(a.model, a.params, aligned, loader, lambdas=s["taylor_lambdas"])
+            result["taylor"] = t.to_dict()
+            for lam, predicted, actual in zip(t.lambdas, t.predicted, t.actual, strict=True):
+                record[f"taylor.predicted.{lam:g}"] = predicted
+                record[f"taylor.actual.{lam:g}"] = actual
+            record["taylor.distance"] = t.distance
+        atomic_write_json(folder / "analysis.json", result)
+        record["seconds"] = time.perf_counter() - started
+        return content_hash(result), record
+
+    artifact, reused = Store(payload["store"]).get_or_put("analysis", key, document, write)
+    return {"content": artifact.content, "record": artifact.record, "reused": reused}
+
+
+# -- triplet (Ito et al. §5.3: B and C matched to A) -------------------------------------------
+def _triplet_key(job: Job, deps, data: Dataset) -> tuple[str, dict[str, Any]]:
+    s = job.settings
+    names = ("a", "b", "c", "perm_b", "perm_c")
+    inputs = {n: deps[d]["content"] for n, d in zip(names, job.deps, strict=True)}
+    _, evaluation = _first_split_loader(data, s["splits"])
+    settings = {"gamma": s["gamma"], "evaluation": evaluation, "bn_reset": s["batchnorm"]}
+    return make_key("triplet", settings, inputs, data.fingerprint)
+
+
+def _triplet_run(payload: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
+    from lmckit.analysis.triplet import three_models
+
+    s = payload["settings"]
+    order = payload["dep_order"]
+    a, b, c = (_checkpoint(payload, name) for name in order[:3])
+    perm_b, perm_c = (_perm_of(payload, name, a.spec) for name in order[3:])
+    data = _data(payload)
+    key, document = _triplet_key(Job("", "triplet", s, tuple(order)), payload["deps"], data)
+    assert key == payload["key"], "the worker computed another key than the driver"
+
+    def write(folder: Path) -> tuple[str, dict[str, Any]]:
+        started = time.perf_counter()
+        loader, _ = _first_split_loader(data, s["splits"])
+        bn_data = data.loader("train", batch_size=500, shuffle=True) if s["batchnorm"] else None
+        r = three_models(
+            a.spec,
+            a.model,
+            a.params,
+            b.params,
+            c.params,
+            perm_b,
+            perm_c,
+            loader,
+            gamma=s["gamma"],
+            bn_reset_data=bn_data,
+        )
+        atomic_write_json(folder / "triplet.json", r.to_dict())
+        record = {}
+        for field_name in ("R", "loss_barrier", "accuracy_barrier"):
+            for pair, value in getattr(r, field_name).items():
+                record[f"{field_name}.{pair}"] = value
+        record["seconds"] = time.perf_counter() - started
+        return content_hash(r.to_dict()), record
+
+    artifact, reused = Store(payload["store"]).get_or_put("triplet", key, document, write)
+    return {"content": artifact.content, "record": artifact.record, "reused": reused}
+
+
+# -- spectra (Ito et al. Fig. 1, App. D.2) ----------------------------------------------------
+def _spectra_key(job: Job, deps, data: Dataset) -> tuple[str, dict[str, Any]]:
+    inputs = {f"model{i}": deps[d]["content"] for i, d in enumerate(job.deps)}
+    return make_key("spectra", {"seeds": job.settings["seeds"]}, inputs)
+
+
+def _spectra_run(payload: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
+    from lmckit.analysis.spectral import singular_values
+
+    s = payload["settings"]
+    ckpts = [_checkpoint(payload, name) for name in payload["dep_order"]]
+    key, document = _spectra_key(
+        Job("", "spectra", s, tuple(payload["dep_order"])), payload["deps"], None
+    )
+    assert key == payload["key"], "the worker computed another key than the driver"
+
+    def write(folder: Path) -> tuple[str, dict[str, Any]]:
+        started = time.perf_counter()
+        values = [singular_values(ck.params) for ck in ckpts]
+        layers = list(values[0])
+        result = {layer: [v[layer].tolist() for v in values] for layer in layers}
+        atomic_write_json(folder / "spectra.json", {"seeds": s["seeds"], "layers": result})
+        record = {}
+        for layer in layers:
+            stack = torch.stack([v[layer] for v in values])  # (models, k)
+            top = stack[:, 0]
+            # how much the spectra of independently trained models differ (Fig. 1) ...
+            record[f"spread.{layer}"] = float(
+                (stack.std(0) / stack.mean(0).clamp_min(1e-12)).mean()
+            )
+            # ... and whether they differ by one factor per model (App. D.2): spread of the
+            # spectra normalised by their largest value
+            normalised = stack / top[:, None]
+            record[f"normalised_spread.{layer}"] = float(
+                (normalised.std(0) / normalised.mean(0).clamp_min(1e-12)).mean()
+            )
+        record["seconds"] = time.perf_counter() - started
+        return content_hash(result), record
+
+    artifact, reused = Store(payload["store"]).get_or_put("spectra", key, document, write)
+    return {"content": artifact.content, "record": artifact.record, "reused": reused}
+
+
 STEPS: dict[str, StepKind] = {
     kind.name: kind
     for kind in (
@@ -255,6 +427,9 @@ STEPS: dict[str, StepKind] = {
         StepKind("match", _match_key, _match_run),
         StepKind("curve", _curve_key, _curve_run),
         StepKind("merge", _merge_key, _merge_run),
+        StepKind("analysis", _analysis_key, _analysis_run),
+        StepKind("triplet", _triplet_key, _triplet_run),
+        StepKind("spectra", _spectra_key, _spectra_run),
     )
 }
 """Step kinds by name."""
