@@ -158,7 +158,7 @@ def test_analyze_command_writes_measurements_and_figures(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "R(γ=0.3)" in printed and "wm-fast" in printed
     summary = json.loads((out / "analysis.json").read_text())
-    naive, wm = summary["results"]["none"], summary["results"]["wm-fast"]
+    naive, wm = summary["results"]["naive"], summary["results"]["wm-fast"]
     assert wm["distances"]["parameters"][1] < naive["distances"]["parameters"][1]
     assert wm["R"]["0.3"]["total"] > naive["R"]["0.3"]["total"]
     assert wm["taylor"]["lambdas"] == [0.1, 0.25, 0.5, 0.75, 0.9]

@@ -7,19 +7,20 @@ mode; the module's own modes are restored afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from itertools import islice
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmckit.data import Dataset
-from lmckit.errors import DataError
+from lmckit.errors import DataError, ParamsError
 from lmckit.functional import check_model_fits, forward, module_mode
 from lmckit.params import Params
 
-__all__ = ["Metrics", "evaluate", "predict"]
+__all__ = ["Metrics", "batch_mean", "evaluate", "fixed_batches", "predict"]
 
 Loader = Iterable[tuple[Tensor, Tensor]]
 
@@ -105,3 +106,34 @@ def predict(
         outs.append(logits.float().cpu())
         ys.append(y.cpu())
     return torch.cat(outs), torch.cat(ys)
+
+
+def fixed_batches(
+    loader: Loader, n_batches: int | None, device: torch.device | str, what: str
+) -> list[tuple[Tensor, Tensor]]:
+    """The first ``n_batches`` batches of ``loader`` (all when None) on ``device``, held in
+    memory so that several passes see the same examples.
+
+    Raises:
+        ParamsError: the loader yields no batch (``what`` names the computation).
+    """
+    batches = [(x.to(device), y.to(device)) for x, y in islice(loader, n_batches)]
+    if not batches:
+        raise ParamsError(f"{what} needs at least one batch of data")
+    return batches
+
+
+def batch_mean(
+    model: nn.Module,
+    params: Params,
+    batches: Sequence[tuple[Tensor, Tensor]],
+    fn: Callable[[Tensor, Tensor], Tensor],
+) -> float:
+    """The example-weighted mean of ``fn(outputs, targets)`` (a batch mean) over
+    ``batches``, in eval mode without gradients (modes restored)."""
+    total, count = 0.0, 0
+    with torch.no_grad(), module_mode(model, False):
+        for x, y in batches:
+            total += float(fn(forward(model, params, x), y)) * len(y)
+            count += len(y)
+    return total / count

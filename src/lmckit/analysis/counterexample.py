@@ -25,7 +25,8 @@ from torch import Tensor, nn
 
 from lmckit.errors import ParamsError
 from lmckit.evaluate.interpolation import barriers, lambda_grid
-from lmckit.functional import check_model_fits, forward, module_mode
+from lmckit.functional import check_model_fits
+from lmckit.metrics import batch_mean, fixed_batches
 from lmckit.models import build_model, permutation_spec
 from lmckit.params import Params, check_params_compatible, lerp_params
 from lmckit.perm import Permutation, PermutationSpec
@@ -123,15 +124,6 @@ def all_permutations(spec: PermutationSpec) -> Iterable[Permutation]:
         yield Permutation(spec, {g: torch.tensor(p) for g, p in zip(groups, combo, strict=True)})
 
 
-def _mean_metric(model, params, batches, metric) -> float:
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for x, y in batches:
-            total += float(metric(forward(model, params, x), y)) * len(y)
-            count += len(y)
-    return total / count
-
-
 def exhaustive_barriers(
     model: nn.Module,
     params_a: Params,
@@ -166,23 +158,20 @@ def exhaustive_barriers(
     check_params_compatible(params_a, params_b)
     spec.validate(params_b)
     lams = lambda_grid(lambdas)
-    batches = list(loader)
-    if not batches:
-        raise ParamsError("the exhaustive search needs at least one batch of data")
+    device = next(iter(params_a.values())).device
+    batches = fixed_batches(loader, None, device, "the exhaustive search")
     perms, values, rebasin, convex = [], [], [], []
-    with module_mode(model, False):
-        for k, perm in enumerate(all_permutations(spec)):
-            aligned = perm.apply(params_b)
-            curve = [
-                _mean_metric(model, lerp_params(params_a, aligned, lam), batches, metric)
-                for lam in lams
-            ]
-            b = barriers(lams, curve, higher_is_better=False)
-            perms.append(perm)
-            values.append(tuple(curve))
-            rebasin.append(b["rebasin"])
-            convex.append(b["convex"])
-            notify(progress, k + 1, count, barrier=b["rebasin"])
+    for k, perm in enumerate(all_permutations(spec)):
+        aligned = perm.apply(params_b)
+        curve = [
+            batch_mean(model, lerp_params(params_a, aligned, lam), batches, metric) for lam in lams
+        ]
+        b = barriers(lams, curve, higher_is_better=False)
+        perms.append(perm)
+        values.append(tuple(curve))
+        rebasin.append(b["rebasin"])
+        convex.append(b["convex"])
+        notify(progress, k + 1, count, barrier=b["rebasin"])
     return ExhaustiveBarriers(
         tuple(lams), tuple(perms), tuple(values), tuple(rebasin), tuple(convex)
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import islice
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +18,7 @@ from torch import Tensor, nn
 
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, forward, module_mode
+from lmckit.metrics import fixed_batches
 from lmckit.params import Params
 
 
@@ -48,13 +48,6 @@ def _loss_fn(model: nn.Module, params: Params, names: list[str], batches):
     return loss
 
 
-def _fixed_batches(loader, n_batches: int | None, device) -> list[tuple[Tensor, Tensor]]:
-    batches = [(x.to(device), y.to(device)) for x, y in islice(loader, n_batches)]
-    if not batches:
-        raise ParamsError("sharpness needs at least one batch of data")
-    return batches
-
-
 def sharpness(
     model: nn.Module,
     params: Params,
@@ -71,7 +64,7 @@ def sharpness(
         raise ParamsError(f"sharpness needs at least 2 probes for a standard error, got {probes!r}")
     check_model_fits(model, params)
     names = [n for n, _ in model.named_parameters()]
-    batches = _fixed_batches(loader, n_batches, next(iter(params.values())).device)
+    batches = fixed_batches(loader, n_batches, next(iter(params.values())).device, "sharpness")
     theta = [params[n].detach() for n in names]
     loss = _loss_fn(model, params, names, batches)
     g = torch.Generator().manual_seed(seed)
@@ -95,7 +88,7 @@ def exact_weighted_hessian_trace(
     """``Σ_k H_kk θ_k²`` from the full Hessian — only for tiny models (tests, checks)."""
     check_model_fits(model, params)
     names = [n for n, _ in model.named_parameters()]
-    batches = _fixed_batches(loader, n_batches, next(iter(params.values())).device)
+    batches = fixed_batches(loader, n_batches, next(iter(params.values())).device, "sharpness")
     theta = [params[n].detach() for n in names]
     sizes = [t.numel() for t in theta]
     loss = _loss_fn(model, params, names, batches)

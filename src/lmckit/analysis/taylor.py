@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import islice
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +32,7 @@ from torch import Tensor, nn
 
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, forward, module_mode
+from lmckit.metrics import batch_mean, fixed_batches
 from lmckit.params import Params, check_finite, check_params_compatible, lerp_params
 
 __all__ = ["TaylorBarrier", "line_derivatives", "taylor_barrier"]
@@ -66,13 +66,6 @@ class TaylorBarrier:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items()}
 
 
-def _batches(loader, n_batches: int | None, device) -> list[tuple[Tensor, Tensor]]:
-    batches = [(x.to(device), y.to(device)) for x, y in islice(loader, n_batches)]
-    if not batches:
-        raise ParamsError("the Taylor barrier needs at least one batch of data")
-    return batches
-
-
 def line_derivatives(
     model: nn.Module,
     params: Params,
@@ -103,15 +96,6 @@ def line_derivatives(
             count += len(y)
     f0, f1, f2 = (totals / count).tolist()
     return f0, f1, f2
-
-
-def _mean_loss(model, params, batches, loss_fn) -> float:
-    total, count = 0.0, 0
-    with torch.no_grad(), module_mode(model, False):
-        for x, y in batches:
-            total += float(loss_fn(forward(model, params, x), y)) * len(y)
-            count += len(y)
-    return total / count
 
 
 def taylor_barrier(
@@ -151,14 +135,15 @@ def taylor_barrier(
     if beta == 0.0:
         raise ParamsError("the two parameter sets are equal: there is no direction to expand in")
     mu = {k: d / beta for k, d in diff.items()}
-    batches = _batches(loader, n_batches, next(iter(params_a.values())).device)
+    device = next(iter(params_a.values())).device
+    batches = fixed_batches(loader, n_batches, device, "the Taylor barrier")
     loss_a, slope_a, curv_a = line_derivatives(model, params_a, mu, batches, loss_fn)
     loss_b, slope_b, curv_b = line_derivatives(model, params_b, mu, batches, loss_fn)
     predicted, actual, path = [], [], []
     for lam in lams:
         curvature = lam * curv_a + (1 - lam) * curv_b
         predicted.append(lam * (1 - lam) * (beta * (slope_a - slope_b) + 0.5 * beta**2 * curvature))
-        loss = _mean_loss(model, lerp_params(params_a, params_b, lam), batches, loss_fn)
+        loss = batch_mean(model, lerp_params(params_a, params_b, lam), batches, loss_fn)
         path.append(loss)
         actual.append(loss - (1 - lam) * loss_a - lam * loss_b)
     return TaylorBarrier(

@@ -4,7 +4,6 @@ cosine heat maps and the Taylor-predicted barrier — and Git Re-Basin's counter
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from lmckit.experiments.matching import (
     check_data_fits,
     check_same_architecture,
     load_permutation,
-    stored_match,
+    stored_matches,
 )
 from lmckit.experiments.store import Store
 from lmckit.match import METHODS
@@ -158,23 +157,20 @@ def run_analyze(
         perms["given"] = load_permutation(perm_file, a.spec)
     out = prepare_output_dir(out, "--out")
     if perm_file is None:
-        store = Store(out / "store")
-        for method in methods:
-            if method == NAIVE:
-                perms[NAIVE] = Permutation.identity(a.spec)
-                continue
-            perm, artifact, reused = stored_match(
-                store,
+        perms.update(
+            stored_matches(
+                Store(out / "store"),
                 a,
                 b,
-                method,
+                methods,
                 data,
+                out,
                 seed=seed,
-                progress=progress(f"match {method}") if progress else None,
+                naive=NAIVE,
+                log=log,
+                progress=progress,
             )
-            shutil.copyfile(artifact.file("perm.json"), out / f"perm-{method}.json")
-            log(f"{method}: permutation {'reused' if reused else 'found'}")
-            perms[method] = perm
+        )
     loader = data.loader("test", batch_size=1000) if (data is not None and taylor) else None
     results = {}
     for label, perm in perms.items():
@@ -224,7 +220,7 @@ def run_analyze(
         }
     }
     for lab, r in results.items():
-        if lab != NAIVE:
+        if lab != "naive":
             dist[lab] = {k: v[1] for k, v in r["distances"]["per_tensor"].items()}
     files.append(plot_layer_distances(dist, out / "distances.png"))
     for lab, r in results.items():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -19,7 +18,7 @@ from lmckit.experiments.matching import (
     check_same_architecture,
     load_permutation,
     permutation_content,
-    stored_match,
+    stored_matches,
 )
 from lmckit.experiments.store import Artifact, Store, content_hash, make_key
 from lmckit.match import METHODS
@@ -176,26 +175,11 @@ def run_interpolate(
     out = prepare_output_dir(out, "--out")
     store = Store(out / "store")
     if perm_file is None:
-        for method in methods:
-            if method == NAIVE:
-                perms["naive"] = Permutation.identity(a.spec)
-                continue
-            perm, artifact, reused = stored_match(
-                store,
-                a,
-                b,
-                method,
-                data,
-                seed=seed,
-                progress=progress(f"match {method}") if progress else None,
+        perms.update(
+            stored_matches(
+                store, a, b, methods, data, out, seed=seed, naive=NAIVE, log=log, progress=progress
             )
-            shutil.copyfile(artifact.file("perm.json"), out / f"perm-{method}.json")
-            r = artifact.record
-            log(
-                f"{method}: L2 {r['distance_before']:.3f} -> {r['distance_after']:.3f} in "
-                f"{r['seconds']:.2f} s{' (stored result reused)' if reused else ''}"
-            )
-            perms[method] = perm
+        )
     loaders = {"test": data.loader("test", batch_size=1000)}
     evaluation = {"test": "all"}
     if not test_only:

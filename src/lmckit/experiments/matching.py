@@ -4,7 +4,8 @@ before any expensive work (same architecture, data that fits the checkpoint)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +193,42 @@ def match_key(
         {"a": a_content, "b": b_content},
         data.fingerprint if matcher.needs_data and data is not None else None,
     )
+
+
+def stored_matches(
+    store: Store,
+    a: Checkpoint,
+    b: Checkpoint,
+    methods: Sequence[str],
+    data: Dataset | None,
+    out: Path,
+    *,
+    seed: int = 0,
+    naive: str = "none",
+    log: Callable[[str], None] = print,
+    progress: Callable[[str], ProgressCallback | None] | None = None,
+) -> dict[str, Permutation]:
+    """``{label: permutation}`` for each of ``methods`` through the store (``naive`` is the
+    identity, labelled ``"naive"``), each copied to ``out/perm-<method>.json`` and logged."""
+    perms: dict[str, Permutation] = {}
+    for method in methods:
+        if method == naive:
+            perms["naive"] = Permutation.identity(a.spec)
+            continue
+        perm, artifact, reused = stored_match(
+            store,
+            a,
+            b,
+            method,
+            data,
+            seed=seed,
+            progress=progress(f"match {method}") if progress else None,
+        )
+        shutil.copyfile(artifact.file("perm.json"), out / f"perm-{method}.json")
+        r = artifact.record
+        log(
+            f"{method}: L2 {r['distance_before']:.3f} -> {r['distance_after']:.3f} in "
+            f"{r['seconds']:.2f} s{' (stored result reused)' if reused else ''}"
+        )
+        perms[method] = perm
+    return perms
