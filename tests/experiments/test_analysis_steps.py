@@ -88,3 +88,4 @@ def test_the_report_draws_the_analyses(run):
     out, _, _ = run
     text = write_report(out).read_text()
     assert "singular-vector alignment" in text and "singular values" in text
+    assert "0.123 ± 0.004 (a made-up reference for the test)" in text

@@ -52,6 +52,12 @@ def test_the_tiny_file_expands_into_cells():
         ({"seeds": [0, 1, 2], "triplets": [{"gamma": 1}]}, "triplets[0].gamma must be a number"),
         ({"seeds": [0, 1, 2], "triplets": [{"methods": ["none"]}]}, "unknown method 'none'"),
         ({"spectra": "yes"}, "spectra must be true or false"),
+        ({"paper": [{"step": "curve", "metric": "x", "source": "T1"}]}, "paper[0].value must be"),
+        ({"paper": [{"step": "curve", "value": 1, "source": "T1"}]}, "paper[0].metric must be"),
+        (
+            {"paper": [{"step": "curve", "metric": "x", "value": 1, "source": "T", "n": 5}]},
+            "paper[0] has unknown key(s) ['n']",
+        ),
     ],
 )
 def test_bad_files_name_the_key_and_what_it_expected(change, message):

@@ -330,10 +330,25 @@ def _number(value: float | None) -> str:
     return f"{value:.4g}"
 
 
-def _metrics_table(rows: list[dict[str, Any]]) -> str:
+def _paper_cell(r: Mapping[str, Any], paper: Sequence[Mapping[str, Any]]) -> str:
+    found = [
+        p
+        for p in paper
+        if p["step"] == r["kind"]
+        and p["metric"] == r["metric"]
+        and p.get("method", r["group"].get("method")) == r["group"].get("method")
+    ]
+    return "; ".join(
+        f"{_number(p['value'])}{' ± ' + _number(p['std']) if 'std' in p else ''} "
+        f"({html.escape(p['source'])})"
+        for p in found
+    )
+
+
+def _metrics_table(rows: list[dict[str, Any]], paper: Sequence[Mapping[str, Any]] = ()) -> str:
     lines = [
         "<table class='metrics'><thead><tr><th>step</th><th>group</th><th>grid cell</th>"
-        "<th>metric</th><th>mean ± std</th><th>n</th></tr></thead><tbody>"
+        "<th>metric</th><th>mean ± std</th><th>n</th><th>paper</th></tr></thead><tbody>"
     ]
     for r in rows:
         group = ", ".join(f"{k}={v}" for k, v in r["group"].items() if k != "cell")
@@ -345,7 +360,7 @@ def _metrics_table(rows: list[dict[str, Any]]) -> str:
             f"<td>{html.escape(r['kind'])}</td><td>{html.escape(group)}</td>"
             f"<td>{html.escape(_cell_label(r['grid']))}</td><td>{html.escape(r['metric'])}</td>"
             f"<td class='num'>{_number(r['mean'])}{std}</td>"
-            f"<td class='num'>{len(r['values'])}</td></tr>"
+            f"<td class='num'>{len(r['values'])}</td><td>{_paper_cell(r, paper)}</td></tr>"
         )
     lines.append("</tbody></table>")
     return "\n".join(lines)
@@ -433,8 +448,9 @@ def write_report(out: str | Path) -> Path:
         )
     parts += [
         "<h2>Metrics</h2><p>Mean ± sample standard deviation over the seeds (training) or "
-        "pairs of seeds (matching, curves) of each group; n is the number of values.</p>",
-        _metrics_table(rows),
+        "pairs of seeds (matching, curves) of each group; n is the number of values; "
+        "the published number where the experiment file gives one.</p>",
+        _metrics_table(rows, raw.get("paper", [])),
         "<h2>Experiment file</h2>",
         f"<pre>{html.escape(text)}</pre>",
         "<h2>Environment</h2><table>",

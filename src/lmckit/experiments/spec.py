@@ -9,6 +9,14 @@ An experiment is a TOML file::
     threads = 1                    # torch threads per job (default: cores / --jobs)
     spectra = true                 # singular values of every model, per cell (Fig. 1)
 
+    [[paper]]                      # a published number, shown beside ours in the report
+    step = "analysis"
+    method = "wm-fast"
+    metric = "l2.after"
+    value = 100.041
+    std = 4.71
+    source = "Ito et al. Table 1"
+
     [data]
     dataset = "fashion-mnist"
 
@@ -89,7 +97,9 @@ TOP_KEYS = {
     "merge",
     "triplets",
     "spectra",
+    "paper",
 }
+PAPER_KEYS = {"step", "method", "metric", "value", "std", "source"}
 COMPARE_KEYS = {
     "pairs",
     "methods",
@@ -190,6 +200,7 @@ class Experiment:
     merge: tuple[MergeBlock, ...]
     triplets: tuple[TripletBlock, ...] = ()
     spectra: bool = False
+    paper: tuple[Mapping[str, Any], ...] = ()
     text: str = field(default="", compare=False)
 
     def cells(self) -> list[dict[str, Any]]:
@@ -308,6 +319,20 @@ def _parse_triplets(raw: Any, where: str) -> TripletBlock:
     )
 
 
+def _parse_paper(raw: Any, where: str) -> dict[str, Any]:
+    """A published number the report shows beside ours: the step kind, method (optional),
+    metric, value, standard deviation (optional) and where it is from."""
+    entry = _table(raw, where, PAPER_KEYS)
+    for key in ("step", "metric", "source"):
+        _expect(entry.get(key), str, f"{where}.{key}")
+    if "method" in entry:
+        _expect(entry["method"], str, f"{where}.method")
+    for key in ("value", "std"):
+        if key in entry or key == "value":
+            _expect(entry.get(key), (int, float), f"{where}.{key}")
+    return entry
+
+
 def _parse_merge(raw: Any, where: str) -> MergeBlock:
     from lmckit.merge import METHODS as MERGERS
 
@@ -397,6 +422,10 @@ def parse_experiment(
         merge=merge,
         triplets=triplets,
         spectra=_expect(raw.get("spectra", False), bool, "spectra"),
+        paper=tuple(
+            _parse_paper(entry, f"paper[{i}]")
+            for i, entry in enumerate(_expect(raw.get("paper", []), list, "paper"))
+        ),
         text=text,
     )
     _check_configurations(experiment)
