@@ -1,7 +1,28 @@
+import os
+
 import pytest
 import torch
 
 from tests.zoo import train_mlp
+
+# The device the device-parity tests (tests/test_device.py) run on: `cpu` here, `cuda` on a
+# GPU machine (LMCKIT_TEST_DEVICE=cuda make test). A device that is not there is an error.
+TEST_DEVICE = os.environ.get("LMCKIT_TEST_DEVICE", "cpu")
+
+
+def pytest_configure(config):
+    try:
+        torch.empty(1, device=TEST_DEVICE)
+    except (RuntimeError, AssertionError) as exc:
+        raise pytest.UsageError(
+            f"LMCKIT_TEST_DEVICE={TEST_DEVICE!r} is not usable: {exc}"
+        ) from None
+
+
+@pytest.fixture(scope="session")
+def device():
+    """``torch.device`` of LMCKIT_TEST_DEVICE (default cpu)."""
+    return torch.device(TEST_DEVICE)
 
 
 @pytest.fixture(autouse=True)

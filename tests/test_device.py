@@ -1,0 +1,94 @@
+"""Device parity: the library's main operations with every input on LMCKIT_TEST_DEVICE
+give what they give on CPU. On a CPU-only machine both sides run on CPU and this checks
+only that nothing assumes another device; on a GPU machine (LMCKIT_TEST_DEVICE=cuda) it
+checks that results agree across devices and stay on the inputs' device."""
+
+import pytest
+import torch
+
+from lmckit.analysis import alignment, taylor_barrier
+from lmckit.evaluate import bn_reset, interpolate
+from lmckit.match import ste_matching, weight_matching
+from lmckit.merge import merge_many
+from lmckit.models import build_model, permutation_spec
+from lmckit.perm import Permutation
+from lmckit.train import TrainConfig, train
+from tests.zoo import nontrivial
+
+
+def on(params, device):
+    return {k: v.to(device) for k, v in params.items()}
+
+
+@pytest.fixture(scope="module")
+def pair(digits_pair):
+    model, a, b = digits_pair
+    return model, permutation_spec(model), a, b
+
+
+def test_weight_matching_finds_the_same_permutation(pair, device):
+    _, spec, a, b = pair
+    cpu = weight_matching(spec, a, b, seed=0).perm
+    moved = weight_matching(spec, on(a, device), on(b, device), seed=0).perm
+    assert moved == cpu
+
+
+def test_interpolation_curves_agree(pair, digits, device):
+    model, _, a, b = pair
+    loaders = {"test": digits.loader("test", batch_size=360)}
+    cpu = interpolate(model, a, b, loaders, lambdas=3)
+    moved = interpolate(model.to(device), on(a, device), on(b, device), loaders, lambdas=3)
+    model.to("cpu")
+    for metric in ("loss", "accuracy"):
+        torch.testing.assert_close(
+            torch.tensor(moved.splits["test"][metric]),
+            torch.tensor(cpu.splits["test"][metric]),
+            rtol=1e-4,
+            atol=1e-4,
+        )
+
+
+def test_ste_and_merge_many_run_and_return_valid_permutations(pair, digits, device):
+    model, spec, a, b = pair
+    result = ste_matching(
+        spec, on(a, device), on(b, device), model=model.to(device), data=digits, epochs=1
+    )
+    merged = merge_many(spec, [on(a, device), on(b, device)])
+    model.to("cpu")
+    assert isinstance(result.perm, Permutation) and len(merged.perms) == 2
+    assert all(t.device.type == torch.device(device).type for t in merged.merged.values())
+
+
+def test_bn_reset_statistics_agree(digits, device):
+    torch.manual_seed(0)
+    model = nontrivial(build_model("mlp", in_dim=64, hidden=[32, 32], norm="batch"))
+    params = model.state_dict()
+    cpu = bn_reset(model, params, digits)
+    moved = bn_reset(model.to(device), on(params, device), digits)
+    model.to("cpu")
+    for k, v in cpu.items():
+        if v.dtype.is_floating_point:
+            torch.testing.assert_close(moved[k].cpu(), v, rtol=1e-4, atol=1e-5)
+
+
+def test_analyses_agree(pair, digits, device):
+    model, spec, a, b = pair
+    perm = weight_matching(spec, a, b, seed=0).perm
+    r_cpu = alignment(spec, a, b, perm, gamma=0.3).total
+    r_dev = alignment(spec, on(a, device), on(b, device), perm, gamma=0.3).total
+    assert r_dev == pytest.approx(r_cpu, abs=1e-6)
+    loader = digits.loader("test", batch_size=360)
+    t_cpu = taylor_barrier(model, a, perm.apply(b), loader)
+    t_dev = taylor_barrier(model.to(device), on(a, device), on(perm.apply(b), device), loader)
+    model.to("cpu")
+    assert t_dev.predicted[0] == pytest.approx(t_cpu.predicted[0], rel=1e-3, abs=1e-5)
+    assert t_dev.actual[0] == pytest.approx(t_cpu.actual[0], rel=1e-3, abs=1e-5)
+
+
+def test_training_runs_on_the_device(digits, device):
+    model = build_model("mlp", in_dim=64, hidden=[16], out_dim=10).to(device)
+    result = train(
+        model, digits, TrainConfig(epochs=1, batch_size=64, seed=0), evaluate_each_epoch=False
+    )
+    assert next(model.parameters()).device.type == torch.device(device).type
+    assert 0.0 <= result.metrics_dict()["test_accuracy"] <= 1.0
