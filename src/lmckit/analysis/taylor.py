@@ -11,9 +11,10 @@ where ``B(λ) = L(θ(λ)) − (1−λ)L(θ_A) − λL(θ_B)``. Only four numbers
 slopes ``μᵀ∇L`` and curvatures ``μᵀHμ`` at the two ends. They are the first and second
 derivatives of ``ε ↦ L(θ + εμ)`` at 0, computed exactly by differentiating twice with
 respect to the one scalar ε (double backward: the Hessian-vector product ``Hμ`` contracted
-with μ as it is formed) in one pass over the data per end — never a Hessian. On CPU this
-is as fast as one gradient + HVP pass and faster than forward-over-forward ``jvp``
-(``benchmarks/bench_analysis.py``). ``L`` is the mean loss over every
+with μ as it is formed) in one pass over the data per end — never a Hessian. Per end this
+costs what one gradient + HVP pass costs; on 2 CPU cores forward-over-forward ``jvp`` was
+1.5× slower for a 3×512 MLP and 14 % faster for ResNet-20 (``benchmarks/bench_analysis.py``),
+so the simpler route stays. ``L`` is the mean loss over every
 batch of the loader (full-batch), accumulated batch by batch.
 
 Buffers (BatchNorm running statistics) are held at each end's own values and the model runs

@@ -91,12 +91,26 @@ def _cell_label(grid: Mapping[str, Any]) -> str:
 
 
 def _barrier_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return _grid_figures(
+        rows,
+        "curve",
+        (
+            ("test.loss.barrier.rebasin", "test loss barrier"),
+            ("test.accuracy.barrier.rebasin", "test accuracy barrier"),
+        ),
+    )
+
+
+def _grid_figures(
+    rows: list[dict[str, Any]], kind: str, metrics: Sequence[tuple[str, str]], min_cells: int = 1
+) -> list[tuple[str, str]]:
+    """One figure per metric and block: the metric against the grid cells, one line per
+    method, mean ± std over pairs."""
     figures = []
-    for metric, title in (
-        ("test.loss.barrier.rebasin", "test loss barrier"),
-        ("test.accuracy.barrier.rebasin", "test accuracy barrier"),
-    ):
-        chosen = [r for r in rows if r["kind"] == "curve" and r["metric"] == metric]
+    for metric, title in metrics:
+        chosen = [r for r in rows if r["kind"] == kind and r["metric"] == metric]
+        if len({r["group"]["cell"] for r in chosen}) < min_cells:
+            continue
         for block in sorted({r["group"].get("block") for r in chosen}):
             part = [r for r in chosen if r["group"].get("block") == block]
             cells = sorted({r["group"]["cell"] for r in part})
@@ -188,7 +202,14 @@ def _bars(ax, groups: list[str], series: dict[str, list[tuple[float, float]]]) -
         ax.bar(
             xs, [m for m, _ in points], width, yerr=[e for _, e in points], capsize=3, label=label
         )
-    ax.set_xticks(range(len(groups)), groups, fontsize=8)
+    crowded = len(groups) > 4
+    ax.set_xticks(
+        range(len(groups)),
+        groups,
+        fontsize=8,
+        rotation=30 if crowded else 0,
+        ha="right" if crowded else "center",
+    )
     ax.axhline(0, color="k", lw=0.6)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7)
@@ -197,7 +218,12 @@ def _bars(ax, groups: list[str], series: dict[str, list[tuple[float, float]]]) -
 def _analysis_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """Ito et al. Fig. 2 (R(θ_A, π(θ_B)) per γ and method), Fig. 3 (R to the merged model)
     and Fig. 4 (R of the three pairs of a triplet), per grid cell, mean ± std."""
-    figures = []
+    figures = _grid_figures(
+        rows,
+        "analysis",
+        (("R.0", "R(θ_A, π(θ_B)) at γ = 0"), ("R.0.3", "R(θ_A, π(θ_B)) at γ = 0.3")),
+        min_cells=2,
+    )
     analysis = [r for r in rows if r["kind"] == "analysis"]
     for cell in sorted({r["group"]["cell"] for r in analysis}):
         part = [r for r in analysis if r["group"]["cell"] == cell]
