@@ -328,8 +328,8 @@ MUTATIONS = [
         "exhaustive-tries-identity-only",
         "the exhaustive search stops after the first permutation",
         "src/lmckit/analysis/counterexample.py",
-        '            notify(progress, k + 1, count, barrier=b["rebasin"])',
-        '            notify(progress, k + 1, count, barrier=b["rebasin"])\n            break',
+        '        notify(progress, k + 1, count, barrier=b["rebasin"])',
+        '        notify(progress, k + 1, count, barrier=b["rebasin"])\n        break',
         ("tests/analysis/test_counterexample.py",),
     ),
 ]
