@@ -238,21 +238,27 @@ def _options(value: Any, key: str, methods: tuple[str, ...]) -> dict[str, dict[s
     return {m: dict(o) for m, o in table.items()}
 
 
+def _index_tuples(
+    value: Any, key: str, keywords: tuple[str, ...], size: int
+) -> str | tuple[tuple[int, ...], ...]:
+    """One of ``keywords``, or a list of index lists of length ``size`` (seed indices)."""
+    shape = "[i, j]" if size == 2 else "[a, b, c]"
+    if isinstance(value, str):
+        if value not in keywords:
+            named = ", ".join(f'"{k}"' for k in keywords)
+            raise ExperimentError(f"{key} must be {named} or a list of {shape}")
+        return value
+    tuples = tuple(tuple(_expect(t, list, f"{key}[]")) for t in _expect(value, list, key))
+    if not all(len(t) == size and all(isinstance(i, int) for i in t) for t in tuples):
+        raise ExperimentError(f"{key} must be a list of {shape} index lists")
+    return tuples
+
+
 def _parse_compare(raw: Any, where: str) -> Compare:
     from lmckit.match import METHODS as MATCHERS
 
     block = _table(raw, where, COMPARE_KEYS)
-    pairs = block.get("pairs", "first")
-    if isinstance(pairs, str):
-        if pairs not in ("all", "first"):
-            raise ExperimentError(f'{where}.pairs must be "all", "first" or a list of [i, j]')
-    else:
-        pairs = tuple(
-            tuple(_expect(p, list, f"{where}.pairs[]"))
-            for p in _expect(pairs, list, f"{where}.pairs")
-        )
-        if not all(len(p) == 2 and all(isinstance(i, int) for i in p) for p in pairs):
-            raise ExperimentError(f"{where}.pairs must be a list of [i, j] index pairs")
+    pairs = _index_tuples(block.get("pairs", "first"), f"{where}.pairs", ("all", "first"), 2)
     methods = _methods(
         block.get("methods", ["none", "wm-fast"]), f"{where}.methods", {"none", *MATCHERS}
     )
@@ -296,17 +302,7 @@ def _parse_triplets(raw: Any, where: str) -> TripletBlock:
 
     block = _table(raw, where, TRIPLET_KEYS)
     methods = _methods(block.get("methods", ["wm-fast"]), f"{where}.methods", set(MATCHERS))
-    triples = block.get("triples", "disjoint")
-    if isinstance(triples, str):
-        if triples != "disjoint":
-            raise ExperimentError(f'{where}.triples must be "disjoint" or a list of [a, b, c]')
-    else:
-        triples = tuple(
-            tuple(_expect(t, list, f"{where}.triples[]"))
-            for t in _expect(triples, list, f"{where}.triples")
-        )
-        if not all(len(t) == 3 and all(isinstance(i, int) for i in t) for t in triples):
-            raise ExperimentError(f"{where}.triples must be a list of [a, b, c] index triples")
+    triples = _index_tuples(block.get("triples", "disjoint"), f"{where}.triples", ("disjoint",), 3)
     gamma = _expect(block.get("gamma", 0.3), (int, float), f"{where}.gamma")
     if isinstance(gamma, bool) or not 0 <= gamma < 1:
         raise ExperimentError(f"{where}.gamma must be a number in [0, 1), got {gamma!r}")
