@@ -279,10 +279,7 @@ def _analysis_key(job: Job, deps, data: Dataset) -> tuple[str, dict[str, Any]]:
 
 
 def _analysis_run(payload: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
-    from lmckit.analysis.distance import l2_distances
-    from lmckit.analysis.spectral import alignment, layer_svds
-    from lmckit.analysis.taylor import taylor_barrier
-    from lmckit.params import lerp_params
+    from lmckit.experiments.analysis import analyze_pair
 
     s = payload["settings"]
     order = payload["dep_order"]
@@ -294,32 +291,34 @@ def _analysis_run(payload: dict[str, Any], progress: ProgressCallback | None) ->
 
     def write(folder: Path) -> tuple[str, dict[str, Any]]:
         started = time.perf_counter()
+        taylor = "taylor" in s["analyses"]
+        loader = _first_split_loader(data, s["splits"])[0] if taylor else None
+        result = analyze_pair(
+            a.spec,
+            a.model,
+            a.params,
+            b.params,
+            perm,
+            loader,
+            gammas=s["gammas"],
+            taylor_lambdas=s["taylor_lambdas"],
+        )
         record: dict[str, Any] = {}
-        result: dict[str, Any] = {}
-        aligned = perm.apply(b.params)
         if "spectral" in s["analyses"]:
-            d = l2_distances(a.params, b.params, perm)
-            result["distances"] = d.to_dict()
-            record["l2.before"], record["l2.after"] = d.parameters
-            svd_a, svd_al = layer_svds(a.params), layer_svds(aligned)
-            merged = lerp_params(a.params, aligned, 0.5)
-            svd_m = layer_svds(merged)
-            for g in s["gammas"]:
-                r = alignment(a.spec, a.params, aligned, gamma=g, svds_a=svd_a, svds_b=svd_al)
-                result[f"R.{g:g}"] = r.to_dict()
-                record[f"R.{g:g}"] = r.total
-                for end, params, svd in (("a", a.params, svd_a), ("b", aligned, svd_al)):
-                    record[f"R_merged.{end}.{g:g}"] = alignment(
-                        a.spec, params, merged, gamma=g, svds_a=svd, svds_b=svd_m
-                    ).total
-        if "taylor" in s["analyses"]:
-            loader, _ = _first_split_loader(data, s["splits"])
-            t = taylor_barrier(a.model, a.params, aligned, loader, lambdas=s["taylor_lambdas"])
-            result["taylor"] = t.to_dict()
-            for lam, predicted, actual in zip(t.lambdas, t.predicted, t.actual, strict=True):
+            record["l2.before"], record["l2.after"] = result["distances"]["parameters"]
+            for g, r in result["R"].items():
+                record[f"R.{g}"] = r["total"]
+            for g, ends in result["R_merged"].items():
+                for end, value in ends.items():
+                    record[f"R_merged.{end}.{g}"] = value
+        if taylor:
+            t = result["taylor"]
+            for lam, predicted, actual in zip(
+                t["lambdas"], t["predicted"], t["actual"], strict=True
+            ):
                 record[f"taylor.predicted.{lam:g}"] = predicted
                 record[f"taylor.actual.{lam:g}"] = actual
-            record["taylor.distance"] = t.distance
+            record["taylor.distance"] = t["distance"]
         atomic_write_json(folder / "analysis.json", result)
         record["seconds"] = time.perf_counter() - started
         return content_hash(result), record
