@@ -207,6 +207,29 @@ def plot_spectra(
     return _save(fig, path)
 
 
+def grouped_bars(ax, groups: list[str], series: Mapping[str, list[tuple[float, float]]]) -> None:
+    """Draw on ``ax`` one bar per series within each group: ``series[label][i]`` is the
+    ``(value, error)`` of group ``i`` (error 0 for none); labels go to the legend and crowded
+    group names are slanted."""
+    width = 0.8 / max(len(series), 1)
+    for k, (label, points) in enumerate(series.items()):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
+        ax.bar(
+            xs, [m for m, _ in points], width, yerr=[e for _, e in points], capsize=3, label=label
+        )
+    crowded = len(groups) > 4
+    ax.set_xticks(
+        range(len(groups)),
+        groups,
+        fontsize=8,
+        rotation=30 if crowded else 0,
+        ha="right" if crowded else "center",
+    )
+    ax.axhline(0, color="k", lw=0.6)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+
+
 def plot_alignment_bars(
     values: Mapping[str, Mapping[str, float]],
     path: str | Path,
@@ -220,17 +243,19 @@ def plot_alignment_bars(
     path = Path(path)
     groups = list(values)
     bars = list(dict.fromkeys(b for g in groups for b in values[g]))
-    width = 0.8 / max(len(bars), 1)
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(groups) * max(len(bars), 1) / 2, 3.4))
-    for k, bar in enumerate(bars):
-        xs = [i + (k - (len(bars) - 1) / 2) * width for i in range(len(groups))]
-        ys = [values[g].get(bar, math.nan) for g in groups]
-        err = [errors[g].get(bar, 0.0) for g in groups] if errors is not None else None
-        ax.bar(xs, ys, width, yerr=err, capsize=3, label=bar)
-    ax.set_xticks(range(len(groups)), groups)
+    grouped_bars(
+        ax,
+        groups,
+        {
+            bar: [
+                (values[g].get(bar, math.nan), errors[g].get(bar, 0.0) if errors else 0.0)
+                for g in groups
+            ]
+            for bar in bars
+        },
+    )
     ax.set_ylabel(ylabel)
-    ax.axhline(0, color="k", lw=0.6)
-    ax.legend(fontsize=8)
     if title:
         ax.set_title(title)
     return _save(fig, path)

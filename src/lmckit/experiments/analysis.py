@@ -180,10 +180,8 @@ def run_analyze(
         )
     summary: dict[str, Any] = {"a": str(a.path), "b": str(b.path), "results": results}
     files = [out / "analysis.json"]
-    spectra = {
-        k: [s.tolist(), singular_values(b.params, [k])[k].tolist()]
-        for k, s in singular_values(a.params).items()
-    }
+    spectra_b = singular_values(b.params)
+    spectra = {k: [s.tolist(), spectra_b[k].tolist()] for k, s in singular_values(a.params).items()}
     summary["spectra"] = spectra
     files.append(plot_spectra(spectra, out / "spectra.png", labels=[a.path.stem, b.path.stem]))
     if data is not None and any(t.ndim == 4 for t in a.params.values()):

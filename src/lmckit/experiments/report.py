@@ -30,6 +30,7 @@ from lmckit._io import atomic_write_bytes
 from lmckit.errors import UsageError
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.store import Store
+from lmckit.plots import grouped_bars
 
 __all__ = ["metric_groups", "write_report"]
 
@@ -195,26 +196,6 @@ def _merge_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return figures
 
 
-def _bars(ax, groups: list[str], series: dict[str, list[tuple[float, float]]]) -> None:
-    width = 0.8 / max(len(series), 1)
-    for k, (label, points) in enumerate(series.items()):
-        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
-        ax.bar(
-            xs, [m for m, _ in points], width, yerr=[e for _, e in points], capsize=3, label=label
-        )
-    crowded = len(groups) > 4
-    ax.set_xticks(
-        range(len(groups)),
-        groups,
-        fontsize=8,
-        rotation=30 if crowded else 0,
-        ha="right" if crowded else "center",
-    )
-    ax.axhline(0, color="k", lw=0.6)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=7)
-
-
 def _analysis_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """Ito et al. Fig. 2 (R(θ_A, π(θ_B)) per γ and method), Fig. 3 (R to the merged model)
     and Fig. 4 (R of the three pairs of a triplet), per grid cell, mean ± std."""
@@ -238,7 +219,7 @@ def _analysis_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
         gammas = sorted({r["metric"][2:] for r in part if r["metric"].startswith("R.")}, key=float)
         if gammas:
             fig, ax = plt.subplots(figsize=(5.4, 3.3))
-            _bars(
+            grouped_bars(
                 ax,
                 [f"γ = {g}" for g in gammas],
                 {m: [point(m, f"R.{g}") for g in gammas] for m in methods},
@@ -247,7 +228,7 @@ def _analysis_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
             figures.append((f"singular-vector alignment R (Ito et al. Fig. 2), {label}", _png(fig)))
             fig, ax = plt.subplots(figsize=(6.4, 3.3))
             groups = [f"{m}, γ = {g}" for m in methods for g in gammas]
-            _bars(
+            grouped_bars(
                 ax,
                 groups,
                 {
@@ -270,7 +251,7 @@ def _analysis_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
         pairs = ["a-b", "a-c", "b-c"]
         find = {(r["group"]["method"], r["metric"]): r for r in part}
         fig, ax = plt.subplots(figsize=(5.4, 3.3))
-        _bars(
+        grouped_bars(
             ax,
             methods,
             {
