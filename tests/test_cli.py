@@ -178,6 +178,39 @@ def test_analyze_command_writes_measurements_and_figures(tmp_path, capsys):
     assert given["R"] == wm["R"] and "taylor" not in given
 
 
+def test_analyze_layerwise_writes_the_width_study_diagnostics(tmp_path, capsys):
+    import json
+
+    train = digits_mlp_args(tmp_path, seeds=[0, 1], epochs=2, hidden=[32, 32])
+    assert main([*train, "--lr", "0.01"]) == 0
+    a, b = (str(tmp_path / f"mlp-digits-seed{s}.safetensors") for s in (0, 1))
+    out = tmp_path / "lw"
+    argv = ["analyze", a, b, "--method", "none", "wm-fast", "--no-taylor", "--layerwise"]
+    assert main([*argv, "--out", str(out), "-q"]) == 0
+    printed = capsys.readouterr().out
+    assert "layerwise at λ=½, wm-fast" in printed and "random0" in printed
+    lw = json.loads((out / "layerwise.json").read_text())
+    assert lw["given"] == "wm-fast"
+    naive, wm = (lw["methods"][k]["layerwise"]["layers"] for k in ("naive", "wm-fast"))
+    assert [r["name"] for r in naive] == ["layer1", "layer2", "logits"]
+    # WM brings the models together: their activations agree more, and they commute better.
+    assert wm[1]["activation_cosine"] > naive[1]["activation_cosine"]
+    assert wm[1]["commutativity"] < naive[1]["commutativity"]
+    merges = lw["random_permutations"]["merges"]
+    assert set(merges) == {"none", "given", *(f"random{i}" for i in range(5))}
+    assert merges["given"]["accuracy"] > merges["none"]["accuracy"]
+    for name in (
+        "layerwise.png",
+        "moments-naive.png",
+        "moments-wm-fast.png",
+        "flatness.png",
+        "random-permutations.png",
+    ):
+        assert (out / name).stat().st_size > 0, name
+    assert main(["analyze", a, b, "--layerwise", "--no-data", "--out", str(tmp_path / "x")]) == 2
+    assert "needs a dataset" in capsys.readouterr().err
+
+
 def test_analyze_counterexample(tmp_path, capsys):
     import json
 

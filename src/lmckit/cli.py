@@ -463,6 +463,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             perm_file=args.perm,
             gammas=args.gamma,
             taylor=not args.no_taylor,
+            layerwise=args.layerwise,
             seed=args.seed,
             progress=bars,
         )
@@ -479,8 +480,47 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         actual = f"{t['actual'][half]:>9.4f}" if half is not None else f"{'—':>9}"
         taylor = f"{t['predicted'][half]:>9.4f}" if half is not None else f"{'—':>9}"
         print(f"{label:<10} {before:>10.3f} {after:>10.3f} {rs} {actual} {taylor}")
+    if "layerwise" in summary:
+        _print_layerwise(summary["layerwise"])
     print(f"analysis.json and figures -> {args.out}")
     return 0
+
+
+def _print_layerwise(lw: dict) -> None:
+    """The width study's per-layer diagnostics at λ=½, one block per method."""
+    columns = (
+        ("lewc", "LEWC"),
+        ("weak_additivity", "ReLU add."),
+        ("reciprocal_ab", "W_A z_B/W_A z_A"),
+        ("commutativity", "commut."),
+        ("norm_ratio", "‖f_C‖/‖f_A+f_B‖"),
+        ("non_overlap", "non-overlap"),
+    )
+    head = " ".join(f"{title:>15}" for _, title in columns)
+    for label, r in lw["methods"].items():
+        print(f"\nlayerwise at λ=½, {label}:\n{'layer':<12} {head}")
+        for row in r["layerwise"]["layers"]:
+            cells = " ".join(
+                f"{row[k]:>15.4f}" if row.get(k) is not None else f"{'—':>15}" for k, _ in columns
+            )
+            print(f"{row['name']:<12} {cells}")
+    rp = lw["random_permutations"]
+    print(f"\nmerges at λ=½ ({rp['rest']} test examples; temperature fitted on {rp['held']}):")
+    print(
+        f"{'merge':<10} {'accuracy':>9} {'acc. barrier':>13} {'cal. loss barrier':>18} {'temp.':>7}"
+    )
+    for label, m in rp["merges"].items():
+        print(
+            f"{label:<10} {100 * m['accuracy']:>8.2f}% {100 * m['accuracy_barrier']:>12.2f}% "
+            f"{m['calibrated_loss_barrier']:>18.4f} {m['temperature']:>7.3f}"
+        )
+    f = lw["flatness"]
+    print(
+        f"flatness: θ_A moved d={f['distance']:.2f} at random: accuracy "
+        + ", ".join(f"{100 * a:.1f}%" for a in f["accuracy"])
+        + " at λ = "
+        + ", ".join(f"{lam:g}" for lam in f["lambdas"])
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -838,6 +878,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="thresholds γ of R (singular values > γ × the largest)",
     )
     p.add_argument("--no-taylor", action="store_true", help="skip the Taylor barrier")
+    p.add_argument(
+        "--layerwise",
+        action="store_true",
+        help="also the width study's diagnostics at λ=½: LEWC, ReLU weak additivity, second "
+        "moments, reciprocal orthogonality, commutativity, activation norms, the flatness "
+        "proxy and random-permutation merges with temperature calibration",
+    )
     p.add_argument(
         "--no-data",
         action="store_true",

@@ -368,3 +368,116 @@ def plot_counterexample(
         sub.set_aspect("equal")
         sub.set_title("data", fontsize=9)
     return _save(fig, path)
+
+
+LAYERWISE_PANELS = (
+    ("lewc", "LEWC: cos(f(θ_C), λ^ℓ mixture)"),
+    ("weak_additivity", "weak additivity of ReLU"),
+    ("reciprocal_ab", "E‖W_A z_B‖ / E‖W_A z_A‖"),
+    ("merged_cosine", "cos(W_A z_C, W_A z_A)"),
+    ("commutativity", "commutativity distance"),
+    ("norm_ratio", "E‖f(θ_C)‖ / E‖f_A + f_B‖"),
+    ("activation_cosine", "cos(f_A, f_B)"),
+    ("non_overlap", "non-overlap of large-moment units"),
+)
+
+
+def plot_layerwise(
+    results: Mapping[str, Mapping], path: str | Path, *, errors=None, title: str = ""
+) -> Path:
+    """The width study's layer diagnostics (Fig. 3, 4, 6, 7, 8, 11, 14, 20), one panel per
+    metric, one line per label against the layer: ``results[label]`` is a
+    :meth:`lmckit.analysis.Layerwise.to_dict` (or any ``{"layers": [{"name", metric...}]}``);
+    ``errors[label][metric]`` optional per-layer standard deviations. The norm panel also
+    shows LEWC's predicted ratio (dotted)."""
+    path = Path(path)
+    fig, axes = _grid(len(LAYERWISE_PANELS), width=3.6, height=2.9)
+    for ax, (metric, label) in zip(axes, LAYERWISE_PANELS, strict=True):
+        for i, (name, r) in enumerate(results.items()):
+            rows = r["layers"]
+            xs = [k for k, row in enumerate(rows) if row.get(metric) is not None]
+            ys = [rows[k][metric] for k in xs]
+            err = (errors or {}).get(name, {}).get(metric)
+            colour = f"C{i % 10}"
+            if err is not None:
+                ax.errorbar(
+                    xs,
+                    ys,
+                    yerr=[err[k] for k in xs],
+                    fmt="-o",
+                    ms=3,
+                    color=colour,
+                    capsize=2,
+                    label=name,
+                )
+            else:
+                ax.plot(xs, ys, "-o", ms=3, color=colour, label=name)
+            if metric == "norm_ratio":
+                pred = [
+                    (k, row["lewc_norm_ratio"])
+                    for k, row in enumerate(rows)
+                    if row.get("lewc_norm_ratio") is not None
+                ]
+                ax.plot([k for k, _ in pred], [v for _, v in pred], ":", color=colour)
+        names = [row["name"] for row in next(iter(results.values()))["layers"]]
+        step = max(1, len(names) // 8)
+        ax.set_xticks(
+            range(0, len(names), step), names[::step], fontsize=6, rotation=45, ha="right"
+        )
+        ax.set_title(label, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        if metric == "norm_ratio":
+            ax.set_yscale("log")
+    axes[0].legend(fontsize=6)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_moment_histograms(
+    moments: Mapping[str, Mapping[str, list]],
+    path: str | Path,
+    *,
+    small: float = 0.01,
+    bins: int = 50,
+    title: str = "",
+) -> Path:
+    """Per layer, histograms of the per-unit ``√E[z̃²]`` of the ReLU inputs of A and B (log
+    counts; the width study's Fig. 5/21), with ``small`` × the largest marked."""
+    path = Path(path)
+    fig, axes = _grid(len(moments), width=3.2, height=2.6)
+    for ax, (layer, m) in zip(axes, moments.items(), strict=True):
+        top = max(max(m["a"]), max(m["b"]))
+        for key, colour in (("a", "C0"), ("b", "C1")):
+            ax.hist(m[key], bins=bins, range=(0, top), alpha=0.5, color=colour, label=key.upper())
+        ax.axvline(small * top, color="k", lw=0.6, ls=":")
+        ax.set_yscale("log")
+        ax.set_title(layer, fontsize=8)
+        ax.set_xlabel("√E[z̃²]", fontsize=7)
+        ax.tick_params(labelsize=7)
+    axes[0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_flatness(result: Mapping, path: str | Path, *, title: str = "") -> Path:
+    """The flatness proxy (width study Fig. 12–13): loss and accuracy of
+    ``θ_A + λ d u/‖u‖`` along λ, and each layer's activation cosine to θ_A."""
+    path = Path(path)
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    lams = result["lambdas"]
+    axes[0].plot(lams, result["loss"], "-o", ms=3)
+    axes[0].set_ylabel("test loss")
+    axes[1].plot(lams, [100 * a for a in result["accuracy"]], "-o", ms=3)
+    axes[1].set_ylabel("test accuracy (%)")
+    for layer, values in result["cosine"].items():
+        axes[2].plot(lams, values, "-o", ms=3, label=layer)
+    axes[2].set_ylabel("cos(f(θ_A), f(θ_A + λdu/‖u‖))")
+    axes[2].legend(fontsize=6)
+    for ax in axes:
+        ax.set_xlabel("λ")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title or f"random direction at distance d = {result['distance']:.2f}")
+    return _save(fig, path)

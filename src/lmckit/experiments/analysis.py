@@ -19,6 +19,9 @@ from lmckit.analysis.counterexample import (
     exhaustive_barriers,
 )
 from lmckit.analysis.distance import l2_distances
+from lmckit.analysis.flatness import flatness
+from lmckit.analysis.layerwise import gaussian_weak_additivity, layerwise
+from lmckit.analysis.random_permutations import random_permutation_merges
 from lmckit.analysis.spectral import (
     alignment,
     layer_svds,
@@ -38,19 +41,22 @@ from lmckit.experiments.matching import (
 )
 from lmckit.experiments.store import Store
 from lmckit.match import METHODS
-from lmckit.params import Params, lerp_params
+from lmckit.params import Params, has_batchnorm, lerp_params
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.plots import (
     plot_alignment_bars,
     plot_cosine_heatmaps,
     plot_counterexample,
+    plot_flatness,
     plot_layer_distances,
+    plot_layerwise,
+    plot_moment_histograms,
     plot_spectra,
     plot_taylor,
 )
 from lmckit.progress import ProgressCallback
 
-__all__ = ["analyze_pair", "run_analyze", "run_counterexample"]
+__all__ = ["analyze_pair", "layerwise_pair", "run_analyze", "run_counterexample"]
 
 NAIVE = "none"
 TAYLOR_LAMBDAS = (0.1, 0.25, 0.5, 0.75, 0.9)
@@ -111,6 +117,64 @@ def analyze_pair(
     return out
 
 
+FLATNESS_LAMBDAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def layerwise_pair(
+    spec: PermutationSpec,
+    model: nn.Module,
+    params_a: Params,
+    params_b: Params,
+    perm: Permutation,
+    loader: Iterable[tuple[Tensor, Tensor]],
+    *,
+    bn_reset_data: Any = None,
+    extras: bool = False,
+    random_n: int = 5,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The width study's measurements of ``(θ_A, π(θ_B))`` at λ = ½ as JSON-ready data:
+
+    * ``layerwise``: :func:`lmckit.analysis.layerwise` of the aligned pair;
+    * ``gaussian``: Thm. 5.4's simulated ReLU additivity at each ReLU layer's width
+      (``[mean, std]`` over 100 draws), the baseline beside ``weak_additivity``;
+    * with ``extras``: ``flatness`` (θ_A moved a distance ‖θ_A − θ_B‖ at random) and
+      ``random_permutations`` (``random_n`` random merges, no permutation and π, scored
+      with temperature calibration on 20 % of ``loader``'s examples) — pair-level results
+      that do not depend on π beyond the ``given`` row.
+    """
+    aligned = perm.apply(params_b)
+    lw = layerwise(model, params_a, aligned, loader, bn_reset_data=bn_reset_data)
+    widths = {name: len(m["a"]) for name, m in lw.moments.items()}
+    sims = gaussian_weak_additivity(sorted(set(widths.values())), samples=100, seed=seed)
+    out: dict[str, Any] = {
+        "layerwise": lw.to_dict(),
+        "gaussian": {name: list(sims[w]) for name, w in widths.items()},
+    }
+    if extras:
+        out["flatness"] = flatness(
+            model,
+            params_a,
+            params_b,
+            loader,
+            lambdas=FLATNESS_LAMBDAS,
+            seed=seed,
+            bn_reset_data=bn_reset_data,
+        ).to_dict()
+        out["random_permutations"] = random_permutation_merges(
+            model,
+            spec,
+            params_a,
+            params_b,
+            loader,
+            n=random_n,
+            perm=None if perm.is_identity() else perm,
+            seed=seed,
+            bn_reset_data=bn_reset_data,
+        ).to_dict()
+    return out
+
+
 @writes_folder("out")
 def run_analyze(
     a: Checkpoint,
@@ -122,6 +186,7 @@ def run_analyze(
     perm_file: str | Path | None = None,
     gammas: Sequence[float] = (0.0, 0.3),
     taylor: bool = True,
+    layerwise: bool = False,
     top_k: int = 32,
     seed: int = 0,
     log: Callable[[str], None] = print,
@@ -138,8 +203,15 @@ def run_analyze(
     with ``taylor=False``). Permutations are kept in ``out/store`` (see
     :func:`lmckit.experiments.matching.stored_match`).
 
+    With ``layerwise`` (needs data) it also writes ``layerwise.json`` — per method
+    :func:`layerwise_pair` on the test split, and once the flatness proxy and the random
+    permutation merges — with ``layerwise.png`` (the width study's Fig. 3, 4, 6–8, 11, 14,
+    20 per method), ``moments-<method>.png`` (Fig. 5/21), ``flatness.png`` (Fig. 12–13) and
+    ``random-permutations.png`` (Fig. 18–19).
+
     Returns:
-        ``{"results": {label: analyze_pair(...)}, "files": [...]}``.
+        ``{"results": {label: analyze_pair(...)}, "layerwise": {...} (with ``layerwise``),
+        "files": [...]}``.
     """
     unknown = [m for m in methods if m != NAIVE and m not in METHODS]
     if unknown:
@@ -150,6 +222,8 @@ def run_analyze(
         raise UsageError(f"method(s) {needs_data} need a dataset")
     if data is not None:
         check_data_fits(a, data)
+    if layerwise and data is None:
+        raise UsageError("the layerwise analysis needs a dataset (it runs the models on data)")
     out = Path(out)
     check_not_inputs([out / "analysis.json"], [*a.files, *b.files])
     perms: dict[str, Permutation] = {}
@@ -232,7 +306,79 @@ def run_analyze(
     taylors = {lab: r["taylor"] for lab, r in results.items() if "taylor" in r}
     if taylors:
         files.append(plot_taylor(taylors, out / "taylor.png"))
-    return {"results": results, "files": files}
+    summary = {"results": results, "files": files}
+    if layerwise:
+        summary["layerwise"] = _write_layerwise(a, b, data, perms, out, files, seed, log)
+    return summary
+
+
+def _write_layerwise(a, b, data, perms, out: Path, files: list, seed: int, log) -> dict:
+    loader = data.loader("test", batch_size=1000)
+    bn_data = (
+        data.loader("train", batch_size=500, shuffle=True) if has_batchnorm(a.params) else None
+    )
+    per_method: dict[str, Any] = {}
+    # The pair-level results use the first permutation that is not the identity as "given".
+    given = next((lab for lab, p in perms.items() if not p.is_identity()), None)
+    for label, perm in perms.items():
+        log(f"layerwise diagnostics: {label}")
+        per_method[label] = layerwise_pair(
+            a.spec,
+            a.model,
+            a.params,
+            b.params,
+            perm,
+            loader,
+            bn_reset_data=bn_data,
+            extras=label == (given or label),
+            seed=seed,
+        )
+    pair = per_method[given or next(iter(perms))]
+    summary = {
+        "methods": {
+            lab: {"layerwise": r["layerwise"], "gaussian": r["gaussian"]}
+            for lab, r in per_method.items()
+        },
+        "given": given,
+        "flatness": pair["flatness"],
+        "random_permutations": pair["random_permutations"],
+    }
+    atomic_write_json(out / "layerwise.json", summary)
+    files.append(out / "layerwise.json")
+    files.append(
+        plot_layerwise(
+            {lab: r["layerwise"] for lab, r in per_method.items()}, out / "layerwise.png"
+        )
+    )
+    for lab, r in per_method.items():
+        lw = r["layerwise"]
+        files.append(
+            plot_moment_histograms(
+                lw["moments"],
+                out / f"moments-{lab}.png",
+                small=lw["small"],
+                title=f"√E[z̃²] of ReLU inputs, A and {lab}-aligned B",
+            )
+        )
+    files.append(plot_flatness(pair["flatness"], out / "flatness.png"))
+    merges = pair["random_permutations"]["merges"]
+    files.append(
+        plot_alignment_bars(
+            {
+                "accuracy barrier (points)": {
+                    k: 100 * v["accuracy_barrier"] for k, v in merges.items()
+                },
+                "calibrated loss barrier ×10": {
+                    k: 10 * v["calibrated_loss_barrier"] for k, v in merges.items()
+                },
+                "temperature": {k: v["temperature"] for k, v in merges.items()},
+            },
+            out / "random-permutations.png",
+            ylabel="value",
+            title="merges at λ=½: no, found and random permutations",
+        )
+    )
+    return summary
 
 
 @writes_folder("out")

@@ -89,6 +89,22 @@ class MLP(nn.Module):
             return {spec_groups[0]: [f"taps.{i}" for i in range(len(self.taps))]}
         return {g: [f"taps.{i}"] for i, g in enumerate(spec_groups)}
 
+    def layerwise_layers(self) -> list[dict]:
+        """Per weight layer (``lmckit.analysis.layerwise``): its output tap, ReLU input and
+        Linear module; the logits last."""
+        n = len(self.layers) - 1
+        layers = [
+            {
+                "name": f"layer{i + 1}",
+                "depth": i + 1,
+                "post": f"taps.{i}",
+                "pre": f"norms.{i}" if self.norms is not None else f"layers.{i}",
+                "linear": f"layers.{i}",
+            }
+            for i in range(n)
+        ]
+        return [*layers, {"name": "logits", "depth": n + 1, "post": "", "linear": f"layers.{n}"}]
+
     def permutation_spec(self) -> PermutationSpec:
         """This MLP's spec, built from its configuration."""
         b = SpecBuilder()

@@ -107,6 +107,39 @@ class ResNet20(nn.Module):
                 taps.setdefault(f"stage{s}", []).append(f"stages.{s}.{k}.tap_out")
         return taps
 
+    def layerwise_layers(self) -> list[dict]:
+        """Per conv on the main path (``lmckit.analysis.layerwise``), depth counted along it:
+        the stem; each block's first conv (post-ReLU tap, ReLU input norm1) and second conv
+        (the block output after the residual add, whose ReLU input no module returns); the
+        logits last."""
+        layers = [
+            {"name": "stem", "depth": 1, "post": "tap_stem", "pre": "norm1", "linear": "conv1"}
+        ]
+        depth = 1
+        for s, stage in enumerate(self.stages):
+            for k in range(len(stage)):
+                p = f"stages.{s}.{k}"
+                layers.append(
+                    {
+                        "name": f"s{s}b{k}.conv1",
+                        "depth": depth + 1,
+                        "post": f"{p}.tap_inner",
+                        "pre": f"{p}.norm1",
+                        "linear": f"{p}.conv1",
+                    }
+                )
+                layers.append(
+                    {
+                        "name": f"s{s}b{k}.conv2",
+                        "depth": depth + 2,
+                        "post": f"{p}.tap_out",
+                        "linear": f"{p}.conv2",
+                    }
+                )
+                depth += 2
+        layers.append({"name": "logits", "depth": depth + 1, "post": "", "linear": "fc"})
+        return layers
+
     def permutation_spec(self) -> PermutationSpec:
         """This ResNet's spec, built from its configuration."""
         b = SpecBuilder()

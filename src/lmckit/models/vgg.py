@@ -93,6 +93,22 @@ class VGG(nn.Module):
         """Group -> modules whose outputs ``(N, C, H, W)`` are that conv's post-ReLU channels."""
         return {f"conv{i}": [f"taps.{i}"] for i in range(len(self.convs))}
 
+    def layerwise_layers(self) -> list[dict]:
+        """Per conv (``lmckit.analysis.layerwise``): its post-ReLU tap, ReLU input and conv;
+        the classifier's logits last."""
+        n = len(self.convs)
+        layers = [
+            {
+                "name": f"conv{i + 1}",
+                "depth": i + 1,
+                "post": f"taps.{i}",
+                "pre": f"norms.{i}" if self.norms is not None else f"convs.{i}",
+                "linear": f"convs.{i}",
+            }
+            for i in range(n)
+        ]
+        return [*layers, {"name": "logits", "depth": n + 1, "post": "", "linear": "classifier"}]
+
     def permutation_spec(self) -> PermutationSpec:
         """This VGG's spec, built from its configuration."""
         b = SpecBuilder()
