@@ -278,7 +278,7 @@ def test_resnet_layers_resolve_and_give_finite_metrics():
 
 
 def test_gaussian_simulation_concentrates_at_the_theorem_limit():
-    assert GAUSSIAN_ADDITIVITY_LIMIT == pytest.approx(0.9304, abs=1e-4)
+    assert abs(GAUSSIAN_ADDITIVITY_LIMIT - 0.9304) < 1e-4
     sim = gaussian_weak_additivity([4, 20000], samples=50, seed=0)
     mean, std = sim[20000]
     assert abs(mean - GAUSSIAN_ADDITIVITY_LIMIT) < 4 * std / math.sqrt(50) + 1e-3
