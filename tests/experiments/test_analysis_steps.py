@@ -63,6 +63,39 @@ def test_the_analysis_step_records_what_the_library_computes(run, digits):
         assert 0 < metrics[(name, f"R_merged.a.{g}")] <= 1
 
 
+def test_the_layerwise_analysis_records_what_the_library_computes(run, digits):
+    from lmckit.analysis import layerwise, random_permutation_merges
+
+    out, jobs, metrics = run
+    a = load_checkpoint(artifact(out, jobs["train/c0/seed0"], "checkpoint") / "model")
+    b = load_checkpoint(artifact(out, jobs["train/c0/seed1"], "checkpoint") / "model")
+    perm = load_permutation(
+        artifact(out, jobs["match/c0/0-1/wm-fast"], "permutation") / "perm.json", a.spec
+    )
+    loader = digits.loader("test", batch_size=1000, shuffle=False)
+    direct = layerwise(a.model, a.params, perm.apply(b.params), loader)
+    name = "analysis/b0/c0/0-1/wm-fast"
+    for row in direct.layers:
+        assert metrics[(name, f"layerwise.depth.{row['name']}")] == row["depth"]
+        assert metrics[(name, f"layerwise.lewc.{row['name']}")] == pytest.approx(row["lewc"])
+        assert metrics[(name, f"layerwise.commutativity.{row['name']}")] == pytest.approx(
+            row["commutativity"]
+        )
+    # The pair-level extras run once per pair, in the unpermuted ("none") job.
+    none = "analysis/b0/c0/0-1/none"
+    assert (name, "random.temperature") not in metrics
+    merges = random_permutation_merges(a.model, a.spec, a.params, b.params, loader).merges
+    assert metrics[(none, "none.accuracy")] == pytest.approx(merges["none"]["accuracy"])
+    randoms = [m["calibrated_loss_barrier"] for k, m in merges.items() if k != "none"]
+    assert metrics[(none, "random.calibrated_loss_barrier")] == pytest.approx(
+        sum(randoms) / len(randoms)
+    )
+    from lmckit.metrics import evaluate
+
+    assert metrics[(none, "flatness.accuracy.0")] == evaluate(a.model, a.params, loader).accuracy
+    assert 0 < metrics[(none, "gaussian.layer1")] < 1
+
+
 def test_the_triplet_step_reuses_the_pair_matches(run):
     _, jobs, metrics = run
     ab = metrics[("triplet/b0/c0/0-1-2/wm-fast", "R.a-b")]
@@ -88,4 +121,5 @@ def test_the_report_draws_the_analyses(run):
     out, _, _ = run
     text = write_report(out).read_text()
     assert "singular-vector alignment" in text and "singular values" in text
+    assert "layerwise diagnostics at λ = ½, wm-fast" in text and "flatness proxy" in text
     assert "0.123 ± 0.004 (a made-up reference for the test)" in text

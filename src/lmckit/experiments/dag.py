@@ -119,6 +119,7 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
                                     "splits": dict(block.splits),
                                     "gammas": [0.0, 0.3],
                                     "taylor_lambdas": [0.5],
+                                    "batchnorm": batchnorm,
                                 },
                                 deps=deps,
                                 labels=labels,

@@ -275,6 +275,131 @@ def _analysis_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return figures
 
 
+LAYERWISE_FIGURE = (
+    ("lewc", "LEWC cosine (Fig. 3)"),
+    ("weak_additivity", "ReLU weak additivity (Fig. 4)"),
+    ("non_overlap", "non-overlap of large-moment units (Fig. 6)"),
+    ("reciprocal_ab", "E‖W_A z_B‖ / E‖W_A z_A‖ (Fig. 7)"),
+    ("merged_cosine", "cos(W_A z_C, W_A z_A) (Fig. 8)"),
+    ("commutativity", "commutativity distance (Fig. 11)"),
+    ("activation_cosine", "cos(f_A, f_B) (Fig. 14)"),
+    ("norm_ratio", "E‖f_C‖ / E‖f_A + f_B‖ (Fig. 20)"),
+)
+
+
+def _layerwise_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The width study's per-layer diagnostics at λ = ½: per compare block and method, one
+    panel per metric against the layer, one line per grid cell, mean ± std over pairs
+    (Thm. 5.4's Gaussian value dashed beside weak additivity; LEWC's predicted norm ratio
+    dotted); the flatness proxy per cell (Fig. 12); and, across cells, the unpermuted
+    merge's accuracy and calibrated barrier with random permutations (Fig. 1, 17–19)."""
+    chosen = [r for r in rows if r["kind"] == "analysis"]
+    depth = {
+        r["metric"].split(".", 2)[2]: r["mean"]
+        for r in chosen
+        if r["metric"].startswith("layerwise.depth.")
+    }
+    if not depth:
+        return []
+    layers = sorted(depth, key=lambda name: (depth[name], name))
+    figures = []
+    find = {
+        (r["group"].get("block"), r["group"]["method"], r["group"]["cell"], r["metric"]): r
+        for r in chosen
+    }
+    keys = sorted({(r["group"].get("block"), r["group"]["method"]) for r in chosen}, key=str)
+    cells = sorted({r["group"]["cell"] for r in chosen})
+    labels = {r["group"]["cell"]: _cell_label(r["grid"]) for r in chosen}
+    for block, method in keys:
+        if not any(k[:2] == (block, method) and k[3].startswith("layerwise.") for k in find):
+            continue
+        fig, axes = plt.subplots(2, 4, figsize=(15, 6.4), squeeze=False)
+        for ax, (metric, title) in zip(axes.flat, LAYERWISE_FIGURE, strict=True):
+            for i, cell in enumerate(cells):
+                pts = [
+                    (k, find[(block, method, cell, f"layerwise.{metric}.{name}")])
+                    for k, name in enumerate(layers)
+                    if (block, method, cell, f"layerwise.{metric}.{name}") in find
+                ]
+                if not pts:
+                    continue
+                colour = f"C{i % 10}"
+                ax.errorbar(
+                    [k for k, _ in pts],
+                    [r["mean"] for _, r in pts],
+                    yerr=[r["std"] or 0.0 for _, r in pts],
+                    marker="o",
+                    ms=3,
+                    capsize=2,
+                    color=colour,
+                    label=labels[cell],
+                )
+                extra = {
+                    "weak_additivity": "gaussian.{}",
+                    "norm_ratio": "layerwise.lewc_norm_ratio.{}",
+                }
+                if metric in extra:
+                    ref = [
+                        (k, find[(block, method, cell, extra[metric].format(name))]["mean"])
+                        for k, name in enumerate(layers)
+                        if (block, method, cell, extra[metric].format(name)) in find
+                    ]
+                    ax.plot([k for k, _ in ref], [v for _, v in ref], ":", color=colour)
+            if metric == "norm_ratio":
+                ax.set_yscale("log")
+            step = max(1, len(layers) // 8)
+            ax.set_xticks(range(0, len(layers), step), layers[::step], fontsize=6, rotation=45)
+            ax.set_title(title, fontsize=8)
+            ax.grid(alpha=0.3)
+        axes.flat[0].legend(fontsize=6)
+        name = "no permutation" if method == "none" else method
+        figures.append(
+            (
+                f"layerwise diagnostics at λ = ½, {name}, compare block {block} (mean ± std over "
+                "pairs; dotted: Thm. 5.4's Gaussian ReLU additivity / LEWC's norm prediction)",
+                _png(fig),
+            )
+        )
+    flat = [r for r in chosen if r["metric"].startswith("flatness.accuracy.")]
+    if flat:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.3))
+        for i, cell in enumerate(cells):
+            for ax, what, scale in ((axes[0], "accuracy", 100), (axes[1], "loss", 1)):
+                pts = sorted(
+                    (float(r["metric"].split(".", 2)[2]), r)
+                    for r in chosen
+                    if r["group"]["cell"] == cell and r["metric"].startswith(f"flatness.{what}.")
+                )
+                if pts:
+                    ax.errorbar(
+                        [lam for lam, _ in pts],
+                        [scale * r["mean"] for _, r in pts],
+                        yerr=[scale * (r["std"] or 0.0) for _, r in pts],
+                        marker="o",
+                        ms=3,
+                        capsize=2,
+                        color=f"C{i % 10}",
+                        label=labels[cell],
+                    )
+                ax.set_xlabel("λ  (θ_A + λ·d·u/‖u‖)")
+                ax.set_ylabel(f"test {what}" + (" (%)" if scale == 100 else ""))
+                ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=7)
+        figures.append(("flatness proxy (width study Fig. 12), mean ± std over pairs", _png(fig)))
+    figures += _grid_figures(
+        rows,
+        "analysis",
+        (
+            ("none.accuracy", "accuracy of the unpermuted merge at λ = ½ (80 % of test)"),
+            ("none.calibrated_loss_barrier", "calibrated loss barrier, no permutation"),
+            ("random.calibrated_loss_barrier", "calibrated loss barrier, random permutations"),
+            ("none.temperature", "temperature of the unpermuted merge (Fig. 19)"),
+        ),
+        min_cells=2,
+    )
+    return figures
+
+
 def _spectra_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
     """Ito et al. Fig. 1/6: every model's singular values per layer, overlaid; and App. D.3
     Fig. 7: spectra normalised by their largest value against the relative index, one line
@@ -424,6 +549,7 @@ def write_report(out: str | Path) -> Path:
         + _curve_figures(out, jobs)
         + _merge_figures(rows)
         + _analysis_figures(rows)
+        + _layerwise_figures(rows)
         + _spectra_figures(out, jobs)
     )
     counts: dict[str, int] = defaultdict(int)

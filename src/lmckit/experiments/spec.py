@@ -40,7 +40,9 @@ An experiment is a TOML file::
     ste = { epochs = 1 }
 
     analyses = ["spectral", "taylor"]  # per pair and method: L2, R(γ), R to the merge;
-                                   # Taylor barrier on the first split (Ito et al.)
+                                   # Taylor barrier on the first split (Ito et al.);
+                                   # "layerwise": the width study's LEWC diagnostics at
+                                   # λ=½ (and, for "none", flatness and random permutations)
 
     [[merge]]                      # merge the first n seeds' models
     methods = ["star-wm", "merge-many"]
@@ -112,7 +114,7 @@ COMPARE_KEYS = {
 }
 MERGE_KEYS = {"methods", "n", "options"}
 TRIPLET_KEYS = {"methods", "triples", "gamma", "splits", "options"}
-ANALYSES = {"spectral", "taylor"}
+ANALYSES = {"spectral", "taylor", "layerwise"}
 TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "a list"}
 
 

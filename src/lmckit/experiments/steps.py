@@ -268,18 +268,74 @@ def _analysis_key(job: Job, deps, data: Dataset) -> tuple[str, dict[str, Any]]:
     a, b = (deps[name]["content"] for name in job.deps[:2])
     perm = deps[job.deps[2]]["content"] if len(job.deps) > 2 else "identity"
     _, evaluation = _first_split_loader(data, s["splits"])
+    uses_data = bool({"taylor", "layerwise"} & set(s["analyses"]))
     settings = {
         "analyses": s["analyses"],
         "gammas": s["gammas"],
         "taylor_lambdas": s["taylor_lambdas"],
-        "evaluation": evaluation if "taylor" in s["analyses"] else None,
+        "evaluation": evaluation if uses_data else None,
     }
-    dataset = data.fingerprint if "taylor" in s["analyses"] else None
+    if "layerwise" in s["analyses"]:
+        settings["layerwise"] = {
+            "version": LAYERWISE_VERSION,
+            "bn_reset": bool(s.get("batchnorm")),
+            "random_permutations": RANDOM_PERMUTATIONS,
+        }
+    dataset = data.fingerprint if uses_data else None
     return make_key("analysis", settings, {"a": a, "b": b, "perm": perm}, dataset)
 
 
+LAYERWISE_VERSION = 1
+RANDOM_PERMUTATIONS = 5
+LAYERWISE_METRICS = (
+    "lewc",
+    "weak_additivity",
+    "reciprocal_ab",
+    "merged_cosine",
+    "commutativity",
+    "norm_ratio",
+    "lewc_norm_ratio",
+    "activation_cosine",
+    "small_fraction_a",
+    "non_overlap",
+)
+
+
+def layerwise_record(result: Mapping[str, Any]) -> dict[str, float]:
+    """Ledger metrics of :func:`lmckit.experiments.analysis.layerwise_pair`:
+    ``layerwise.<metric>.<layer>`` (``layerwise.depth.<layer>`` orders the layers),
+    ``gaussian.<layer>``; with the pair-level extras
+    ``random.<score>`` (mean over the random merges), ``none.<score>`` (no permutation),
+    ``flatness.<accuracy|loss>.<λ>``, ``flatness.distance`` and ``flatness.cosine.<layer>``
+    (at the largest λ)."""
+    record: dict[str, float] = {}
+    for row in result["layerwise"]["layers"]:
+        record[f"layerwise.depth.{row['name']}"] = row["depth"]
+        for metric in LAYERWISE_METRICS:
+            if row.get(metric) is not None:
+                record[f"layerwise.{metric}.{row['name']}"] = row[metric]
+    for layer, (mean, _std) in result["gaussian"].items():
+        record[f"gaussian.{layer}"] = mean
+    if "random_permutations" in result:
+        merges = result["random_permutations"]["merges"]
+        randoms = [m for k, m in merges.items() if k.startswith("random")]
+        for score in ("accuracy", "accuracy_barrier", "calibrated_loss_barrier", "temperature"):
+            record[f"none.{score}"] = merges["none"][score]
+            if randoms:
+                record[f"random.{score}"] = sum(m[score] for m in randoms) / len(randoms)
+    if "flatness" in result:
+        f = result["flatness"]
+        for lam, acc, loss in zip(f["lambdas"], f["accuracy"], f["loss"], strict=True):
+            record[f"flatness.accuracy.{lam:g}"] = acc
+            record[f"flatness.loss.{lam:g}"] = loss
+        record["flatness.distance"] = f["distance"]
+        for layer, values in f["cosine"].items():
+            record[f"flatness.cosine.{layer}"] = values[-1]
+    return record
+
+
 def _analysis_run(payload: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
-    from lmckit.experiments.analysis import analyze_pair
+    from lmckit.experiments.analysis import analyze_pair, layerwise_pair
 
     s = payload["settings"]
     order = payload["dep_order"]
@@ -319,6 +375,23 @@ def _analysis_run(payload: dict[str, Any], progress: ProgressCallback | None) ->
                 record[f"taylor.predicted.{lam:g}"] = predicted
                 record[f"taylor.actual.{lam:g}"] = actual
             record["taylor.distance"] = t["distance"]
+        if "layerwise" in s["analyses"]:
+            loader = _first_split_loader(data, s["splits"])[0]
+            bn_data = (
+                data.loader("train", batch_size=500, shuffle=True) if s.get("batchnorm") else None
+            )
+            result["layerwise"] = layerwise_pair(
+                a.spec,
+                a.model,
+                a.params,
+                b.params,
+                perm,
+                loader,
+                bn_reset_data=bn_data,
+                extras=perm.is_identity(),
+                random_n=RANDOM_PERMUTATIONS,
+            )
+            record.update(layerwise_record(result["layerwise"]))
         atomic_write_json(folder / "analysis.json", result)
         record["seconds"] = time.perf_counter() - started
         return content_hash(result), record
