@@ -84,6 +84,12 @@ def test_the_layerwise_analysis_records_what_the_library_computes(run, digits):
     # The pair-level extras run once per pair, in the unpermuted ("none") job.
     none = "analysis/b0/c0/0-1/none"
     assert (name, "random.temperature") not in metrics
+    given = random_permutation_merges(
+        a.model, a.spec, a.params, b.params, loader, n=0, perm=perm
+    ).merges["given"]
+    assert metrics[(name, "given.calibrated_loss_barrier")] == pytest.approx(
+        given["calibrated_loss_barrier"]
+    )
     merges = random_permutation_merges(a.model, a.spec, a.params, b.params, loader).merges
     assert metrics[(none, "none.accuracy")] == pytest.approx(merges["none"]["accuracy"])
     randoms = [m["calibrated_loss_barrier"] for k, m in merges.items() if k != "none"]

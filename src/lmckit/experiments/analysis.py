@@ -138,10 +138,12 @@ def layerwise_pair(
     * ``layerwise``: :func:`lmckit.analysis.layerwise` of the aligned pair;
     * ``gaussian``: Thm. 5.4's simulated ReLU additivity at each ReLU layer's width
       (``[mean, std]`` over 100 draws), the baseline beside ``weak_additivity``;
-    * with ``extras``: ``flatness`` (θ_A moved a distance ‖θ_A − θ_B‖ at random) and
-      ``random_permutations`` (``random_n`` random merges, no permutation and π, scored
-      with temperature calibration on 20 % of ``loader``'s examples) — pair-level results
-      that do not depend on π beyond the ``given`` row.
+    * ``random_permutations``: the merge at λ = ½ scored with temperature calibration (β on
+      20 % of ``loader``'s examples, metrics on the rest) without a permutation and with π
+      (``given``, when π is not the identity), and with ``extras`` also ``random_n``
+      random-permutation merges (Fig. 18–19);
+    * with ``extras``: ``flatness`` (θ_A moved a distance ‖θ_A − θ_B‖ at random, Fig. 12–13)
+      — pair-level results that an experiment computes once per pair.
     """
     aligned = perm.apply(params_b)
     lw = layerwise(model, params_a, aligned, loader, bn_reset_data=bn_reset_data)
@@ -151,6 +153,17 @@ def layerwise_pair(
         "layerwise": lw.to_dict(),
         "gaussian": {name: list(sims[w]) for name, w in widths.items()},
     }
+    out["random_permutations"] = random_permutation_merges(
+        model,
+        spec,
+        params_a,
+        params_b,
+        loader,
+        n=random_n if extras else 0,
+        perm=None if perm.is_identity() else perm,
+        seed=seed,
+        bn_reset_data=bn_reset_data,
+    ).to_dict()
     if extras:
         out["flatness"] = flatness(
             model,
@@ -158,17 +171,6 @@ def layerwise_pair(
             params_b,
             loader,
             lambdas=FLATNESS_LAMBDAS,
-            seed=seed,
-            bn_reset_data=bn_reset_data,
-        ).to_dict()
-        out["random_permutations"] = random_permutation_merges(
-            model,
-            spec,
-            params_a,
-            params_b,
-            loader,
-            n=random_n,
-            perm=None if perm.is_identity() else perm,
             seed=seed,
             bn_reset_data=bn_reset_data,
         ).to_dict()

@@ -304,10 +304,10 @@ LAYERWISE_METRICS = (
 def layerwise_record(result: Mapping[str, Any]) -> dict[str, float]:
     """Ledger metrics of :func:`lmckit.experiments.analysis.layerwise_pair`:
     ``layerwise.<metric>.<layer>`` (``layerwise.depth.<layer>`` orders the layers),
-    ``gaussian.<layer>``; with the pair-level extras
-    ``random.<score>`` (mean over the random merges), ``none.<score>`` (no permutation),
-    ``flatness.<accuracy|loss>.<λ>``, ``flatness.distance`` and ``flatness.cosine.<layer>``
-    (at the largest λ)."""
+    ``gaussian.<layer>``; the λ = ½ merge's ``none.<score>`` (no permutation) and
+    ``given.<score>`` (π); with the pair-level extras ``random.<score>`` (mean over the
+    random merges), ``flatness.<accuracy|loss>.<λ>``, ``flatness.distance`` and
+    ``flatness.cosine.<layer>`` (at the largest λ)."""
     record: dict[str, float] = {}
     for row in result["layerwise"]["layers"]:
         record[f"layerwise.depth.{row['name']}"] = row["depth"]
@@ -320,7 +320,9 @@ def layerwise_record(result: Mapping[str, Any]) -> dict[str, float]:
         merges = result["random_permutations"]["merges"]
         randoms = [m for k, m in merges.items() if k.startswith("random")]
         for score in ("accuracy", "accuracy_barrier", "calibrated_loss_barrier", "temperature"):
-            record[f"none.{score}"] = merges["none"][score]
+            for label in ("none", "given"):
+                if label in merges:
+                    record[f"{label}.{score}"] = merges[label][score]
             if randoms:
                 record[f"random.{score}"] = sum(m[score] for m in randoms) / len(randoms)
     if "flatness" in result:
