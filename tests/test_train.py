@@ -109,3 +109,43 @@ def test_divergence_is_an_error(synthetic):
     model = init_model("mlp", {"in_dim": 32, "hidden": [64], "out_dim": 4}, seed=0)
     with pytest.raises(TrainConfigError, match="diverged"):
         train(model, synthetic, TrainConfig(epochs=1, optimizer="sgd", lr=1e12, momentum=0.9))
+
+
+@pytest.mark.parametrize(
+    ("name", "config"),
+    [
+        ("mlp", {"in_dim": 64, "hidden": [32, 32], "out_dim": 10}),
+        ("resnet20", {"width_multiplier": 0.25, "in_channels": 1}),
+    ],
+)
+def test_a_snapshot_equals_the_shorter_run_under_a_constant_schedule(name, config, digits):
+    """Epoch-2 snapshot of a 3-epoch run == a 2-epoch run (weights, BN statistics, metrics),
+    and taking it leaves the 3-epoch run unchanged."""
+    data = digits if name == "mlp" else load_dataset("digits", pad_to=32)
+    cfg = TrainConfig(epochs=3, batch_size=128, seed=5, schedule="constant")
+    taken = {}
+
+    def keep(epoch, result):
+        taken[epoch] = ({k: v.clone() for k, v in model.state_dict().items()}, result)
+
+    model = init_model(name, config, seed=5)
+    long_result = train(model, data, cfg, snapshots=[2], on_snapshot=keep)
+    short = init_model(name, config, seed=5)
+    short_result = train(short, data, TrainConfig(epochs=2, batch_size=128, seed=5))
+    state, result = taken[2]
+    assert state_equal(state, short.state_dict())
+    assert result.metrics_dict() == short_result.metrics_dict()
+    assert [h.train_loss for h in result.history] == [h.train_loss for h in short_result.history]
+    plain = init_model(name, config, seed=5)
+    train(plain, data, cfg)
+    assert state_equal(plain.state_dict(), model.state_dict())
+    assert len(long_result.history) == 3
+
+
+def test_snapshot_epochs_are_checked(digits):
+    model = init_model("mlp", {"in_dim": 64, "hidden": [8], "out_dim": 10}, seed=0)
+    cfg = TrainConfig(epochs=2, batch_size=128)
+    with pytest.raises(TrainConfigError, match="snapshot epochs"):
+        train(model, digits, cfg, snapshots=[2], on_snapshot=lambda e, r: None)
+    with pytest.raises(TrainConfigError, match="on_snapshot"):
+        train(model, digits, cfg, snapshots=[1])

@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
+from matplotlib.ticker import NullFormatter
 
 from lmckit._io import atomic_path
 from lmckit.evaluate import Curve
@@ -429,6 +430,7 @@ def plot_layerwise(
         ax.grid(alpha=0.3)
         if metric == "norm_ratio":
             ax.set_yscale("log")
+            ax.yaxis.set_minor_formatter(NullFormatter())
     axes[0].legend(fontsize=6)
     if title:
         fig.suptitle(title)

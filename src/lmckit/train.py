@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -195,11 +195,20 @@ def train(
     progress: ProgressCallback | None = None,
     evaluate_each_epoch: bool = True,
     eval_batch_size: int = 1000,
+    snapshots: Sequence[int] = (),
+    on_snapshot: Callable[[int, TrainResult], None] | None = None,
 ) -> TrainResult:
     """Train ``model`` in place on ``data.train_*``; returns history and final metrics.
 
     Final metrics are computed in eval mode on the full train and test sets. Training stops
     with an error if the loss becomes non-finite (diverged learning rate).
+
+    ``snapshots``: epochs (1 … ``epochs − 1``) after which ``on_snapshot(epoch, result)``
+    is called with the model as it is then and the :class:`TrainResult` a run ending there
+    would return (history so far, eval-mode train and test metrics). Taking a snapshot
+    changes nothing in the run. With the ``"constant"`` schedule the model at a snapshot
+    equals a run of that many epochs (the data order of an epoch depends only on the seed
+    and the epoch); with a schedule that depends on the run's length it does not.
 
     ``progress`` receives a :class:`~lmckit.progress.Progress` after every step (``metrics``:
     ``epoch``, ``loss``, ``accuracy``, ``lr``) and, at the end of each epoch, one with
@@ -221,6 +230,14 @@ def train(
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(config, step, steps)
     )
+    snapshots = sorted({int(e) for e in snapshots})
+    if snapshots and (snapshots[0] < 1 or snapshots[-1] >= config.epochs):
+        raise TrainConfigError(
+            f"snapshot epochs must be in [1, {config.epochs - 1}] (before the last epoch), "
+            f"got {snapshots}"
+        )
+    if snapshots and on_snapshot is None:
+        raise TrainConfigError("snapshots need an on_snapshot callback")
     history: list[EpochStats] = []
     start = time.perf_counter()
     for epoch in range(config.epochs):
@@ -271,8 +288,17 @@ def train(
         # The epoch's summary, at the step count its last step already reported.
         summary = {k: v for k, v in vars(stats).items() if v is not None}
         notify(progress, (epoch + 1) * steps, config.epochs * steps, epoch_done=True, **summary)
+        if epoch + 1 in snapshots:
+            on_snapshot(epoch + 1, _final_result(model, data, history, start, eval_batch_size))
+    return _final_result(model, data, history, start, eval_batch_size)
+
+
+def _final_result(model, data, history, start: float, eval_batch_size: int) -> TrainResult:
+    """Eval-mode train and test metrics of ``model`` as it is now, with ``history``."""
+    device = next(model.parameters()).device
     train_eval = evaluate(
         model, None, data.loader("train", batch_size=eval_batch_size, shuffle=False, device=device)
     )
+    test_loader = data.loader("test", batch_size=eval_batch_size, device=device)
     test_eval = evaluate(model, None, test_loader)
-    return TrainResult(history, train_eval, test_eval, time.perf_counter() - start)
+    return TrainResult(list(history), train_eval, test_eval, time.perf_counter() - start)

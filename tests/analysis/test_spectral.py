@@ -188,3 +188,18 @@ def test_bad_inputs_are_clear_errors():
         conv_operator_singular_values(torch.zeros(3, 3), 4)
     with pytest.raises(ParamsError, match="does not fit"):
         conv_operator_singular_values(torch.zeros(1, 1, 5, 5), 3)
+
+
+def test_effective_rank_closed_forms():
+    from lmckit.analysis.spectral import effective_rank
+
+    assert effective_rank(torch.tensor([3.0, 3.0, 3.0, 0.0])) == pytest.approx(3.0)
+    assert effective_rank(torch.tensor([5.0, 0.0])) == pytest.approx(1.0)
+    assert effective_rank(torch.zeros(4)) == 0.0
+    # p = (½, ¼, ¼): H = 1.5 ln 2, exp(H) = 2^1.5
+    assert effective_rank(torch.tensor([2.0, 1.0, 1.0])) == pytest.approx(2**1.5)
+    # a rank-2 matrix of unequal singular values: strictly between 1 and 2
+    u, _ = torch.linalg.qr(torch.randn(6, 2, dtype=torch.float64))
+    m = u @ torch.diag(torch.tensor([4.0, 1.0], dtype=torch.float64)) @ u.T
+    r = effective_rank(torch.linalg.svdvals(m))
+    assert 1 < r < 2

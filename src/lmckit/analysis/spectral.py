@@ -47,6 +47,7 @@ __all__ = [
     "alignment",
     "conv_input_sizes",
     "conv_operator_singular_values",
+    "effective_rank",
     "layer_names",
     "layer_svds",
     "operator_spectra",
@@ -114,6 +115,18 @@ def singular_values(
         s = torch.linalg.svdvals(t.reshape(t.shape[0], -1).double())
         out[name] = s / s[0] if normalized and s[0] > 0 else s
     return out
+
+
+def effective_rank(values: Tensor) -> float:
+    """Roy & Vetterli's effective rank of a matrix from its singular values ``values``:
+    ``exp(H(p))`` with ``p = σ / Σσ`` and ``H`` the Shannon entropy (0·log 0 = 0). It is
+    ``k`` for ``k`` equal non-zero values and 1 for a single one; 0 for a zero matrix."""
+    values = values.detach().double().abs()
+    total = values.sum()
+    if total <= 0:
+        return 0.0
+    p = values[values > 0] / total
+    return float(torch.exp(-(p * p.log()).sum()))
 
 
 def _row_and_column_perms(

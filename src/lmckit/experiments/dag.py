@@ -3,6 +3,7 @@ triplet, spectra and merge."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -26,6 +27,30 @@ def _full_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
 def _uses_batchnorm(name: str, config: dict[str, Any]) -> bool:
     with torch.device("meta"):
         return has_batchnorm(build_model(name, **config).state_dict())
+
+
+def _snapshot_sources(
+    cells: list, bases: list[TrainConfig]
+) -> tuple[dict[int, int], dict[int, list[int]]]:
+    """Cells that differ only in ``train.epochs`` under the constant schedule: the longest
+    run saves snapshots at the others' epochs, which *are* those shorter runs (see
+    :func:`lmckit.train.train`), so they are trained once. Returns ``{short cell: source
+    cell}`` and ``{source cell: [snapshot epochs]}``."""
+    groups: dict[str, list[int]] = {}
+    for c, ((_, (name, config)), base) in enumerate(zip(cells, bases, strict=True)):
+        if base.schedule != "constant":
+            continue
+        rest = {**base.to_dict(), "epochs": None}
+        groups.setdefault(json.dumps([name, config, rest], sort_keys=True), []).append(c)
+    source: dict[int, int] = {}
+    snapshots: dict[int, list[int]] = {}
+    for members in groups.values():
+        longest = max(members, key=lambda c: (bases[c].epochs, -c))
+        shorter = [c for c in members if bases[c].epochs < bases[longest].epochs]
+        if shorter:
+            snapshots[longest] = sorted({bases[c].epochs for c in shorter})
+            source.update({c: longest for c in shorter})
+    return source, snapshots
 
 
 def _match_job(
@@ -60,25 +85,38 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
     """The jobs of ``experiment``, dependencies first. ``configs`` holds each grid cell's
     ``(model name, zoo configuration)`` (:func:`lmckit.experiments.spec.model_configs`)."""
     jobs: list[Job] = []
-    for c, (cell, (name, config)) in enumerate(zip(experiment.cells(), configs, strict=True)):
-        where = {"cell": c, **cell["values"]}
-        base = TrainConfig.paper_defaults(name, experiment.dataset, **cell["train"])
-        full = _full_config(name, config)
+    cells = list(zip(experiment.cells(), configs, strict=True))
+    bases = [
+        TrainConfig.paper_defaults(name, experiment.dataset, **cell["train"])
+        for cell, (name, _) in cells
+    ]
+    source, snapshots = _snapshot_sources(cells, bases)
+    # Training first, each snapshot source before the cells it stands in for.
+    order = sorted(range(len(cells)), key=lambda c: (c in source, c))
+    for c in order:
+        cell, (name, config) = cells[c]
         common = {"model_name": name, "model_config": config}
-        train_names = []
         for seed in experiment.seeds:
-            job = Job(
-                name=f"train/c{c}/seed{seed}",
-                kind="train",
-                settings={
-                    **common,
-                    "model_config_full": full,
-                    "train_config": replace(base, seed=int(seed)).to_dict(),
-                },
-                labels={**where, "seed": seed},
+            settings = {
+                **common,
+                "model_config_full": _full_config(name, config),
+                "train_config": replace(bases[c], seed=int(seed)).to_dict(),
+            }
+            if c in snapshots:
+                settings["snapshots"] = snapshots[c]
+            jobs.append(
+                Job(
+                    name=f"train/c{c}/seed{seed}",
+                    kind="train",
+                    settings=settings,
+                    deps=(f"train/c{source[c]}/seed{seed}",) if c in source else (),
+                    labels={"cell": c, **cell["values"], "seed": seed},
+                )
             )
-            jobs.append(job)
-            train_names.append(job.name)
+    for c, (cell, (name, config)) in enumerate(cells):
+        where = {"cell": c, **cell["values"]}
+        common = {"model_name": name, "model_config": config}
+        train_names = [f"train/c{c}/seed{seed}" for seed in experiment.seeds]
         batchnorm = _uses_batchnorm(name, config)
 
         match_job = partial(_match_job, jobs, train_names, experiment.seeds, c, common)

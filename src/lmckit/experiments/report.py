@@ -25,6 +25,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import NullFormatter
 
 from lmckit._io import atomic_write_bytes
 from lmckit.errors import UsageError
@@ -347,6 +348,7 @@ def _layerwise_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
                     ax.plot([k for k, _ in ref], [v for _, v in ref], ":", color=colour)
             if metric == "norm_ratio":
                 ax.set_yscale("log")
+                ax.yaxis.set_minor_formatter(NullFormatter())
             step = max(1, len(layers) // 8)
             ax.set_xticks(range(0, len(layers), step), layers[::step], fontsize=6, rotation=45)
             ax.set_title(title, fontsize=8)
@@ -398,6 +400,30 @@ def _layerwise_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
         min_cells=2,
     )
     return figures
+
+
+def _rank_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Effective rank / width of every layer against the grid cells (the width study §5.4:
+    lower with width and with weight decay), mean ± std over the models of a cell."""
+    chosen = [
+        r
+        for r in rows
+        if r["kind"] == "spectra" and r["metric"].startswith("relative_effective_rank.")
+    ]
+    cells = sorted({r["group"]["cell"] for r in chosen})
+    if len(cells) < 2:
+        return []
+    labels = {r["group"]["cell"]: _cell_label(r["grid"]) for r in chosen}
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for layer in sorted({r["metric"].split(".", 1)[1] for r in chosen}):
+        points = {r["group"]["cell"]: r for r in chosen if r["metric"].split(".", 1)[1] == layer}
+        xs = [c for c in cells if c in points]
+        ax.plot(xs, [points[c]["mean"] for c in xs], marker="o", label=layer)
+    ax.set_xticks(cells, [labels[c] for c in cells], rotation=20, ha="right", fontsize=7)
+    ax.set_ylabel("effective rank / min(out, in)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    return [("relative effective rank of each layer's weights (Roy & Vetterli)", _png(fig))]
 
 
 def _spectra_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
@@ -551,6 +577,7 @@ def write_report(out: str | Path) -> Path:
         + _analysis_figures(rows)
         + _layerwise_figures(rows)
         + _spectra_figures(out, jobs)
+        + _rank_figures(rows)
     )
     counts: dict[str, int] = defaultdict(int)
     for j in jobs:

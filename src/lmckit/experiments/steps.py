@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -113,23 +113,49 @@ def _train_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
     )
     assert key == payload["key"], "the worker computed another key than the driver"
 
+    def saver(model, config: TrainConfig, result, key: str, document: dict[str, Any]):
+        def write(folder: Path) -> tuple[str, dict[str, Any]]:
+            meta = {
+                "key": key,
+                "key_document": document,
+                "train": config.to_dict(),
+                "seed": config.seed,
+                "dataset": data.name,
+                "metrics": result.metrics_dict(),
+                "train_seconds": result.seconds,
+            }
+            weights = save_checkpoint(folder / "model", model, meta)
+            sha = load_checkpoint(weights).content_hash
+            return sha, {**result.metrics_dict(), "seconds": result.seconds}
+
+        return write
+
+    def snapshot(epoch: int, result) -> None:
+        # What a run of `epoch` epochs would store, under that run's own key.
+        short = replace(config, epochs=epoch)
+        k, doc = make_key(
+            "checkpoint",
+            {"model": settings["model_config_full"], "train": short.to_dict()},
+            dataset=data.fingerprint,
+        )
+        store.get_or_put("checkpoint", k, doc, saver(model, short, result, k, doc))
+
+    config = TrainConfig.from_dict(settings["train_config"])
+    model = None
+
     def write(folder: Path) -> tuple[str, dict[str, Any]]:
-        config = TrainConfig.from_dict(settings["train_config"])
+        nonlocal model
         model = init_model(settings["model_name"], settings["model_config"], config.seed)
         model.to(payload.get("device", "cpu"))
-        result = train(model, data, config, progress=progress)
-        meta = {
-            "key": key,
-            "key_document": document,
-            "train": config.to_dict(),
-            "seed": config.seed,
-            "dataset": data.name,
-            "metrics": result.metrics_dict(),
-            "train_seconds": result.seconds,
-        }
-        weights = save_checkpoint(folder / "model", model, meta)
-        sha = load_checkpoint(weights).content_hash
-        return sha, {**result.metrics_dict(), "seconds": result.seconds}
+        result = train(
+            model,
+            data,
+            config,
+            progress=progress,
+            snapshots=settings.get("snapshots", ()),
+            on_snapshot=snapshot,
+        )
+        return saver(model, config, result, key, document)(folder)
 
     artifact, reused = store.get_or_put("checkpoint", key, document, write)
     return {"content": artifact.content, "record": artifact.record, "reused": reused}
@@ -458,7 +484,7 @@ def _spectra_key(job: Job, deps, data: Dataset) -> tuple[str, dict[str, Any]]:
 
 
 def _spectra_run(payload: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
-    from lmckit.analysis.spectral import singular_values
+    from lmckit.analysis.spectral import effective_rank, singular_values
 
     s = payload["settings"]
     ckpts = [_checkpoint(payload, name) for name in payload["dep_order"]]
@@ -487,6 +513,10 @@ def _spectra_run(payload: dict[str, Any], progress: ProgressCallback | None) -> 
             record[f"normalised_spread.{layer}"] = float(
                 (normalised.std(0) / normalised.mean(0).clamp_min(1e-12)).mean()
             )
+            # the width study's §5.4: rank falls with width and with weight decay
+            ranks = [effective_rank(v[layer]) for v in values]
+            record[f"effective_rank.{layer}"] = sum(ranks) / len(ranks)
+            record[f"relative_effective_rank.{layer}"] = sum(ranks) / len(ranks) / stack.shape[1]
         record["seconds"] = time.perf_counter() - started
         return content_hash(result), record
 
