@@ -52,6 +52,14 @@ def test_the_tiny_file_expands_into_cells():
         ({"seeds": [0, 1, 2], "triplets": [{"gamma": 1}]}, "triplets[0].gamma must be a number"),
         ({"seeds": [0, 1, 2], "triplets": [{"methods": ["none"]}]}, "unknown method 'none'"),
         ({"spectra": "yes"}, "spectra must be true or false"),
+        ({"variants": [{"train.lr": 0.1}]}, "variants[0].name must be"),
+        ({"variants": [{"name": "a", "lr": 0.1}]}, 'key \'lr\' must be "name", "model.<option>"'),
+        ({"variants": [{"name": "a"}, {"name": "a"}]}, "variants need distinct names"),
+        (
+            {"variants": [{"name": "a", "train.lr": {"x": 1}}]},
+            "variants[0].train.lr must be a single",
+        ),
+        ({"variants": [{"name": "a", "model.depth": 3}]}, "unknown model option(s) ['depth']"),
         ({"paper": [{"step": "curve", "metric": "x", "source": "T1"}]}, "paper[0].value must be"),
         ({"paper": [{"step": "curve", "value": 1, "source": "T1"}]}, "paper[0].metric must be"),
         (
@@ -90,3 +98,25 @@ def test_every_experiment_file_in_the_repository_is_valid():
     for path in files:
         experiment = load_experiment(path)
         assert experiment.description and experiment.expected_runtime, path
+
+
+def test_variants_are_crossed_with_the_grid(tmp_path):
+    from lmckit.experiments.spec import VARIANT_KEY
+
+    path = tmp_path / "v.toml"
+    path.write_text(
+        'name = "v"\nseeds = [0, 1]\n[data]\ndataset = "digits"\n[model]\nname = "mlp"\n'
+        '[train]\nepochs = 4\n[grid]\n"model.width_multiplier" = [1, 2]\n'
+        '[[variants]]\nname = "base"\n[[variants]]\nname = "fast"\n"train.lr" = 0.01\n'
+        '"train.epochs" = 2\n'
+    )
+    cells = load_experiment(path).cells()
+    assert [(c["values"][VARIANT_KEY], c["values"]["model.width_multiplier"]) for c in cells] == [
+        ("base", 1),
+        ("base", 2),
+        ("fast", 1),
+        ("fast", 2),
+    ]
+    assert cells[0]["train"] == {"epochs": 4}
+    assert cells[3]["train"] == {"epochs": 2, "lr": 0.01}
+    assert cells[3]["model"] == {"name": "mlp", "width_multiplier": 2}

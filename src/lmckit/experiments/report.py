@@ -30,6 +30,7 @@ from matplotlib.ticker import NullFormatter
 from lmckit._io import atomic_write_bytes
 from lmckit.errors import UsageError
 from lmckit.experiments.ledger import Ledger
+from lmckit.experiments.spec import VARIANT_KEY
 from lmckit.experiments.store import Store
 from lmckit.plots import grouped_bars
 
@@ -89,7 +90,12 @@ def _png(fig) -> str:
 
 
 def _cell_label(grid: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in grid.items()) or "—"
+    return (
+        ", ".join(
+            str(v) if k == VARIANT_KEY else f"{k.split('.', 1)[1]}={v}" for k, v in grid.items()
+        )
+        or "—"
+    )
 
 
 def _barrier_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:

@@ -29,6 +29,10 @@ An experiment is a TOML file::
     [grid]                         # every combination is a cell; dotted keys
     "model.width_multiplier" = [0.25, 0.5, 1, 2]
 
+    [[variants]]                   # named settings, each crossed with the grid (for
+    name = "adam-lr-1e-2"          # ablations whose cells differ in several options)
+    "train.lr" = 1e-2
+
     [[compare]]                    # match pairs of seeds, interpolate the paths
     pairs = "all"                  # "all", "first" or [[0, 1], [0, 2]]
     methods = ["none", "wm-fast", "am"]
@@ -95,6 +99,7 @@ TOP_KEYS = {
     "model",
     "train",
     "grid",
+    "variants",
     "compare",
     "merge",
     "triplets",
@@ -203,22 +208,47 @@ class Experiment:
     triplets: tuple[TripletBlock, ...] = ()
     spectra: bool = False
     paper: tuple[Mapping[str, Any], ...] = ()
+    variants: tuple[Mapping[str, Any], ...] = ()
     text: str = field(default="", compare=False)
 
     def cells(self) -> list[dict[str, Any]]:
-        """Every combination of the grid's values: ``{"model": ..., "train": ...,
-        "values": {grid key: value}}``, in the grid's order."""
+        """Every combination of the grid's values, for each variant: ``{"model": ...,
+        "train": ..., "values": {grid key: value} (and the variant's name)}``, in order."""
         keys = list(self.grid)
         cells = []
-        for combo in itertools.product(*(self.grid[k] for k in keys)) if keys else [()]:
-            model, train = copy.deepcopy(dict(self.model)), copy.deepcopy(dict(self.train))
-            for key, value in zip(keys, combo, strict=True):
-                section, option = key.split(".", 1)
-                (model if section == "model" else train)[option] = value
-            cells.append(
-                {"model": model, "train": train, "values": dict(zip(keys, combo, strict=True))}
-            )
+        for variant in self.variants or [None]:
+            for combo in itertools.product(*(self.grid[k] for k in keys)) if keys else [()]:
+                model, train = copy.deepcopy(dict(self.model)), copy.deepcopy(dict(self.train))
+                settings = [(k, v) for k, v in (variant or {}).items() if k != "name"]
+                for key, value in [*settings, *zip(keys, combo, strict=True)]:
+                    section, option = key.split(".", 1)
+                    (model if section == "model" else train)[option] = value
+                values = dict(zip(keys, combo, strict=True))
+                if variant is not None:
+                    values = {VARIANT_KEY: variant["name"], **values}
+                cells.append({"model": model, "train": train, "values": values})
         return cells
+
+
+VARIANT_KEY = "variant.name"
+"""The key of a cell's variant name in ``cell["values"]`` (and the jobs' labels)."""
+
+
+def _parse_variant(entry: Any, where: str) -> dict[str, Any]:
+    table = _table(entry, where)
+    name = _expect(table.get("name"), str, f"{where}.name")
+    for key, value in table.items():
+        if key == "name":
+            continue
+        if "." not in key or key.split(".", 1)[0] not in ("model", "train"):
+            raise ExperimentError(
+                f'{where}: key {key!r} must be "name", "model.<option>" or "train.<option>"'
+            )
+        if isinstance(value, dict | list) and not (
+            key == "model.hidden" and isinstance(value, list)
+        ):
+            raise ExperimentError(f"{where}.{key} must be a single value")
+    return {"name": name, **{k: v for k, v in table.items() if k != "name"}}
 
 
 def _methods(value: Any, key: str, allowed: set[str]) -> tuple[str, ...]:
@@ -379,6 +409,13 @@ def parse_experiment(
         if not _expect(values, list, f"grid.{key}"):
             raise ExperimentError(f"grid.{key} must list at least one value")
         grid[key] = tuple(values)
+    variants = tuple(
+        _parse_variant(entry, f"variants[{i}]")
+        for i, entry in enumerate(_expect(raw.get("variants", []), list, "variants"))
+    )
+    names = [v["name"] for v in variants]
+    if len(set(names)) != len(names):
+        raise ExperimentError(f"variants need distinct names, got {names}")
     compare = tuple(
         _parse_compare(block, f"compare[{i}]")
         for i, block in enumerate(_expect(raw.get("compare", []), list, "compare"))
@@ -416,6 +453,7 @@ def parse_experiment(
         model=model,
         train=train,
         grid=grid,
+        variants=variants,
         compare=compare,
         merge=merge,
         triplets=triplets,
