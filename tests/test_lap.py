@@ -146,3 +146,28 @@ def test_assign_rejects_bad_costs():
         assign(np.zeros((2, 3)))
     with pytest.raises(LapError, match="non-finite"):
         assign(np.array([[0.0, np.nan], [1.0, 2.0]]))
+
+
+def test_a_matrix_that_stalled_lapjv_is_solved_optimally():
+    """A warm-started 128×128 weight-matching gain of two trained MLPs on which raw lapjv
+    never returned (tests/fixtures/lapjv_stall_128.npz): solved in a subprocess under a time
+    limit, so that a regression fails instead of hanging the suite."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fixtures" / "lapjv_stall_128.npz"
+    code = (
+        "import numpy as np, sys\n"
+        "from lmckit.lap import LapDuals, solve_lap\n"
+        f"c = np.load({str(path)!r})['cost']\n"
+        "p, d = solve_lap(c, maximize=False, duals=LapDuals(np.zeros(128), np.zeros(128)))\n"
+        "np.save(sys.stdout.buffer, p.numpy())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    import io
+
+    p = np.load(io.BytesIO(done.stdout))
+    c = np.load(path)["cost"]
+    assert_optimal(c, p, maximize=False)
