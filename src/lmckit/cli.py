@@ -736,6 +736,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``lmckit`` argument parser (method choices come from the registries)."""
     from lmckit.match import METHODS as MATCHERS
     from lmckit.merge import METHODS as MERGERS
+    from lmckit.train import OPTIMIZERS
 
     parser = _Parser(
         prog="lmckit",
@@ -779,7 +780,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="normalisation layers (default: none for MLP, batch for conv nets)",
     )
     p.add_argument("--skip", action="store_true", help="MLP with residual connections")
-    p.add_argument("--optimizer", choices=["adam", "adamw", "sgd"])
+    p.add_argument("--optimizer", choices=list(OPTIMIZERS))
     p.add_argument("--lr", type=_positive)
     p.add_argument("--momentum", type=_float_in(0.0, 1.0))
     p.add_argument("--weight-decay", type=_float_in(0.0))

@@ -16,16 +16,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from lmckit.data.datasets import Dataset
 from lmckit.errors import TrainConfigError
 from lmckit.functional import forward
 from lmckit.metrics import Metrics, evaluate
 from lmckit.models import build_model
+from lmckit.optim import HESSIAN_INTERVAL, SophiaG
 from lmckit.progress import ProgressCallback, notify
 
-OPTIMIZERS = ("adam", "adamw", "sgd")
+OPTIMIZERS = ("adam", "adamw", "sgd", "sophia")
 SCHEDULES = ("constant", "warmup_linear")
 
 
@@ -36,7 +37,10 @@ class TrainConfig:
     Attributes:
         epochs: passes over the training set.
         batch_size: examples per step (the last incomplete batch is dropped).
-        optimizer: ``"adam"`` (L2 via ``weight_decay``), ``"adamw"`` or ``"sgd"``.
+        optimizer: ``"adam"`` (L2 via ``weight_decay``), ``"adamw"``, ``"sgd"`` or
+            ``"sophia"`` (:class:`lmckit.optim.SophiaG`, decoupled weight decay, a GNB
+            Hessian estimate every 10 steps from labels sampled with a generator seeded by
+            ``seed`` and the step).
         lr: peak learning rate.
         momentum, nesterov: SGD only.
         weight_decay: L2 penalty (decoupled for AdamW).
@@ -183,8 +187,26 @@ def _make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimi
             nesterov=config.nesterov,
             weight_decay=config.weight_decay,
         )
+    if config.optimizer == "sophia":
+        return SophiaG(params, lr=config.lr, weight_decay=config.weight_decay)
     cls = torch.optim.Adam if config.optimizer == "adam" else torch.optim.AdamW
     return cls(params, lr=config.lr, weight_decay=config.weight_decay)
+
+
+def _gnb_estimate(optimizer: SophiaG, logits: Tensor, seed: int, step: int) -> None:
+    """Sophia's Gauss–Newton–Bartlett estimate on this batch: the gradient of the loss on
+    labels sampled from ``softmax(logits)`` (the batch's graph is reused), squared and
+    scaled into the optimiser's Hessian EMA. The loss gradients in ``p.grad`` are kept."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    saved = [None if p.grad is None else p.grad.clone() for p in params]
+    gen = torch.Generator(device=logits.device).manual_seed(seed * 1_000_003 + step)
+    sampled = torch.multinomial(logits.detach().softmax(-1), 1, generator=gen).squeeze(1)
+    for p in params:
+        p.grad = None
+    F.cross_entropy(logits, sampled).backward()
+    optimizer.update_hessian(len(sampled))
+    for p, g in zip(params, saved, strict=True):
+        p.grad = g
 
 
 def train(
@@ -252,7 +274,11 @@ def train(
             logits = forward(model, None, x)
             loss = F.cross_entropy(logits, y, label_smoothing=config.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            global_step = epoch * steps + step
+            estimate = isinstance(optimizer, SophiaG) and global_step % HESSIAN_INTERVAL == 0
+            loss.backward(retain_graph=estimate)
+            if estimate:
+                _gnb_estimate(optimizer, logits, config.seed, global_step)
             optimizer.step()
             scheduler.step()
             loss_sum += loss.detach() * len(y)

@@ -1,0 +1,98 @@
+"""Sophia (Liu et al. 2023, "Sophia: A Scalable Stochastic Second-order Optimizer for
+Language Model Pre-training"), the second-order optimiser of the width study's App. F.10,
+written from the paper's Algorithm 3 with the Gauss–Newton–Bartlett (GNB) estimator of
+Algorithm 2. No maintained package provides it: the authors' code is a research release
+beside their GPT-2 scripts, and PyPI ``sophia-opt`` is a third party's repackaging of it.
+
+Per parameter, with gradient ``g_t`` of the minibatch loss:
+
+* ``m_t = β₁ m_{t−1} + (1 − β₁) g_t``;
+* every ``k`` steps (the first step included), with ``ĝ`` the gradient of the loss on
+  labels *sampled* from the model's own softmax over the same minibatch of size ``B``:
+  ``h_t = β₂ h_{t−k} + (1 − β₂) · B · ĝ ⊙ ĝ`` (GNB: an unbiased estimate of the
+  Gauss–Newton diagonal), otherwise ``h_t = h_{t−1}``;
+* ``θ ← θ − η λ θ`` (decoupled weight decay), then
+  ``θ ← θ − η · clip(m_t / max(γ h_t, ε), 1)`` elementwise, ``clip(z, 1) = max(−1, min(z, 1))``.
+
+Defaults are those of the authors' released optimiser: ``β = (0.965, 0.99)``, ``γ = 0.04``,
+``k = 10``, ``ε = 1e-15``. The width study kept its first-order learning rate and weight
+decay for Sophia; so does :func:`lmckit.train.train`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+__all__ = ["HESSIAN_INTERVAL", "SophiaG"]
+
+HESSIAN_INTERVAL = 10
+"""``k``: steps between GNB Hessian estimates."""
+
+
+class SophiaG(torch.optim.Optimizer):
+    """Sophia with the GNB Hessian estimator (see the module docstring).
+
+    The training loop calls :meth:`update_hessian` every ``k`` steps, after a backward pass
+    of the loss on sampled labels has put ``ĝ`` into ``p.grad``, and :meth:`step` after
+    the ordinary backward pass as for any optimiser.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.965, 0.99),
+        rho: float = 0.04,
+        weight_decay: float = 0.0,
+        eps: float = 1e-15,
+    ) -> None:
+        if not lr > 0 or not 0 <= betas[0] < 1 or not 0 <= betas[1] < 1 or not rho > 0:
+            raise ValueError(f"invalid Sophia settings lr={lr}, betas={betas}, rho={rho}")
+        if weight_decay < 0 or not eps > 0:
+            raise ValueError(f"invalid Sophia settings weight_decay={weight_decay}, eps={eps}")
+        defaults = dict(lr=lr, betas=betas, rho=rho, weight_decay=weight_decay, eps=eps)
+        super().__init__(params, defaults)
+
+    def _state(self, p: Tensor) -> dict:
+        state = self.state[p]
+        if not state:
+            state["exp_avg"] = torch.zeros_like(p)
+            state["hessian"] = torch.zeros_like(p)
+        return state
+
+    @torch.no_grad()
+    def update_hessian(self, batch_size: int) -> None:
+        """``h ← β₂ h + (1 − β₂) · B · ĝ ⊙ ĝ`` from the gradients now in ``p.grad`` (those
+        of the loss on labels sampled from the model, mean over a batch of ``B``)."""
+        for group in self.param_groups:
+            beta2 = group["betas"][1]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                h = self._state(p)["hessian"]
+                h.mul_(beta2).addcmul_(p.grad, p.grad, value=(1 - beta2) * batch_size)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One Sophia update of every parameter with a gradient (see the module docstring)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1 = group["betas"][0]
+            lr, rho, eps, wd = group["lr"], group["rho"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self._state(p)
+                m, h = state["exp_avg"], state["hessian"]
+                m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                if wd:
+                    p.mul_(1 - lr * wd)
+                ratio = (m / (rho * h).clamp_min(eps)).clamp_(-1.0, 1.0)
+                p.add_(ratio, alpha=-lr)
+        return loss
