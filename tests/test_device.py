@@ -92,3 +92,37 @@ def test_training_runs_on_the_device(digits, device):
     )
     assert next(model.parameters()).device.type == torch.device(device).type
     assert 0.0 <= result.metrics_dict()["test_accuracy"] <= 1.0
+
+
+def test_layerwise_flatness_and_random_merges_agree(pair, digits, device):
+    from lmckit.analysis import flatness, layerwise, random_permutation_merges
+
+    model, spec, a, b = pair
+    loader = digits.loader("test", batch_size=360)
+    cpu = layerwise(model, a, b, loader)
+    flat_cpu = flatness(model, a, b, loader, lambdas=[0.0, 1.0], seed=2)
+    rand_cpu = random_permutation_merges(model, spec, a, b, loader, n=1)
+    try:
+        model.to(device)
+        dev = layerwise(model, on(a, device), on(b, device), loader)
+        flat_dev = flatness(model, on(a, device), on(b, device), loader, lambdas=[0.0, 1.0], seed=2)
+        rand_dev = random_permutation_merges(model, spec, on(a, device), on(b, device), loader, n=1)
+    finally:
+        model.to("cpu")
+    for key in ("lewc", "weak_additivity", "commutativity", "reciprocal_ab"):
+        pairs = [(d, c) for d, c in zip(dev.column(key), cpu.column(key), strict=True)]
+        assert all((d is None) == (c is None) for d, c in pairs), key
+        known = [(d, c) for d, c in pairs if c is not None]
+        assert [d for d, _ in known] == pytest.approx([c for _, c in known], rel=1e-4, abs=1e-6)
+    assert flat_dev.loss == pytest.approx(flat_cpu.loss, rel=1e-4)
+    assert rand_dev.merges["random0"]["accuracy"] == pytest.approx(
+        rand_cpu.merges["random0"]["accuracy"], abs=1e-3
+    )
+
+
+def test_sophia_trains_on_the_device(digits, device):
+    model = build_model("mlp", in_dim=64, hidden=[16], out_dim=10).to(device)
+    cfg = TrainConfig(epochs=1, batch_size=64, seed=0, optimizer="sophia")
+    result = train(model, digits, cfg, evaluate_each_epoch=False)
+    assert next(model.parameters()).device.type == torch.device(device).type
+    assert 0.0 <= result.metrics_dict()["test_accuracy"] <= 1.0
