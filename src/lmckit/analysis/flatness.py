@@ -77,7 +77,8 @@ def flatness(
     one pass over ``loader`` (θ_A runs once per batch, each perturbed model once).
 
     ``params_b`` only sets the distance ``d``. With ``bn_reset_data`` every perturbed
-    BatchNorm model gets its statistics re-estimated; without it keeps θ_A's.
+    BatchNorm model (λ ≠ 0) gets its statistics re-estimated; without it keeps θ_A's. At
+    λ = 0 the model is θ_A itself.
     """
     for what, p in (("params_a", params_a), ("params_b", params_b)):
         check_model_fits(model, p, what)
@@ -96,7 +97,7 @@ def flatness(
         p = dict(params_a)
         for n, u in direction.items():
             p[n] = params_a[n] + (lam * distance) * u
-        if bn_reset_data is not None and has_batchnorm(p):
+        if bn_reset_data is not None and has_batchnorm(p) and lam != 0:
             p = bn_reset(model, p, bn_reset_data)
         perturbed.append(p)
     device = next(iter(params_a.values())).device
