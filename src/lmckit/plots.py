@@ -434,6 +434,7 @@ def plot_layerwise(
     axes[0].legend(fontsize=6)
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
     return _save(fig, path)
 
 

@@ -360,6 +360,7 @@ def _layerwise_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
             ax.set_title(title, fontsize=8)
             ax.grid(alpha=0.3)
         axes.flat[0].legend(fontsize=6)
+        fig.tight_layout()
         name = "no permutation" if method == "none" else method
         figures.append(
             (
