@@ -175,11 +175,14 @@ def _on_grid(reduced: np.ndarray) -> tuple[np.ndarray, float]:
     the rounded costs, so it is within ``n × step`` of optimal for the exact ones — ~3e-11
     relative per row, far below what float32 weights resolve.
     """
-    scale = float(np.abs(reduced).max())
+    scale = max(float(reduced.max()), -float(reduced.min()))
     if scale == 0.0:
         return reduced, 0.0
     quantum = 2.0 ** (math.ceil(math.log2(scale)) - GRID_BITS)
-    return np.round(reduced / quantum) * quantum, quantum
+    grid = reduced * (1.0 / quantum)  # a power of two: exact, like the multiply back
+    np.rint(grid, out=grid)
+    grid *= quantum
+    return grid, quantum
 
 
 def _certified(reduced: np.ndarray, perm: np.ndarray, du, dv, quantum: float) -> bool:
@@ -188,6 +191,7 @@ def _certified(reduced: np.ndarray, perm: np.ndarray, du, dv, quantum: float) ->
     n = len(perm)
     if perm.min() < 0 or np.bincount(perm, minlength=n).max() != 1:
         return False
-    slack = reduced - du[:, None] - dv[None, :]
-    tol = 1e-9 * max(float(np.abs(reduced).max()), quantum, 1e-300) * n
+    slack = np.subtract(reduced, du[:, None])
+    slack -= dv[None, :]
+    tol = 1e-9 * max(float(reduced.max()), -float(reduced.min()), quantum, 1e-300) * n
     return bool(slack.min() >= -tol and np.abs(slack[np.arange(n), perm]).max() <= tol)
