@@ -144,9 +144,21 @@ def _grid_figures(
     return figures
 
 
+CURVE_PANELS = (
+    ("accuracy", "test accuracy (%)", 100),
+    ("loss", "test loss", 1),
+    ("calibrated_loss", "calibrated test loss", 1),
+)
+
+
 def _curve_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
+    """Test accuracy, loss and (when computed) calibrated loss along λ, means over pairs:
+    per compare block and method one line per grid cell (the width study's Figs. 1–2) when
+    the block has several cells, else one line per method."""
     store = Store(out / "store")
-    curves: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    curves: dict[tuple, dict[str, dict[str, list]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
     lambdas: dict[tuple, list[float]] = {}
     for job in jobs:
         if job["kind"] != "curve" or job["status"] != "done":
@@ -158,20 +170,42 @@ def _curve_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
         labels = _labels(job)
         grid = json.dumps({k: v for k, v in labels.items() if "." in k}, sort_keys=True)
         where = (labels.get("block"), grid)
-        curves[where][labels.get("method")].append(data["splits"]["test"]["loss"])
+        for metric, _, _ in CURVE_PANELS:
+            if metric in data["splits"]["test"]:
+                curves[where][labels.get("method")][metric].append(data["splits"]["test"][metric])
         lambdas[where] = data["lambdas"]
     figures = []
-    for where, by_method in curves.items():
-        fig, ax = plt.subplots(figsize=(5.4, 3.3))
-        for method, runs in sorted(by_method.items()):
-            mean = [statistics.fmean(v) for v in zip(*runs, strict=True)]
-            ax.plot(lambdas[where], mean, marker=".", label="naive" if method == "none" else method)
-        ax.set_xlabel("λ")
-        ax.set_ylabel("test loss (mean over pairs)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        caption = f"interpolation, block {where[0]}, {_cell_label(json.loads(where[1]))}"
-        figures.append((caption, _png(fig)))
+    blocks = sorted({b for b, _ in curves}, key=str)
+    for block in blocks:
+        cells = [w for w in curves if w[0] == block]
+        lines: dict[str, dict[str, tuple]] = defaultdict(dict)  # figure -> line -> (where, method)
+        for where in cells:
+            for method in curves[where]:
+                name = "naive" if method == "none" else method
+                cell = _cell_label(json.loads(where[1]))
+                if len(cells) > 1:
+                    lines[f"{name}, compare block {block}"][cell] = (where, method)
+                else:
+                    lines[f"block {block}, {cell}"][name] = (where, method)
+        for caption, members in lines.items():
+            metrics = [
+                p for p in CURVE_PANELS if any(p[0] in curves[w][m] for w, m in members.values())
+            ]
+            fig, axes = plt.subplots(
+                1, len(metrics), figsize=(4.4 * len(metrics), 3.3), squeeze=False
+            )
+            for ax, (metric, ylabel, scale) in zip(axes[0], metrics, strict=True):
+                for label, (where, method) in members.items():
+                    runs = curves[where][method].get(metric)
+                    if runs:
+                        mean = [scale * statistics.fmean(v) for v in zip(*runs, strict=True)]
+                        ax.plot(lambdas[where], mean, marker=".", label=label)
+                ax.set_xlabel("λ")
+                ax.set_ylabel(ylabel + " (mean over pairs)", fontsize=8)
+                ax.grid(alpha=0.3)
+            axes[0][0].legend(fontsize=7)
+            fig.tight_layout()
+            figures.append((f"along the linear path: {caption}", _png(fig)))
     return figures
 
 
