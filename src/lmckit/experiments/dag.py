@@ -96,10 +96,11 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
     for c in order:
         cell, (name, config) = cells[c]
         common = {"model_name": name, "model_config": config}
+        full = _full_config(name, config)
         for seed in experiment.seeds:
             settings = {
                 **common,
-                "model_config_full": _full_config(name, config),
+                "model_config_full": full,
                 "train_config": replace(bases[c], seed=int(seed)).to_dict(),
             }
             if c in snapshots:
