@@ -21,30 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import time
-from collections.abc import Callable
-from statistics import median
 
 import torch
 import torch.nn.functional as F
 
+from _timing import timed  # benchmarks/_timing.py (scripts run from this folder)
 from lmckit.analysis.spectral import alignment, layer_svds
 from lmckit.analysis.taylor import taylor_barrier
 from lmckit.data import TensorLoader
 from lmckit.models import build_model, permutation_spec
 from lmckit.perm import Permutation
-
-
-def timed(variants: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    for fn in variants.values():
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(repeats):
-        for name, fn in variants.items():
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-    return {k: median(v) for k, v in times.items()}
 
 
 def spectral_case(repeats: int) -> dict:
