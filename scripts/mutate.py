@@ -382,11 +382,11 @@ MUTATIONS = [
         ("tests/analysis/test_layerwise.py",),
     ),
     M(
-        "calibration-on-all",
-        "random-permutation merges score the calibrated loss on the examples β was fitted on",
-        "src/lmckit/analysis/random_permutations.py",
-        "    x, y = logits[rest].double(), labels[rest].long()",
-        "    x, y = logits[held].double(), labels[held].long()",
+        "calibration-on-held",
+        "the calibrated loss is scored on the examples β was fitted on",
+        "src/lmckit/evaluate/calibration.py",
+        "    loss = F.cross_entropy(logits[rest].double() * beta, labels[rest].long()).item()",
+        "    loss = F.cross_entropy(logits[held].double() * beta, labels[held].long()).item()",
         ("tests/analysis/test_layerwise.py",),
     ),
     M(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from torch import Tensor, nn
 from lmckit.data import holdout_split
 from lmckit.errors import ParamsError
 from lmckit.evaluate.bn import bn_reset
-from lmckit.evaluate.calibration import fit_temperature
+from lmckit.evaluate.calibration import calibrated_loss
 from lmckit.functional import check_model_fits
 from lmckit.metrics import predict
 from lmckit.params import Params, check_finite, check_params_compatible, has_batchnorm, lerp_params
@@ -35,16 +36,21 @@ from lmckit.perm import Permutation, PermutationSpec
 __all__ = ["RandomPermutationMerges", "random_permutation_merges", "scored_logits"]
 
 
-def scored_logits(logits: Tensor, labels: Tensor, held: Tensor, rest: Tensor) -> dict[str, float]:
-    """Accuracy, loss and calibrated loss on ``rest``, the temperature fitted on ``held``
-    (``logits`` ``(N, C)``, ``labels`` ``(N,)``, index tensors)."""
-    beta = fit_temperature(logits[held], labels[held])
-    x, y = logits[rest].double(), labels[rest].long()
+def scored_logits(
+    logits: Tensor, labels: Tensor, *, fraction: float = 0.2, seed: int = 0
+) -> dict[str, Any]:
+    """Accuracy, loss and calibrated loss on the examples
+    :func:`~lmckit.evaluate.calibration.calibrated_loss` scores (its ``rest``), the
+    temperature fitted on its seeded ``fraction`` (``held``): ``logits`` ``(N, C)``,
+    ``labels`` ``(N,)``. Same ``N``, ``fraction`` and ``seed`` give the same split
+    (:func:`~lmckit.data.holdout_split`)."""
+    fit = calibrated_loss(logits, labels, fraction=fraction, seed=seed)
+    x, y = logits[fit["rest"]].double(), labels[fit["rest"]].long()
     return {
         "accuracy": float((x.argmax(1) == y).double().mean()),
         "loss": float(F.cross_entropy(x, y)),
-        "calibrated_loss": float(F.cross_entropy(x * beta, y)),
-        "temperature": 1.0 / beta,
+        "calibrated_loss": fit["loss"],
+        "temperature": fit["temperature"],
     }
 
 
@@ -107,19 +113,15 @@ def random_permutation_merges(
             "merged BatchNorm models need their statistics re-estimated: pass bn_reset_data"
         )
     logits_a, labels = predict(model, params_a, loader)
-    held, rest = holdout_split(len(labels), fraction, seed=seed)
-    if len(held) == 0 or len(rest) == 0:
-        raise ParamsError(f"{len(labels)} examples are too few to hold out {fraction:.0%}")
     logits_b, labels_b = predict(model, params_b, loader)
     if not torch.equal(labels, labels_b):
         raise ParamsError(
             "the loader gave different examples on a second pass: pass a re-iterable loader "
             "with a fixed order (e.g. data.loader('test'))"
         )
-    ends = {
-        "a": scored_logits(logits_a, labels, held, rest),
-        "b": scored_logits(logits_b, labels, held, rest),
-    }
+    score = partial(scored_logits, labels=labels, fraction=fraction, seed=seed)
+    held, rest = holdout_split(len(labels), fraction, seed=seed)  # the split score uses
+    ends = {"a": score(logits_a), "b": score(logits_b)}
     pairs: dict[str, tuple[Params, Params]] = {"none": (params_a, params_b)}
     if perm is not None:
         pairs["given"] = (params_a, perm.apply(params_b))
@@ -135,10 +137,14 @@ def random_permutation_merges(
         if has_batchnorm(merged):
             merged = bn_reset(model, merged, bn_reset_data)
         logits, _ = predict(model, merged, loader)
-        s = scored_logits(logits, labels, held, rest)
+        s = score(logits)
         s["accuracy_barrier"] = reference_acc - s["accuracy"]
         s["calibrated_loss_barrier"] = s["calibrated_loss"] - reference_loss
         merges[label] = s
     return RandomPermutationMerges(
-        lam=float(lam), endpoints=ends, merges=merges, held=len(held), rest=len(rest)
+        lam=float(lam),
+        endpoints=ends,
+        merges=merges,
+        held=len(held),
+        rest=len(rest),
     )
