@@ -13,19 +13,22 @@
 
 Each variant runs ``--repeats`` times, alternating; prints one JSON with the medians.
 
-    python benchmarks/bench_analysis.py [--repeats 5] [--threads N]
+    python benchmarks/bench_analysis.py [--repeats 5] [--threads N] [--device cuda]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 
 import torch
 import torch.nn.functional as F
 
-from _timing import timed  # benchmarks/_timing.py (scripts run from this folder)
+from _timing import (
+    add_device_argument,
+    machine,
+    timed,
+)  # benchmarks/_timing.py (scripts run from this folder)
 from lmckit.analysis.spectral import alignment, layer_svds
 from lmckit.analysis.taylor import taylor_barrier
 from lmckit.data import TensorLoader
@@ -33,9 +36,9 @@ from lmckit.models import build_model, permutation_spec
 from lmckit.perm import Permutation
 
 
-def spectral_case(repeats: int) -> dict:
+def spectral_case(repeats: int, device: str) -> dict:
     torch.manual_seed(0)
-    models = [build_model("resnet20", width_multiplier=4) for _ in range(2)]
+    models = [build_model("resnet20", width_multiplier=4).to(device) for _ in range(2)]
     spec = permutation_spec(models[0])
     a, b = (m.state_dict() for m in models)
     perm = Permutation.random(spec, 0)
@@ -64,7 +67,8 @@ def spectral_case(repeats: int) -> dict:
 
 
 def forward_over_forward(model, params, direction, batches):
-    zero, one = torch.zeros(()), torch.ones(())
+    device = next(iter(params.values())).device
+    zero, one = torch.zeros((), device=device), torch.ones((), device=device)
     for x, y in batches:
 
         def line(e, x=x, y=y):
@@ -90,15 +94,15 @@ def gradient_and_hvp(model, params, direction, batches):
         torch.autograd.grad(gv, list(leaves.values()))
 
 
-def taylor_case(name: str, config: dict, shape: tuple, n: int, repeats: int) -> dict:
+def taylor_case(name: str, config: dict, shape: tuple, n: int, repeats: int, device: str) -> dict:
     torch.manual_seed(0)
-    models = [build_model(name, **config) for _ in range(2)]
+    models = [build_model(name, **config).to(device) for _ in range(2)]
     for m in models:
         m.eval()
     a, b = (m.state_dict() for m in models)
     model = models[0]
-    x = torch.randn(n, *shape)
-    y = torch.randint(0, 10, (n,))
+    x = torch.randn(n, *shape, device=device)
+    y = torch.randint(0, 10, (n,), device=device)
     loader = TensorLoader(x, y, batch_size=500)
     batches = list(loader)
     names = [k for k, _ in model.named_parameters()]
@@ -128,21 +132,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
+    add_device_argument(parser)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     result = {
         "benchmark": "analysis",
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-        },
-        "spectral": spectral_case(args.repeats),
+        "machine": machine(args.device),
+        "spectral": spectral_case(args.repeats, args.device),
         "taylor": [
-            taylor_case("mlp", {"in_dim": 784}, (784,), 10_000, args.repeats),
+            taylor_case("mlp", {"in_dim": 784}, (784,), 10_000, args.repeats, args.device),
             taylor_case(
-                "resnet20", {"width_multiplier": 1}, (3, 32, 32), 2_000, max(2, args.repeats // 2)
+                "resnet20",
+                {"width_multiplier": 1},
+                (3, 32, 32),
+                2_000,
+                max(2, args.repeats // 2),
+                args.device,
             ),
         ],
     }

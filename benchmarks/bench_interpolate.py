@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
+from _timing import add_device_argument, machine, synchronize  # benchmarks/_timing.py
 from lmckit.checkpoint import load_checkpoint
 from lmckit.data import load_dataset
 from lmckit.evaluate import interpolate
@@ -34,10 +35,12 @@ from lmckit.train import init_model
 
 def best_of(fn, repeats: int) -> float:
     fn()
+    synchronize()
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
         fn()
+        synchronize()
         times.append(time.perf_counter() - t)
     return min(times)
 
@@ -47,18 +50,23 @@ def main() -> None:
     parser.add_argument("--runs", type=Path)
     parser.add_argument("--lambdas", type=int, default=25)
     parser.add_argument("--repeats", type=int, default=3)
+    add_device_argument(parser)
     args = parser.parse_args()
+    device = args.device
     data = load_dataset("fashion-mnist", download=False)
     if args.runs:
-        a = load_checkpoint(args.runs / "mlp-fashion-mnist-seed0")
-        b = load_checkpoint(args.runs / "mlp-fashion-mnist-seed1")
+        a = load_checkpoint(args.runs / "mlp-fashion-mnist-seed0", device=device)
+        b = load_checkpoint(args.runs / "mlp-fashion-mnist-seed1", device=device)
         model, pa, pb = a.model, a.params, b.params
     else:
-        model = init_model("mlp", {"in_dim": 784}, 0)
-        pa, pb = model.state_dict(), init_model("mlp", {"in_dim": 784}, 1).state_dict()
+        model = init_model("mlp", {"in_dim": 784}, 0).to(device)
+        pb = {
+            k: v.to(device) for k, v in init_model("mlp", {"in_dim": 784}, 1).state_dict().items()
+        }
+        pa = model.state_dict()
     model.eval()
-    lams = torch.linspace(0, 1, args.lambdas)
-    batches = data.test_x.split(2000)
+    lams = torch.linspace(0, 1, args.lambdas, device=device)
+    batches = data.test_x.to(device).split(2000)
 
     def naive():
         for lam in lams:
@@ -70,7 +78,11 @@ def main() -> None:
 
     def functional():
         interpolate(
-            model, pa, pb, {"test": data.loader("test", batch_size=2000)}, lambdas=args.lambdas
+            model,
+            pa,
+            pb,
+            {"test": data.loader("test", batch_size=2000, device=device)},
+            lambdas=args.lambdas,
         )
 
     def vmapped():
@@ -86,7 +98,7 @@ def main() -> None:
     gemm = 0.0
     with torch.no_grad():
         for layer in model.layers:
-            x = torch.randn(2000, layer.in_features)
+            x = torch.randn(2000, layer.in_features, device=device)
             gemm += best_of(lambda x=x, layer=layer: F.linear(x, layer.weight, layer.bias), 10)
     floor = gemm * len(batches) * args.lambdas
     throughput = 2 * macs * len(data.test_x) * args.lambdas / floor
@@ -98,7 +110,7 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "interpolation_25_lambdas_fmnist_test",
-                "threads": torch.get_num_threads(),
+                "machine": machine(device),
                 "pair": "trained" if args.runs else "random-init",
                 "seconds": results,
                 "flop_floor_seconds": floor,

@@ -16,20 +16,23 @@ given, so no BN reset is timed).
 
 Each variant runs ``--repeats`` times, alternating; prints one JSON with the medians.
 
-    python benchmarks/bench_layerwise.py [--repeats 5] [--threads N]
+    python benchmarks/bench_layerwise.py [--repeats 5] [--threads N] [--device cuda]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from _timing import timed  # benchmarks/_timing.py (scripts run from this folder)
+from _timing import (
+    add_device_argument,
+    machine,
+    timed,
+)  # benchmarks/_timing.py (scripts run from this folder)
 from lmckit.analysis.layerwise import layerwise
 from lmckit.data import TensorLoader
 from lmckit.metrics import evaluate
@@ -37,14 +40,16 @@ from lmckit.models import build_model
 from lmckit.params import lerp_params
 
 
-def case(name: str, config: dict, shape: tuple, n: int, batch: int, repeats: int) -> dict:
+def case(
+    name: str, config: dict, shape: tuple, n: int, batch: int, repeats: int, device: str
+) -> dict:
     torch.manual_seed(0)
-    model = build_model(name, **config)
+    model = build_model(name, **config).to(device)
     a = {k: v.clone() for k, v in model.state_dict().items()}
-    b = {k: v.clone() for k, v in build_model(name, **config).state_dict().items()}
+    b = {k: v.to(device) for k, v in build_model(name, **config).state_dict().items()}
     merged = lerp_params(a, b, 0.5)
-    x = torch.randn(n, *shape)
-    y = torch.randint(0, 10, (n,))
+    x = torch.randn(n, *shape, device=device)
+    y = torch.randint(0, 10, (n,), device=device)
     loader = TensorLoader(x, y, batch_size=batch)
     variants = {
         "evaluation_pass": lambda: evaluate(model, a, loader),
@@ -94,24 +99,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
+    add_device_argument(parser)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    mlp = case("mlp", {}, (1, 28, 28), 10_000, 1000, args.repeats)
+    mlp = case("mlp", {}, (1, 28, 28), 10_000, 1000, args.repeats, args.device)
     mlp["target"] = (
         "layerwise ≤ 3 evaluation passes (below the floor: see floor_over_evaluation_pass)"
     )
     mlp["meets_target"] = mlp["layerwise_over_evaluation_pass"] <= 3.0
     resnet = case(
-        "resnet20", {"in_channels": 1}, (1, 32, 32), 2_000, 500, max(1, args.repeats // 2)
+        "resnet20",
+        {"in_channels": 1},
+        (1, 32, 32),
+        2_000,
+        500,
+        max(1, args.repeats // 2),
+        args.device,
     )
     print(
         json.dumps(
             {
                 "benchmark": "layerwise",
-                "machine": platform.processor() or platform.machine(),
-                "threads": torch.get_num_threads(),
-                "torch": torch.__version__,
+                "machine": machine(args.device),
                 "mlp_3x512": mlp,
                 "resnet20_x1": resnet,
             },

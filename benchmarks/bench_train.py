@@ -5,33 +5,36 @@ its paper recipe and extrapolates to a full epoch of 60,000 images; ``--full-epo
 a whole epoch instead. Prints one JSON document.
 
     python benchmarks/bench_train.py [--models mlp vgg11] [--steps 30] [--full-epoch]
+                                     [--device cuda]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
-import torch
 import torch.nn.functional as F
 
+from _timing import add_device_argument, machine, synchronize  # benchmarks/_timing.py
 from lmckit.experiments.training import load_for_model, model_config_for
 from lmckit.train import TrainConfig, _make_optimizer, init_model
 
 
-def time_model(name: str, steps: int, warmup: int, full_epoch: bool) -> dict:
+def time_model(name: str, steps: int, warmup: int, full_epoch: bool, device: str) -> dict:
     data = load_for_model(name, "fashion-mnist", download=False)
     cfg = TrainConfig.paper_defaults(name, data.name, epochs=1)
-    model = init_model(name, model_config_for(name, data), seed=0)
+    model = init_model(name, model_config_for(name, data), seed=0).to(device)
     opt = _make_optimizer(model, cfg)
-    loader = data.loader("train", batch_size=cfg.batch_size, shuffle=True, drop_last=True)
+    loader = data.loader(
+        "train", batch_size=cfg.batch_size, shuffle=True, drop_last=True, device=device
+    )
     steps_per_epoch = len(loader)
     model.train()
     timed, t0 = 0, None
     for i, (x, y) in enumerate(loader):
         if i == warmup:
+            synchronize()
             t0 = time.perf_counter()
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
@@ -41,6 +44,7 @@ def time_model(name: str, steps: int, warmup: int, full_epoch: bool) -> dict:
             timed += 1
         if not full_epoch and timed == steps:
             break
+    synchronize()
     seconds = time.perf_counter() - t0
     return {
         "model": name,
@@ -60,15 +64,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--full-epoch", action="store_true")
+    add_device_argument(parser)
     args = parser.parse_args()
-    results = [time_model(m, args.steps, args.warmup, args.full_epoch) for m in args.models]
+    results = [
+        time_model(m, args.steps, args.warmup, args.full_epoch, args.device) for m in args.models
+    ]
     print(
         json.dumps(
             {
                 "benchmark": "train_epoch_time_fashion_mnist",
-                "torch": torch.__version__,
-                "threads": torch.get_num_threads(),
-                "machine": platform.machine(),
+                "machine": machine(args.device),
                 "results": results,
             },
             indent=2,
