@@ -528,7 +528,9 @@ def _spectra_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]
         layers = data["layers"]
         cols = min(4, len(layers))
         rows = math.ceil(len(layers) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 2.5 * rows), squeeze=False)
+        fig, axes = plt.subplots(
+            rows, cols, figsize=(3.0 * cols, 2.5 * rows), squeeze=False, layout="constrained"
+        )
         for ax in axes.flat[len(layers) :]:
             ax.axis("off")
         for ax, (layer, models) in zip(axes.flat, layers.items(), strict=False):
@@ -546,7 +548,9 @@ def _spectra_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]
     if any(len(cells) > 1 for cells in normalised.values()):
         cols = min(4, len(normalised))
         rows = math.ceil(len(normalised) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 2.5 * rows), squeeze=False)
+        fig, axes = plt.subplots(
+            rows, cols, figsize=(3.0 * cols, 2.5 * rows), squeeze=False, layout="constrained"
+        )
         for ax in axes.flat[len(normalised) :]:
             ax.axis("off")
         for ax, (layer, cells) in zip(axes.flat, normalised.items(), strict=False):
