@@ -144,6 +144,16 @@ def _cosines(x: Tensor, y: Tensor) -> Tensor:
     return _cosine_from(_unit_dot(x, y), _unit_dot(x, x), _unit_dot(y, y))
 
 
+def _same_memory(x: Tensor, y: Tensor) -> bool:
+    """Whether ``x`` and ``y`` view the same elements (so are equal without a look at them)."""
+    return (
+        x.data_ptr() == y.data_ptr()
+        and x.shape == y.shape
+        and x.stride() == y.stride()
+        and x.dtype == y.dtype
+    )
+
+
 def _weight_times(module: nn.Module, weight: Tensor, z: Tensor) -> Tensor:
     """``W z`` for ``module``'s operation with ``weight`` and no bias."""
     if isinstance(module, nn.Linear):
@@ -381,8 +391,9 @@ def _accumulate(lay, lam, seen_a, seen_b, seen_c, sums, moments, commute, module
 
         wa_za, wb_zb = bias_free(seen_a, pa), bias_free(seen_b, pb)
         # The input layer sees the same x in every model: W_A z_B = W_A z_A exactly, and
-        # the products need not be formed.
-        same_ab, same_ac = torch.equal(in_a, in_b), torch.equal(in_a, in_c)
+        # the products need not be formed. Same memory, not equal values, decides it: a
+        # comparison of values would wait for the GPU once per layer and batch.
+        same_ab, same_ac = _same_memory(in_a, in_b), _same_memory(in_a, in_c)
         wa_zb = wa_za if same_ab else _weight_times(module, wa, in_b)
         wb_za = wb_zb if same_ab else _weight_times(module, wb, in_a)
         wa_zc = wa_za if same_ac else _weight_times(module, wa, in_c)
