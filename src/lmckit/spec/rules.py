@@ -1,0 +1,672 @@
+"""How each ATen operator relates the axes of its inputs and outputs.
+
+A rule receives the call node and an :class:`Axes` helper and declares, for every tensor
+axis it touches, one of three things:
+
+* ``same(x, i, y, j)`` — axis ``i`` of ``x`` and axis ``j`` of ``y`` must carry the same
+  permutation for the op to commute with it (elementwise ops, the units of a linear layer,
+  a norm's channels, a contraction index of a product);
+* ``freeze(x, i, why)`` — no permutation may act on this axis (a spatial axis a kernel
+  slides over, an axis an op indexes into, merges or splits);
+* nothing — the axis is unconstrained by this op (a sum over it, a broadcast of size 1).
+
+Any operator without a rule freezes every axis of its inputs and outputs, so an op the
+tracer does not know can shrink the spec but never make it wrong. Every rule here is
+checked by the tracer's equivalence test on the models of ``tests/spec``.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from lmckit.errors import SpecError
+
+aten = torch.ops.aten
+
+Rule = Callable[[fx.Node, "Axes"], None]
+
+
+class Axes:
+    """What rules see: shapes of nodes and the two ways to relate axes."""
+
+    def __init__(self, same: Callable, freeze: Callable) -> None:
+        self._same = same
+        self._freeze = freeze
+        self.op = ""  # the operator whose rule runs, for error messages
+
+    @staticmethod
+    def shape(node: Any) -> tuple[int, ...] | None:
+        """The static shape of a tensor-valued node (``None`` for anything else)."""
+        if not isinstance(node, fx.Node):
+            return None
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return tuple(int(s) for s in val.shape)
+        return None
+
+    def same(self, x: fx.Node, i: int, y: fx.Node, j: int) -> None:
+        sx, sy = self.shape(x), self.shape(y)
+        if sx is not None and sy is not None and sx[i] != sy[j]:
+            raise SpecError(
+                f"while tracing {self.op}: a rule joined axis {i} of {x.name} (length {sx[i]}) "
+                f"to axis {j} of {y.name} (length {sy[j]}) — the rule is wrong; please report it"
+            )
+        self._same((x.name, i), (y.name, j))
+
+    def freeze(self, x: fx.Node, i: int, why: str) -> None:
+        self._freeze((x.name, i), why)
+
+    def freeze_all(self, x: Any, why: str) -> None:
+        shape = self.shape(x)
+        if shape is not None:
+            for i in range(len(shape)):
+                self.freeze(x, i, why)
+
+    def same_all(self, x: fx.Node, y: fx.Node, pairs: Sequence[tuple[int, int]]) -> None:
+        for i, j in pairs:
+            self.same(x, i, y, j)
+
+
+def tensor_args(node: fx.Node) -> list[fx.Node]:
+    """The tensor-valued nodes among a call's arguments (nested lists included)."""
+    found: list[fx.Node] = []
+
+    def visit(a: Any) -> None:
+        if isinstance(a, fx.Node) and Axes.shape(a) is not None:
+            found.append(a)
+        elif isinstance(a, list | tuple):
+            for b in a:
+                visit(b)
+
+    visit(node.args)
+    visit(tuple(node.kwargs.values()))
+    return found
+
+
+def _dim(d: int, ndim: int) -> int:
+    return d + ndim if d < 0 else d
+
+
+# -- elementwise and broadcasting -----------------------------------------------------------
+def elementwise(node: fx.Node, ax: Axes) -> None:
+    """Right-aligned broadcasting: an input axis of the output's length carries the output's
+    permutation; an axis of length 1 broadcast against it carries none."""
+    out = ax.shape(node)
+    if out is None:
+        return
+    for x in tensor_args(node):
+        shape = ax.shape(x)
+        assert shape is not None
+        offset = len(out) - len(shape)
+        for i, n in enumerate(shape):
+            j = i + offset
+            if j >= 0 and n == out[j] and n > 1:
+                ax.same(x, i, node, j)
+
+
+def fresh_constant(node: fx.Node, ax: Axes) -> None:
+    """A tensor created in forward (``arange``, ``full``): its values may differ along its
+    axes, so none may be permuted."""
+    ax.freeze_all(node, f"{_name(node)} creates a tensor inside forward")
+
+
+def like_constant(node: fx.Node, ax: Axes) -> None:
+    """``zeros_like`` and friends: every entry equal, so any permutation leaves it as it is."""
+
+
+# -- dense layers ---------------------------------------------------------------------------
+def linear(node: fx.Node, ax: Axes) -> None:
+    x, w = node.args[0], node.args[1]
+    b = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    xs = ax.shape(x)
+    assert xs is not None
+    for i in range(len(xs) - 1):
+        ax.same(x, i, node, i)
+    ax.same(x, len(xs) - 1, w, 1)
+    ax.same(w, 0, node, len(xs) - 1)
+    if isinstance(b, fx.Node):
+        ax.same(b, 0, node, len(xs) - 1)
+
+
+def convolution(node: fx.Node, ax: Axes) -> None:
+    """``conv{1,2,3}d(input, weight, bias, stride, padding, dilation, groups)``: channels are
+    units, spatial positions are samples (frozen: the kernel slides over them)."""
+    x, w = node.args[0], node.args[1]
+    b = node.args[2] if len(node.args) > 2 else None
+    groups = node.args[6] if len(node.args) > 6 else node.kwargs.get("groups", 1)
+    xs, ws = ax.shape(x), ax.shape(w)
+    assert xs is not None and ws is not None
+    spatial = len(ws) - 2
+    batched = len(xs) == spatial + 2
+    c = 1 if batched else 0
+    if batched:
+        ax.same(x, 0, node, 0)
+    for k in range(spatial):
+        for t, d in ((x, c + 1 + k), (node, c + 1 + k), (w, 2 + k)):
+            ax.freeze(t, d, "spatial axis of a convolution")
+    if groups == 1:
+        ax.same(x, c, w, 1)
+        ax.same(w, 0, node, c)
+    elif groups == xs[c] == ws[0]:  # depthwise, one filter per channel
+        ax.same(x, c, node, c)
+        ax.same(w, 0, node, c)
+    else:
+        why = f"grouped convolution ({groups} groups): channels move only within a group"
+        for t, d in ((x, c), (node, c), (w, 0)):
+            ax.freeze(t, d, why)
+    if isinstance(b, fx.Node):
+        ax.same(b, 0, node, c)
+
+
+def batch_norm(node: fx.Node, ax: Axes) -> None:
+    """``batch_norm(input, weight, bias, running_mean, running_var, ...)``: per channel."""
+    x = node.args[0]
+    xs = ax.shape(x)
+    assert xs is not None
+    for i in range(len(xs)):
+        ax.same(x, i, node, i)
+    for p in node.args[1:5]:
+        if isinstance(p, fx.Node):
+            ax.same(p, 0, node, 1)
+
+
+def layer_norm(node: fx.Node, ax: Axes) -> None:
+    """Mean and variance over the normalised axes are symmetric in their entries, so a
+    permutation of those axes commutes with the normalisation."""
+    x, normalized = node.args[0], node.args[1]
+    xs = ax.shape(x)
+    assert xs is not None
+    for i in range(len(xs)):
+        ax.same(x, i, node, i)
+    k = len(normalized)
+    for p in node.args[2:4]:
+        if isinstance(p, fx.Node):
+            for j in range(k):
+                ax.same(p, j, node, len(xs) - k + j)
+
+
+def group_norm(node: fx.Node, ax: Axes) -> None:
+    """``group_norm(input, num_groups, weight, bias, eps)``: with one group (or one channel
+    per group) any channel permutation commutes; otherwise channels may move only within
+    their group, which a plain group cannot express."""
+    x, groups = node.args[0], node.args[1]
+    xs = ax.shape(x)
+    assert xs is not None
+    for i in range(len(xs)):
+        if i != 1:
+            ax.same(x, i, node, i)
+    if groups in (1, xs[1]):
+        ax.same(x, 1, node, 1)
+        for p in node.args[2:4]:
+            if isinstance(p, fx.Node):
+                ax.same(p, 0, node, 1)
+    else:
+        why = f"GroupNorm with {groups} groups: channels move only within a group"
+        ax.freeze(x, 1, why)
+        ax.freeze(node, 1, why)
+        for p in node.args[2:4]:
+            if isinstance(p, fx.Node):
+                ax.freeze(p, 0, why)
+
+
+def embedding(node: fx.Node, ax: Axes) -> None:
+    """``embedding(weight, indices)``: rows are addressed by token id (frozen); the feature
+    axis is a unit axis."""
+    w, idx = node.args[0], node.args[1]
+    ids = ax.shape(idx)
+    assert ids is not None
+    ax.freeze(w, 0, "embedding rows are looked up by token id")
+    for i in range(len(ids)):
+        ax.same(idx, i, node, i)
+    ax.same(w, 1, node, len(ids))
+
+
+# -- products -------------------------------------------------------------------------------
+def matmul(node: fx.Node, ax: Axes) -> None:
+    """``a @ b`` with broadcasting batch axes: the contracted axes carry one permutation
+    (``Σ_k a_k b_k`` is invariant when both are permuted alike)."""
+    a, b = node.args[0], node.args[1]
+    sa, sb, so = ax.shape(a), ax.shape(b), ax.shape(node)
+    assert sa is not None and sb is not None and so is not None
+    if len(sa) == 1 or len(sb) == 1:
+        if len(sa) == 1 and len(sb) == 1:
+            ax.same(a, 0, b, 0)
+            return
+        if len(sa) == 1:
+            ax.same(a, 0, b, len(sb) - 2)
+            ax.same(b, len(sb) - 1, node, len(so) - 1)
+            _batch(ax, b, sb[:-2], node, so[:-1])
+        else:
+            ax.same(a, len(sa) - 1, b, 0)
+            ax.same(a, len(sa) - 2, node, len(so) - 1)
+            _batch(ax, a, sa[:-2], node, so[:-1])
+        return
+    ax.same(a, len(sa) - 1, b, len(sb) - 2)
+    ax.same(a, len(sa) - 2, node, len(so) - 2)
+    ax.same(b, len(sb) - 1, node, len(so) - 1)
+    _batch(ax, a, sa[:-2], node, so[:-2])
+    _batch(ax, b, sb[:-2], node, so[:-2])
+
+
+def _batch(ax: Axes, x: fx.Node, batch: Sequence[int], out: fx.Node, out_batch: Sequence[int]):
+    offset = len(out_batch) - len(batch)
+    for i, n in enumerate(batch):
+        if n == out_batch[i + offset] and n > 1:
+            ax.same(x, i, out, i + offset)
+
+
+def addmm(node: fx.Node, ax: Axes) -> None:
+    """``addmm(bias, x, w_t)`` = ``bias + x @ w_t``."""
+    bias, x, w = node.args[0], node.args[1], node.args[2]
+    ax.same(x, 1, w, 0)
+    ax.same(x, 0, node, 0)
+    ax.same(w, 1, node, 1)
+    bs = ax.shape(bias)
+    if bs is not None:
+        offset = 2 - len(bs)
+        for i, n in enumerate(bs):
+            if n > 1:
+                ax.same(bias, i, node, i + offset)
+
+
+def einsum(node: fx.Node, ax: Axes) -> None:
+    """Every occurrence of one subscript letter carries one permutation."""
+    equation, operands = node.args[0], node.args[1]
+    spec = equation.replace(" ", "")
+    if "..." in spec or "->" not in spec:
+        for x in [*operands, node]:
+            ax.freeze_all(x, "einsum with an implicit output or '...' has no rule")
+        return
+    inputs, output = spec.split("->")
+    seen: dict[str, tuple[fx.Node, int]] = {}
+    for x, letters in [*zip(operands, inputs.split(","), strict=True), (node, output)]:
+        for i, letter in enumerate(letters):
+            if letter in seen:
+                ax.same(*seen[letter], x, i)
+            else:
+                seen[letter] = (x, i)
+
+
+def attention(node: fx.Node, ax: Axes) -> None:
+    """``scaled_dot_product_attention(q, k, v, attn_mask, ...)``: q and k share their
+    feature axis (contracted), v shares its feature axis with the output, keys and values
+    share their positions, queries and the output share theirs."""
+    q, k, v = node.args[0], node.args[1], node.args[2]
+    mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+    sq, sk, sv, so = (ax.shape(t) for t in (q, k, v, node))
+    assert sq is not None and sk is not None and sv is not None and so is not None
+    n = len(sq)
+    ax.same(q, n - 1, k, n - 1)
+    ax.same(v, n - 1, node, n - 1)
+    ax.same(q, n - 2, node, n - 2)
+    ax.same(k, n - 2, v, n - 2)
+    for i in range(n - 2):
+        for t, s in ((q, sq), (k, sk), (v, sv)):
+            if s[i] == so[i]:
+                ax.same(t, i, node, i)
+    if isinstance(mask, fx.Node):
+        sm = ax.shape(mask)
+        assert sm is not None
+        offset = n - len(sm)
+        for i, size in enumerate(sm):
+            j = i + offset
+            if size > 1 and j == n - 2:
+                ax.same(mask, i, q, j)
+            elif size > 1 and j == n - 1:
+                ax.same(mask, i, k, n - 2)
+            elif size > 1 and j >= 0:
+                ax.same(mask, i, node, j)
+
+
+# -- shape manipulation ---------------------------------------------------------------------
+def transpose(node: fx.Node, ax: Axes) -> None:
+    x, d0, d1 = node.args[0], node.args[1], node.args[2]
+    n = len(ax.shape(x) or ())
+    d0, d1 = _dim(d0, n), _dim(d1, n)
+    order = list(range(n))
+    order[d0], order[d1] = order[d1], order[d0]
+    ax.same_all(x, node, [(order[j], j) for j in range(n)])
+
+
+def t(node: fx.Node, ax: Axes) -> None:
+    x = node.args[0]
+    n = len(ax.shape(x) or ())
+    ax.same_all(x, node, [(n - 1 - j, j) for j in range(n)])
+
+
+def permute(node: fx.Node, ax: Axes) -> None:
+    x, dims = node.args[0], node.args[1]
+    n = len(ax.shape(x) or ())
+    ax.same_all(x, node, [(_dim(d, n), j) for j, d in enumerate(dims)])
+
+
+def movedim(node: fx.Node, ax: Axes) -> None:
+    x, source, destination = node.args[0], node.args[1], node.args[2]
+    n = len(ax.shape(x) or ())
+    source = [source] if isinstance(source, int) else list(source)
+    destination = [destination] if isinstance(destination, int) else list(destination)
+    moved = dict(zip((_dim(d, n) for d in destination), (_dim(s, n) for s in source), strict=True))
+    rest = iter(i for i in range(n) if i not in moved.values())
+    ax.same_all(x, node, [(moved[j] if j in moved else next(rest), j) for j in range(n)])
+
+
+def unsqueeze(node: fx.Node, ax: Axes) -> None:
+    x, d = node.args[0], node.args[1]
+    n = len(ax.shape(x) or ())
+    d = _dim(d, n + 1)
+    ax.same_all(x, node, [(i, i if i < d else i + 1) for i in range(n)])
+
+
+def squeeze(node: fx.Node, ax: Axes) -> None:
+    x = node.args[0]
+    xs, out = ax.shape(x), ax.shape(node)
+    assert xs is not None and out is not None
+    dims = node.args[1] if len(node.args) > 1 else None
+    if dims is None:
+        removed = {i for i, n in enumerate(xs) if n == 1}
+    else:
+        dims = [dims] if isinstance(dims, int) else list(dims)
+        removed = {_dim(d, len(xs)) for d in dims if xs[_dim(d, len(xs))] == 1}
+    kept = [i for i in range(len(xs)) if i not in removed]
+    ax.same_all(x, node, list(zip(kept, range(len(out)), strict=True)))
+
+
+def expand(node: fx.Node, ax: Axes) -> None:
+    elementwise(node, ax)
+
+
+def reduction(node: fx.Node, ax: Axes) -> None:
+    """``sum``/``mean``/``amax``/``var`` over some axes: the result does not depend on the
+    order of the reduced entries, so those axes are unconstrained; kept axes map through."""
+    x = node.args[0]
+    xs, out = ax.shape(x), ax.shape(node)
+    assert xs is not None and out is not None
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if isinstance(dims, bool) or not isinstance(dims, int | list | tuple | type(None)):
+        dims = None  # sum.default(x, dtype): everything is reduced
+    keepdim = node.kwargs.get("keepdim", False)
+    if len(node.args) > 2 and isinstance(node.args[2], bool):
+        keepdim = node.args[2]
+    if len(ax.shape(node) or ()) == len(xs):
+        keepdim = True
+    if dims is None or dims == []:
+        reduced = set(range(len(xs)))
+    else:
+        dims = [dims] if isinstance(dims, int) else list(dims)
+        reduced = {_dim(d, len(xs)) for d in dims}
+    j = 0
+    for i in range(len(xs)):
+        if i in reduced:
+            j += 1 if keepdim else 0
+            continue
+        ax.same(x, i, node, j)
+        j += 1
+
+
+def softmax(node: fx.Node, ax: Axes) -> None:
+    """``softmax(x, dim)`` is permutation-equivariant along ``dim`` and elementwise across
+    the other axes: every axis maps to itself."""
+    x = node.args[0]
+    ax.same_all(x, node, [(i, i) for i in range(len(ax.shape(x) or ()))])
+
+
+def pooling(node: fx.Node, ax: Axes, spatial: int) -> None:
+    """Pooling over the last ``spatial`` axes: channels and batch map through, the pooled
+    axes are frozen (positions are samples)."""
+    x = node.args[0]
+    xs = ax.shape(x)
+    assert xs is not None
+    for i in range(len(xs) - spatial):
+        ax.same(x, i, node, i)
+    for i in range(len(xs) - spatial, len(xs)):
+        ax.freeze(x, i, "spatial axis of a pooling op")
+        ax.freeze(node, i, "spatial axis of a pooling op")
+
+
+def flatten(node: fx.Node, ax: Axes) -> None:
+    reshape(node, ax)
+
+
+def reshape(node: fx.Node, ax: Axes) -> None:
+    x = node.args[0]
+    xs, out = ax.shape(x), ax.shape(node)
+    assert xs is not None and out is not None
+    _reshape_map(ax, x, xs, node, out)
+
+
+def _reshape_map(ax: Axes, x: fx.Node, xs, node: fx.Node, out) -> None:
+    """Walk both shapes in step, pairing runs of axes with equal products. A run whose
+    non-unit axes are one on each side maps that axis through; a run that merges or splits
+    axes (flatten of ``C×H×W``, a split into heads) freezes them: block- and head-structured
+    groups are not expressed yet."""
+    i = j = 0
+    while i < len(xs) or j < len(out):
+        ins, outs = [], []
+        pin = pout = 1
+        if i < len(xs):
+            ins.append(i)
+            pin *= xs[i]
+            i += 1
+        if j < len(out):
+            outs.append(j)
+            pout *= out[j]
+            j += 1
+        while pin != pout:
+            if pin < pout and i < len(xs):
+                ins.append(i)
+                pin *= xs[i]
+                i += 1
+            elif j < len(out):
+                outs.append(j)
+                pout *= out[j]
+                j += 1
+            else:
+                break
+        # trailing size-1 axes join the run they follow
+        while i < len(xs) and xs[i] == 1 and (j >= len(out) or out[j] != 1):
+            ins.append(i)
+            i += 1
+        while j < len(out) and out[j] == 1 and (i >= len(xs) or xs[i] != 1):
+            outs.append(j)
+            j += 1
+        big_in = [d for d in ins if xs[d] > 1]
+        big_out = [d for d in outs if out[d] > 1]
+        if len(big_in) == 1 and len(big_out) == 1:
+            ax.same(x, big_in[0], node, big_out[0])
+        elif big_in or big_out:
+            why = (
+                f"reshape {tuple(xs[d] for d in ins)} → {tuple(out[d] for d in outs)} merges or "
+                "splits axes (block/head structure is not expressed yet)"
+            )
+            for d in big_in:
+                ax.freeze(x, d, why)
+            for d in big_out:
+                ax.freeze(node, d, why)
+
+
+def select(node: fx.Node, ax: Axes) -> None:
+    """``select(x, dim, index)``: picks one position — that axis is frozen."""
+    x, d = node.args[0], node.args[1]
+    n = len(ax.shape(x) or ())
+    d = _dim(d, n)
+    ax.freeze(x, d, "indexed by select")
+    ax.same_all(x, node, [(i, i if i < d else i - 1) for i in range(n) if i != d])
+
+
+def slice_(node: fx.Node, ax: Axes) -> None:
+    """``slice(x, dim, start, end, step)``: the full range maps through; a part freezes."""
+    x = node.args[0]
+    xs = ax.shape(x)
+    assert xs is not None
+    d = _dim(node.args[1] if len(node.args) > 1 else 0, len(xs))
+    start = node.args[2] if len(node.args) > 2 else None
+    end = node.args[3] if len(node.args) > 3 else None
+    step = node.args[4] if len(node.args) > 4 else 1
+    whole = (start in (None, 0)) and (end is None or end >= xs[d]) and step == 1
+    for i in range(len(xs)):
+        if i != d or whole:
+            ax.same(x, i, node, i)
+    if not whole:
+        ax.freeze(x, d, "sliced")
+        ax.freeze(node, d, "sliced")
+
+
+def cat(node: fx.Node, ax: Axes) -> None:
+    """``cat(tensors, dim)``: other axes map through; the joined axis is frozen (each part
+    its own group — a direct sum — is not expressed yet)."""
+    parts = [p for p in node.args[0] if ax.shape(p) is not None]
+    out = ax.shape(node)
+    assert out is not None
+    d = _dim(node.args[1] if len(node.args) > 1 else 0, len(out))
+    for p in parts:
+        for i in range(len(out)):
+            if i == d:
+                ax.freeze(p, i, "joined by cat")
+            else:
+                ax.same(p, i, node, i)
+    ax.freeze(node, d, "joined by cat")
+
+
+def split(node: fx.Node, ax: Axes) -> None:
+    """``split``/``chunk``: results are read by ``getitem``; see :func:`getitem`."""
+    x = node.args[0]
+    xs = ax.shape(x)
+    assert xs is not None
+    d = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+    d = _dim(d, len(xs))
+    ax.freeze(x, d, "split along this axis")
+    node.meta["lmckit_split"] = (x, d)
+
+
+def getitem(node: fx.Node, ax: Axes) -> None:
+    """``operator.getitem`` on a multi-output op: one rule per producer."""
+    source = node.args[0]
+    if not isinstance(source, fx.Node):
+        return
+    if "lmckit_split" in source.meta:
+        x, d = source.meta["lmckit_split"]
+        n = len(ax.shape(x) or ())
+        for i in range(n):
+            if i == d:
+                ax.freeze(node, i, "split along this axis")
+            else:
+                ax.same(x, i, node, i)
+        return
+    if source.target in _FIRST_OUTPUT_IS_SAME and node.args[1] == 0:
+        x = source.args[0]
+        ax.same_all(x, node, [(i, i) for i in range(len(ax.shape(x) or ()))])
+        return
+    ax.freeze_all(node, f"output {node.args[1]} of {_name(source)} has no rule")
+
+
+def _name(node: fx.Node) -> str:
+    return str(getattr(node.target, "__name__", node.target))
+
+
+# -- the table ------------------------------------------------------------------------------
+def _ops(*names: str) -> list:
+    found = []
+    for name in names:
+        packet, _, overload = name.partition(".")
+        op = getattr(aten, packet, None)
+        if op is None:
+            continue
+        overloads = [overload] if overload else list(op.overloads())
+        for o in overloads:
+            if hasattr(op, o):
+                found.append(getattr(op, o))
+    return found
+
+
+_ELEMENTWISE = _ops(
+    "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "neg", "relu", "relu_",
+    "gelu", "silu", "silu_", "sigmoid", "tanh", "hardtanh", "hardtanh_", "leaky_relu",
+    "leaky_relu_", "elu", "selu", "softplus", "mish", "hardswish", "hardsigmoid", "exp",
+    "log", "sqrt", "rsqrt", "pow", "abs", "clamp", "clamp_", "clamp_min", "clamp_max",
+    "maximum", "minimum", "where", "clone", "contiguous", "detach", "detach_", "alias",
+    "dropout", "dropout_", "feature_dropout", "alpha_dropout", "lift_fresh_copy", "to",
+    "_to_copy", "type_as", "copy_", "erf", "tanh_", "sigmoid_", "square", "reciprocal",
+    "masked_fill", "masked_fill_", "logical_not", "eq", "ne", "lt", "le", "gt", "ge",
+    "bitwise_not", "bitwise_and", "bitwise_or", "sign", "cos", "sin",
+)  # fmt: skip
+_FIRST_OUTPUT_IS_SAME = set(_ops("max_pool2d_with_indices", "max_pool1d_with_indices"))
+
+RULES: dict[Any, Rule] = {}
+for _op in _ELEMENTWISE:
+    RULES[_op] = elementwise
+for _op in _ops("expand", "expand_as", "broadcast_to"):
+    RULES[_op] = expand
+for _op in _ops("zeros_like", "ones_like", "empty_like", "full_like"):
+    RULES[_op] = like_constant
+for _op in _ops("arange", "full", "zeros", "ones", "empty", "randn", "rand", "scalar_tensor"):
+    RULES[_op] = fresh_constant
+for _op in _ops("linear"):
+    RULES[_op] = linear
+for _op in _ops("conv1d", "conv2d", "conv3d"):
+    RULES[_op] = convolution
+for _op in _ops("batch_norm"):
+    RULES[_op] = batch_norm
+for _op in _ops("layer_norm"):
+    RULES[_op] = layer_norm
+for _op in _ops("group_norm"):
+    RULES[_op] = group_norm
+for _op in _ops("embedding"):
+    RULES[_op] = embedding
+for _op in _ops("matmul", "bmm", "mm"):
+    RULES[_op] = matmul
+for _op in _ops("addmm"):
+    RULES[_op] = addmm
+for _op in _ops("einsum"):
+    RULES[_op] = einsum
+for _op in _ops("scaled_dot_product_attention"):
+    RULES[_op] = attention
+for _op in _ops("transpose", "swapaxes"):
+    RULES[_op] = transpose
+for _op in _ops("t", "numpy_T"):
+    RULES[_op] = t
+for _op in _ops("permute"):
+    RULES[_op] = permute
+for _op in _ops("movedim", "moveaxis"):
+    RULES[_op] = movedim
+for _op in _ops("unsqueeze"):
+    RULES[_op] = unsqueeze
+for _op in _ops("squeeze"):
+    RULES[_op] = squeeze
+for _op in _ops("sum", "mean", "amax", "amin", "var", "std", "prod", "logsumexp"):
+    RULES[_op] = reduction
+for _op in _ops("softmax", "_softmax", "log_softmax", "_log_softmax"):
+    RULES[_op] = softmax
+for _op, _k in [
+    *((o, 1) for o in _ops("max_pool1d", "avg_pool1d", "adaptive_avg_pool1d")),
+    *(
+        (o, 2)
+        for o in _ops(
+            "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
+            "max_pool2d_with_indices",
+        )
+    ),
+    *((o, 3) for o in _ops("max_pool3d", "avg_pool3d", "adaptive_avg_pool3d")),
+]:  # fmt: skip
+    RULES[_op] = lambda node, ax, k=_k: pooling(node, ax, k)
+for _op in _ops("flatten"):
+    RULES[_op] = flatten
+for _op in _ops("view", "reshape", "_unsafe_view", "unflatten"):
+    RULES[_op] = reshape
+for _op in _ops("select"):
+    RULES[_op] = select
+for _op in _ops("slice"):
+    RULES[_op] = slice_
+for _op in _ops("cat", "concat", "concatenate"):
+    RULES[_op] = cat
+for _op in _ops("split", "split_with_sizes", "chunk"):
+    RULES[_op] = split
+RULES[operator.getitem] = getitem
+
+# Ops with no tensor result (shape assertions, symbolic sizes) relate nothing.
+IGNORED = re.compile(r"^(aten\._assert|aten\.sym_|aten\._assert_tensor_metadata|_operator\.)")

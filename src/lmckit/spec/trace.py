@@ -1,0 +1,418 @@
+"""A model's permutation symmetries, read off its ``torch.export`` graph and then verified.
+
+Every axis of every tensor in the exported ATen graph is a node of a union-find. Each op's
+rule (:mod:`lmckit.spec.rules`) joins the axes that must carry one permutation for the op
+to commute with it, or freezes axes no permutation may touch; model inputs and outputs are
+frozen, and so is every axis an op without a rule touches. Each class that is not frozen,
+is longer than 1 and holds an axis of a ``state_dict`` tensor becomes a group.
+
+Before the spec is returned it is *verified*: a random permutation of every group, applied
+to a float64 copy of the model's ``state_dict``, must leave the outputs unchanged in eval
+and in train mode (dropout off; BatchNorm then normalises with batch statistics). A failing
+check is an error naming the group, never a wrong spec.
+
+Parameters are identified by object: ``state_dict`` keys that alias one tensor (a tied
+embedding and output head) get the same axes, so they move together.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, fx, nn
+from torch.utils import _pytree as pytree
+
+from lmckit.errors import SpecError
+from lmckit.functional import module_mode
+from lmckit.perm import Permutation, PermutationSpec
+from lmckit.spec.rules import IGNORED, RULES, Axes
+
+__all__ = ["TraceReport", "trace", "trace_report"]
+
+AxisKey = tuple[str, int]
+
+
+class _UnionFind:
+    """Axes joined into classes; a class is frozen if any member was frozen (first reason
+    kept)."""
+
+    def __init__(self) -> None:
+        self.parent: dict[AxisKey, AxisKey] = {}
+        self.frozen: dict[AxisKey, str] = {}
+
+    def find(self, x: AxisKey) -> AxisKey:
+        self.parent.setdefault(x, x)
+        root = x
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[x] != root:
+            self.parent[x], x = root, self.parent[x]
+        return root
+
+    def union(self, x: AxisKey, y: AxisKey) -> None:
+        rx, ry = self.find(x), self.find(y)
+        if rx == ry:
+            return
+        self.parent[ry] = rx
+        if ry in self.frozen and rx not in self.frozen:
+            self.frozen[rx] = self.frozen[ry]
+
+    def freeze(self, x: AxisKey, why: str) -> None:
+        self.frozen.setdefault(self.find(x), why)
+
+    def reason(self, x: AxisKey) -> str | None:
+        return self.frozen.get(self.find(x))
+
+
+@dataclass(frozen=True)
+class TraceReport:
+    """What :func:`trace` found.
+
+    Attributes:
+        spec: the verified :class:`~lmckit.perm.PermutationSpec`.
+        frozen: ``{state_dict key: (reason or None per axis)}`` — why each axis of length
+            > 1 that no group permutes is frozen (``None`` on permuted and length-1 axes).
+        unknown_ops: operators without a rule met in the graph (each froze its axes).
+        aliases: ``{key: key it aliases}`` for tied ``state_dict`` entries.
+        checked_modes: the modes whose outputs were verified unchanged (``"eval"``, and
+            ``"train"`` unless the model's train-mode output is random even with dropout
+            modules off).
+        seconds: wall-clock time of export, tracing and verification.
+    """
+
+    spec: PermutationSpec
+    frozen: Mapping[str, tuple[str | None, ...]]
+    unknown_ops: tuple[str, ...]
+    aliases: Mapping[str, str]
+    checked_modes: tuple[str, ...]
+    seconds: float
+    numels: Mapping[str, int] = field(repr=False)
+
+    @property
+    def permuted_fraction(self) -> float:
+        """Fraction of the state_dict's elements (tied tensors counted once) that sit in a
+        tensor with at least one permuted axis."""
+        total = permuted = 0
+        for name, axes in self.spec.axes.items():
+            if name in self.aliases:
+                continue
+            total += self.numels[name]
+            if any(g is not None for g in axes):
+                permuted += self.numels[name]
+        return permuted / total if total else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: groups with sizes and members, axes, frozen axes with reasons."""
+        return {
+            "groups": {
+                g: {"size": n, "members": [f"{k}[{i}]" for k, i in self.spec.group_axes(g)]}
+                for g, n in self.spec.groups.items()
+            },
+            "axes": {k: list(v) for k, v in self.spec.axes.items()},
+            "self_maps": sorted(self.spec.self_maps),
+            "frozen": {
+                f"{k}[{i}]": why
+                for k, reasons in self.frozen.items()
+                for i, why in enumerate(reasons)
+                if why is not None
+            },
+            "unknown_ops": list(self.unknown_ops),
+            "aliases": dict(self.aliases),
+            "checked_modes": list(self.checked_modes),
+            "permuted_fraction": self.permuted_fraction,
+            "seconds": self.seconds,
+        }
+
+    def __str__(self) -> str:
+        lines = [
+            f"{len(self.spec.groups)} groups, {self.permuted_fraction:.1%} of the parameters "
+            f"in permuted tensors (verified in {' and '.join(self.checked_modes)} mode; "
+            f"{self.seconds:.2f} s)"
+        ]
+        for g, n in self.spec.groups.items():
+            members = self.spec.group_axes(g)
+            shown = ", ".join(f"{k}[{i}]" for k, i in members[:4])
+            more = f", … {len(members) - 4} more" if len(members) > 4 else ""
+            lines.append(f"  group {g}: {n} units — {shown}{more}")
+        reasons: dict[str, list[str]] = {}
+        for k, per_axis in self.frozen.items():
+            for i, why in enumerate(per_axis):
+                if why is not None:
+                    reasons.setdefault(why, []).append(f"{k}[{i}]")
+        if reasons:
+            lines.append("frozen axes:")
+            for why, where in reasons.items():
+                more = f", … {len(where) - 3} more" if len(where) > 3 else ""
+                lines.append(f"  {why}: {', '.join(where[:3])}{more}")
+        if self.unknown_ops:
+            lines.append(f"operators without a rule: {', '.join(self.unknown_ops)}")
+        return "\n".join(lines)
+
+
+def trace(
+    model: nn.Module,
+    example_inputs: Tensor | Sequence[Any],
+    *,
+    example_kwargs: Mapping[str, Any] | None = None,
+    strict: bool = False,
+    seed: int = 0,
+) -> PermutationSpec:
+    """The :class:`~lmckit.perm.PermutationSpec` of ``model``, traced and verified.
+
+    Args:
+        model: any module ``torch.export`` can export (left unchanged: mode and weights).
+        example_inputs: a tensor or a tuple of positional inputs; shapes are taken from
+            them (batch of at least 2, so that BatchNorm can run in train mode).
+        example_kwargs: keyword inputs, if the model takes some.
+        strict: raise instead of freezing when an operator has no rule.
+        seed: seeds the verification's random permutations.
+
+    Raises:
+        SpecError: the model cannot be exported; ``strict`` and an operator has no rule;
+            or the verification fails (naming the group).
+    """
+    return trace_report(
+        model, example_inputs, example_kwargs=example_kwargs, strict=strict, seed=seed
+    ).spec
+
+
+def trace_report(
+    model: nn.Module,
+    example_inputs: Tensor | Sequence[Any],
+    *,
+    example_kwargs: Mapping[str, Any] | None = None,
+    strict: bool = False,
+    seed: int = 0,
+) -> TraceReport:
+    """:func:`trace` with its coverage report (:class:`TraceReport`)."""
+    if not isinstance(model, nn.Module):
+        raise SpecError(f"trace() needs a torch.nn.Module, got {type(model).__name__}")
+    args = (example_inputs,) if isinstance(example_inputs, Tensor) else tuple(example_inputs)
+    kwargs = dict(example_kwargs or {})
+    start = time.perf_counter()
+    with module_mode(model, False), torch.no_grad():
+        try:
+            exported = torch.export.export(model, args, kwargs, strict=False)
+        except Exception as exc:  # export raises many types; all mean "cannot trace"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise SpecError(
+                f"torch.export could not trace {type(model).__name__}: "
+                f"{type(exc).__name__}: {first}"
+            ) from exc
+    uf, unknown = _relate(exported)
+    state = model.state_dict(keep_vars=True)
+    aliases, placeholder_of = _state_placeholders(exported, state, uf)
+    spec, frozen = _build_spec(exported, state, aliases, placeholder_of, uf)
+    if strict and unknown:
+        raise SpecError(
+            f"operators without a rule in {type(model).__name__}: {', '.join(unknown)} "
+            "(strict=True; without it their axes are frozen)"
+        )
+    modes = _verify(model, spec, args, kwargs, seed)
+    return TraceReport(
+        spec=spec,
+        frozen=frozen,
+        unknown_ops=tuple(unknown),
+        aliases=aliases,
+        checked_modes=modes,
+        seconds=time.perf_counter() - start,
+        numels={k: v.numel() for k, v in state.items()},
+    )
+
+
+def _relate(exported) -> tuple[_UnionFind, list[str]]:
+    """Run every op's rule over the graph."""
+    uf = _UnionFind()
+    unknown: list[str] = []
+    ax = Axes(uf.union, uf.freeze)
+    graph: fx.Graph = exported.graph
+    sig = exported.graph_signature
+    constants = set(sig.inputs_to_lifted_tensor_constants) | set(
+        getattr(sig, "inputs_to_lifted_custom_objs", {})
+    )
+    for node in graph.nodes:
+        shape = ax.shape(node)
+        if shape is not None:
+            for i in range(len(shape)):
+                uf.find((node.name, i))
+        if node.op == "placeholder":
+            if node.name in sig.user_inputs:
+                ax.freeze_all(node, "model input")
+            elif node.name in constants:
+                ax.freeze_all(node, "a constant tensor of the model (not in its state_dict)")
+        elif node.op == "output":
+            user_outputs = set(sig.user_outputs)
+            for out in pytree.tree_leaves(node.args):
+                if isinstance(out, fx.Node) and out.name in user_outputs:
+                    ax.freeze_all(out, "model output")
+        elif node.op == "call_function":
+            rule = RULES.get(node.target)
+            if rule is not None:
+                ax.op = str(node.target)
+                rule(node, ax)
+            elif IGNORED.match(str(node.target)) or (shape is None and not _tensor_inputs(node)):
+                continue
+            else:
+                name = str(node.target)
+                if name not in unknown:
+                    unknown.append(name)
+                why = f"operator {name} has no rule"
+                for x in _tensor_inputs(node):
+                    ax.freeze_all(x, why)
+                ax.freeze_all(node, why)
+                for user in node.users:  # multi-output ops hand their results to getitem
+                    if user.target is operator.getitem:
+                        ax.freeze_all(user, why)
+        elif node.op in ("call_module", "call_method", "get_attr"):
+            ax.freeze_all(node, f"{node.op} {node.target} has no rule")
+    return uf, unknown
+
+
+def _tensor_inputs(node: fx.Node) -> list[fx.Node]:
+    return [a for a in pytree.tree_leaves((node.args, node.kwargs)) if Axes.shape(a) is not None]
+
+
+def _state_placeholders(exported, state: Mapping[str, Tensor], uf: _UnionFind):
+    """``aliases`` (tied key → the first key holding the same tensor) and ``placeholder_of``
+    (state key → graph placeholder). Export may give tied tensors one placeholder or one
+    each; either way their axes are joined here, so they move together."""
+    sig = exported.graph_signature
+    by_fqn = {fqn: ph for ph, fqn in sig.inputs_to_parameters.items()}
+    by_fqn.update({fqn: ph for ph, fqn in sig.inputs_to_buffers.items()})
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    placeholder_of: dict[str, str] = {}
+    for key, tensor in state.items():
+        owner = first.setdefault(id(tensor), key)
+        if owner != key:
+            aliases[key] = owner
+        if key in by_fqn:
+            placeholder_of[key] = by_fqn[key]
+    used = {n.name for n in exported.graph.nodes if n.op == "placeholder" and n.users}
+    for key, ph in placeholder_of.items():
+        owner = aliases.get(key, key)
+        tied = [
+            placeholder_of.get(k) for k in (owner, *[k for k, o in aliases.items() if o == owner])
+        ]
+        if not any(t in used for t in tied):
+            for i in range(state[key].ndim):
+                uf.freeze((ph, i), "not used in forward")
+    for key, owner in aliases.items():
+        mine, theirs = placeholder_of.get(key), placeholder_of.get(owner)
+        if mine is None or theirs is None:
+            if mine or theirs:
+                placeholder_of[key] = placeholder_of[owner] = mine or theirs  # type: ignore[assignment]
+            continue
+        for i in range(state[key].ndim):
+            uf.union((theirs, i), (mine, i))
+    return aliases, placeholder_of
+
+
+def _build_spec(exported, state, aliases, placeholder_of, uf: _UnionFind):
+    groups: dict[str, int] = {}
+    names: dict[AxisKey, str] = {}
+    axes: dict[str, tuple[str | None, ...]] = {}
+    frozen: dict[str, tuple[str | None, ...]] = {}
+    self_maps: set[str] = set()
+    for key, tensor in state.items():
+        ph = placeholder_of.get(key)
+        per_axis: list[str | None] = []
+        reasons: list[str | None] = []
+        for i, n in enumerate(tensor.shape):
+            if ph is None:
+                per_axis.append(None)
+                reasons.append("not seen by the exported graph" if n > 1 else None)
+                continue
+            why = uf.reason((ph, i))
+            if why is not None or n == 1 or not tensor.dtype.is_floating_point:
+                per_axis.append(None)
+                reasons.append(why if n > 1 else None)
+                continue
+            root = uf.find((ph, i))
+            if root not in names:
+                names[root] = f"{aliases.get(key, key)}[{i}]"
+                groups[names[root]] = int(n)
+            per_axis.append(names[root])
+            reasons.append(None)
+        if len({g for g in per_axis if g is not None}) < sum(g is not None for g in per_axis):
+            self_maps.add(key)
+        axes[key] = tuple(per_axis)
+        frozen[key] = tuple(reasons)
+    try:
+        spec = PermutationSpec(groups=groups, axes=axes, self_maps=frozenset(self_maps))
+    except SpecError as exc:  # pragma: no cover - the rules guarantee a valid spec
+        raise SpecError(f"the traced spec is invalid: {exc}") from None
+    return spec, frozen
+
+
+def _verify(model: nn.Module, spec: PermutationSpec, args, kwargs, seed: int) -> tuple[str, ...]:
+    """Check that random permutations leave the outputs unchanged; name the culprit."""
+    if not spec.groups:
+        return ("eval", "train")
+    twin = copy.deepcopy(model).double()
+    args64, kwargs64 = _to_double((args, kwargs))
+    params = {k: v.detach().clone() for k, v in twin.state_dict().items()}
+    modes: list[str] = []
+    for mode in ("eval", "train"):
+        reference = _run(twin, params, args64, kwargs64, mode == "train")
+        if mode == "train":
+            again = _run(twin, params, args64, kwargs64, True)
+            if not _close(reference, again):
+                continue  # random in train mode even with dropout modules off
+        perm = Permutation.random(spec, seed)
+        if _close(reference, _run(twin, perm.apply(params), args64, kwargs64, mode == "train")):
+            modes.append(mode)
+            continue
+        for g in spec.groups:
+            one = Permutation.identity(spec).replace(**{g: perm[g]})
+            out = _run(twin, one.apply(params), args64, kwargs64, mode == "train")
+            if not _close(reference, out):
+                raise SpecError(
+                    f"traced group {g!r} ({spec.groups[g]} units: "
+                    f"{', '.join(f'{k}[{i}]' for k, i in spec.group_axes(g)[:4])}) changes "
+                    f"the model's outputs in {mode} mode when permuted — an op rule is wrong "
+                    "for this model; please report it"
+                )
+        raise SpecError(
+            f"the traced spec changes the outputs in {mode} mode only when groups are "
+            "permuted together"
+        )
+    return tuple(modes)
+
+
+def _to_double(tree):
+    return pytree.tree_map(
+        lambda t: t.double() if isinstance(t, Tensor) and t.is_floating_point() else t, tree
+    )
+
+
+def _run(model: nn.Module, params, args, kwargs, training: bool):
+    params = {k: v.clone() for k, v in params.items()}  # train-mode BN updates buffers
+    with module_mode(model, training), torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.modules.dropout._DropoutNd):
+                m.eval()
+        torch.manual_seed(0)
+        out = torch.func.functional_call(model, params, args, kwargs, tie_weights=False)
+    return [t for t in pytree.tree_leaves(out) if isinstance(t, Tensor)]
+
+
+def _close(x: list[Tensor], y: list[Tensor]) -> bool:
+    if len(x) != len(y):
+        return False
+    for a, b in zip(x, y, strict=True):
+        if a.shape != b.shape:
+            return False
+        if a.is_floating_point():
+            scale = a.abs().max().item() if a.numel() else 0.0
+            if not torch.allclose(a, b, rtol=1e-7, atol=1e-9 * max(scale, 1.0)):
+                return False
+        elif not torch.equal(a, b):
+            return False
+    return True

@@ -1,0 +1,208 @@
+"""lmckit.spec.trace: specs read off the export graph, checked against the zoo's hand-built
+specs, against planted permutations, and against rules made wrong on purpose."""
+
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from lmckit.errors import SpecError
+from lmckit.match import weight_matching
+from lmckit.models import build_model, permutation_spec
+from lmckit.params import params_distance
+from lmckit.perm import Permutation
+from lmckit.spec import trace, trace_report
+from tests.zoo import SMALL_ZOO, SMALL_ZOO_IDS, nontrivial
+
+rules = sys.modules["lmckit.spec.rules"]
+aten = torch.ops.aten
+
+
+def partition(spec):
+    """A spec up to the names of its groups."""
+    groups = {frozenset(spec.group_axes(g)): spec.groups[g] for g in spec.groups}
+    return groups, spec.self_maps
+
+
+def example(shape, batch=4):
+    return torch.randn(batch, *shape, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize(("name", "config", "shape"), SMALL_ZOO, ids=SMALL_ZOO_IDS)
+def test_the_zoo_specs_equal_the_traced_ones(name, config, shape):
+    model = nontrivial(build_model(name, **config))
+    report = trace_report(model, example(shape))
+    assert partition(report.spec) == partition(permutation_spec(model))
+    assert report.checked_modes == ("eval", "train")
+    assert report.unknown_ops == ()
+
+
+def planted_recovery(model, spec):
+    """WM on ``(a, π⁻¹(a))`` must find π exactly (distance 0)."""
+    a = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    truth = Permutation.random(spec, 7)
+    b = truth.inverse().apply(a)
+    result = weight_matching(spec, a, b)
+    assert params_distance(a, result.perm.apply(b)) < 1e-5 * params_distance(a, b)
+
+
+class TinyTransformer(nn.Module):
+    """Token embedding tied to the output head, learned positions, two pre-LN
+    ``nn.TransformerEncoderLayer`` blocks."""
+
+    def __init__(self, vocab=11, d=16, heads=4, length=6):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(0.1 * torch.randn(length, d))
+        layer = nn.TransformerEncoderLayer(
+            d, heads, 32, dropout=0.1, batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.head(self.norm(self.encoder(self.embed(tokens) + self.pos)))
+
+
+def test_a_transformer_with_tied_weights_keeps_them_together():
+    model = TinyTransformer()
+    report = trace_report(model, torch.randint(0, 11, (3, 6)))
+    spec = report.spec
+    stream = spec.axes["embed.weight"][1]
+    assert stream is not None and spec.axes["head.weight"] == (None, stream)
+    assert report.aliases == {"head.weight": "embed.weight"}
+    assert spec.axes["pos"] == (None, stream)
+    assert spec.axes["encoder.layers.0.linear1.weight"][1] == stream
+    hidden = spec.axes["encoder.layers.0.linear1.weight"][0]
+    assert hidden is not None and spec.axes["encoder.layers.0.linear2.weight"] == (stream, hidden)
+    assert report.frozen["embed.weight"][0] == "embedding rows are looked up by token id"
+    # dropout is on in train mode, so train mode is checked with the dropout modules off
+    assert report.checked_modes == ("eval", "train")
+    planted_recovery(model, spec)
+
+
+@pytest.mark.parametrize(("name", "config", "shape"), SMALL_ZOO[3:6:2], ids=SMALL_ZOO_IDS[3:6:2])
+def test_planted_permutations_of_traced_zoo_specs_are_recovered(name, config, shape):
+    model = nontrivial(build_model(name, **config))
+    planted_recovery(model, trace(model, example(shape)))
+
+
+class CumsumInTheMiddle(nn.Module):
+    """A cumulative sum over the hidden units: no permutation of them commutes with it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(5, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.cumsum(torch.relu(self.a(x)), dim=-1))))
+
+
+def test_an_op_without_a_rule_freezes_its_axes_and_is_named():
+    report = trace_report(CumsumInTheMiddle(), torch.randn(4, 5))
+    assert report.unknown_ops == ("aten.cumsum.default",)
+    spec = report.spec
+    assert spec.axes["a.weight"] == (None, None)
+    assert spec.axes["b.weight"][1] is None
+    assert report.frozen["a.weight"][0] == "operator aten.cumsum.default has no rule"
+    hidden = spec.axes["b.weight"][0]  # the units after the cumsum still permute
+    assert hidden is not None and spec.axes["c.weight"] == (None, hidden)
+    assert report.checked_modes == ("eval", "train")
+    with pytest.raises(SpecError, match=r"aten\.cumsum\.default.*strict"):
+        trace(CumsumInTheMiddle(), torch.randn(4, 5), strict=True)
+
+
+class Concatenated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(5, 6), nn.Linear(5, 6), nn.Linear(12, 3)
+
+    def forward(self, x):
+        return self.c(torch.cat([torch.relu(self.a(x)), torch.tanh(self.b(x))], dim=-1))
+
+
+def test_a_wrong_rule_is_caught_by_the_verification(monkeypatch):
+    """A plausible bug — ``cumsum`` listed among the elementwise ops — gives a spec whose
+    hidden group changes the outputs: an error naming the group, never a returned spec."""
+    monkeypatch.setitem(rules.RULES, aten.cumsum.default, rules.elementwise)
+    with pytest.raises(SpecError, match=r"traced group 'a\.weight\[0\]'.*changes the model"):
+        trace(CumsumInTheMiddle(), torch.randn(4, 5))
+
+
+def test_a_rule_joining_axes_of_different_lengths_is_caught(monkeypatch):
+    """``cat`` treated as elementwise joins a part's axis (6) to the joined axis (12)."""
+    spec = trace(Concatenated(), torch.randn(4, 5))
+    assert spec.axes["c.weight"] == (None, None)  # the real rule freezes the joined axis
+
+    def cat_as_elementwise(node, ax):
+        for part in node.args[0]:
+            for i in range(len(ax.shape(part))):
+                ax.same(part, i, node, i)
+
+    for op in rules._ops("cat"):
+        monkeypatch.setitem(rules.RULES, op, cat_as_elementwise)
+    with pytest.raises(SpecError, match=r"aten\.cat\.default: a rule joined axis 1 .*length 6"):
+        trace(Concatenated(), torch.randn(4, 5))
+
+
+def test_a_wrong_linear_rule_is_caught(monkeypatch):
+    """Another plausible bug: the weight's output axis joined to the input's last axis."""
+
+    def swapped(node, ax):
+        x, w = node.args[0], node.args[1]
+        n = len(ax.shape(x))
+        for i in range(n - 1):
+            ax.same(x, i, node, i)
+        ax.same(x, n - 1, w, 0)
+        ax.same(w, 1, node, n - 1)
+
+    monkeypatch.setitem(rules.RULES, aten.linear.default, swapped)
+    with pytest.raises(SpecError, match=r"group '0\.weight\[1\]'.*changes the model's outputs"):
+        trace(nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6)), torch.randn(4, 6))
+    # where the lengths differ the rule is caught before any verification
+    with pytest.raises(SpecError, match=r"aten\.linear\.default: a rule joined axis 1 of"):
+        trace(nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 2)), torch.randn(4, 6))
+
+
+def test_the_model_is_left_as_it_was():
+    model = nontrivial(build_model("resnet20", width_multiplier=1, in_channels=1))
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trace(model, example((1, 16, 16)))
+    assert model.training and all(m.training for m in model.modules())
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(SpecError, match=r"needs a torch\.nn\.Module"):
+        trace("mlp", torch.randn(2, 3))
+
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(3, 3)
+
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent control flow: export refuses
+                return self.a(x)
+            return x
+
+    with pytest.raises(SpecError, match=r"torch\.export could not trace Branchy"):
+        trace(Branchy(), torch.randn(2, 3))
+
+
+def test_the_report_reads_and_serialises():
+    report = trace_report(CumsumInTheMiddle(), torch.randn(4, 5))
+    text = str(report)
+    assert "1 groups" in text and "aten.cumsum.default" in text and "model output" in text
+    data = report.to_dict()
+    assert data["groups"]["b.weight[0]"]["size"] == 8
+    assert "b.weight[0]" in data["groups"]["b.weight[0]"]["members"]
+    assert data["frozen"]["c.weight[0]"] == "model output"
+    total = sum(p.numel() for p in CumsumInTheMiddle().parameters())
+    permuted = 8 * 8 + 8 + 3 * 8  # b.weight, b.bias, c.weight
+    assert report.permuted_fraction == pytest.approx(permuted / total)
