@@ -418,6 +418,8 @@ def bad_inputs(f):
     match = ["match", a, b, "--out", str(r / "p.json")]
     # a device type this machine lacks: CUDA on CI, MPS on a CUDA machine
     absent = "mps" if torch.cuda.is_available() else "cuda"
+    spec, shape5 = ["spec"], ["--input-shape", "5"]
+    cumsum = "tests.spec.test_trace:CumsumInTheMiddle"
     return [
         ("train-out-file", [*train, "--out", file], 2, "is a file"),
         ("train-out-under-file", [*train, "--out", f"{file}/x"], 2, "under a file"),
@@ -447,6 +449,15 @@ def bad_inputs(f):
         ("analyze-gamma-1", ["analyze", a, b, "--gamma", "1", "--out", folder], 2, "--gamma"),
         ("analyze-method", ["analyze", a, b, "--method", "xx", "--out", folder], 2, "--method"),
         ("demo-out-under-file", ["demo", "--out", f"{file}/x", "-q"], 2, "under a file"),
+        ("spec-no-shape", ["spec", "x:Y"], 2, "--input-shape"),
+        ("spec-no-module", ["spec", "nosuch_mod:Thing", "--input-shape", "5"], 2, "nosuch_mod"),
+        ("spec-not-a-module", [*spec, "lmckit.cli:main", *shape5], 2, "no torch.nn.Module"),
+        ("spec-not-a-target", ["spec", "plain", *shape5], 2, "neither a checkpoint"),
+        ("spec-args-not-json", [*spec, cumsum, *shape5, "--model-args", "{"], 2, "not JSON"),
+        ("spec-args-list", [*spec, cumsum, *shape5, "--model-args", "[1]"], 2, "JSON object"),
+        ("spec-args-wrong", [*spec, cumsum, *shape5, "--model-args", '{"k": 1}'], 2, "failed"),
+        ("spec-strict", [*spec, cumsum, *shape5, "--strict"], 1, "aten.cumsum.default"),
+        ("spec-out-file-dir", [*spec, cumsum, *shape5, "--out", folder], 2, "--out"),
         (
             "match-data-misfit",
             [*match, "--method", "am", "--dataset", "synthetic"],
@@ -624,3 +635,19 @@ def test_a_folder_is_written_by_one_run_at_a_time(tmp_path, capsys):
         first.wait()
     assert main(second) == 0  # the killed run's lock died with it
     assert not (tmp_path / "mlp-digits-seed0.safetensors.part").exists()
+
+
+def test_spec_prints_the_report_and_writes_json(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "spec.json"
+    argv = ["spec", "tests.spec.test_trace:TinyTransformer", "--input-shape", "6"]
+    assert main([*argv, "--tokens", "11", "--model-args", '{"d": 8}', "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "3 groups" in printed and "verified in eval and train mode" in printed
+    assert "embedding rows are looked up by token id: embed.weight[0]" in printed
+    data = json.loads(out.read_text())
+    stream = data["axes"]["embed.weight"][1]
+    assert data["groups"][stream]["size"] == 8
+    assert data["axes"]["head.weight"] == [None, stream]
+    assert data["aliases"] == {"head.weight": "embed.weight"}

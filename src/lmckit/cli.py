@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -273,6 +274,65 @@ def cmd_info(args: argparse.Namespace) -> int:
             for g, n in spec.groups.items():
                 print(f"    {g:<24} {n:>6}  ({len(spec.group_axes(g))} tensor axes)")
     print("(Git Re-Basin Table 1 quotes 10^3498 for the 3×512 MLP: log10((512!)^3) = 3499.62.)")
+    return 0
+
+
+def _model_from_class_path(target: str, model_args: str | None):
+    """Instantiate ``package.module:Class`` (the current folder is importable, as with
+    ``python -m``) with the JSON object ``model_args`` as keyword arguments."""
+    import importlib
+    import json
+
+    from torch import nn
+
+    module_name, _, class_name = target.partition(":")
+    if not module_name or not class_name:
+        raise UsageError(f"{target!r} is neither a checkpoint nor MODULE:CLASS")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any error while importing the user's module
+        raise UsageError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise UsageError(f"{module_name!r} has no torch.nn.Module class {class_name!r}")
+    try:
+        kwargs = json.loads(model_args) if model_args else {}
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--model-args is not JSON: {exc}") from None
+    if not isinstance(kwargs, dict):
+        raise UsageError("--model-args must be a JSON object of keyword arguments")
+    try:
+        return cls(**kwargs)
+    except Exception as exc:  # the user's constructor
+        raise UsageError(f"{target}({kwargs}) failed: {type(exc).__name__}: {exc}") from None
+
+
+def cmd_spec(args: argparse.Namespace) -> int:
+    import torch
+
+    from lmckit._io import atomic_write_json, prepare_output_file
+    from lmckit.spec import trace_report
+
+    if args.out is not None:
+        prepare_output_file(args.out, "--out")
+    path = Path(args.target)
+    if path.suffix in (".safetensors", ".json") or path.with_suffix(".safetensors").exists():
+        model = _load_checkpoints([path], "cpu")[0].model
+    else:
+        model = _model_from_class_path(args.target, args.model_args)
+    generator = torch.Generator().manual_seed(0)
+    shape = (args.batch, *args.input_shape)
+    if args.tokens is not None:
+        example = torch.randint(0, args.tokens, shape, generator=generator)
+    else:
+        example = torch.randn(shape, generator=generator)
+    report = trace_report(model, example, strict=args.strict)
+    print(report)
+    if args.out is not None:
+        atomic_write_json(args.out, report.to_dict())
+        print(f"spec and report -> {args.out}")
     return 0
 
 
@@ -983,6 +1043,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=_device, default="cpu")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "spec",
+        help="trace a model's permutation symmetries and print the coverage report",
+        description="Export the model with torch.export, relate the axes of every op, verify "
+        "the resulting permutation spec (random permutations of every group leave the outputs "
+        "unchanged, float64, eval and train mode) and print its groups and frozen axes.",
+    )
+    p.add_argument("target", help="an lmckit checkpoint, or MODULE:CLASS (importable from here)")
+    p.add_argument(
+        "--input-shape", type=_int_at_least(1), nargs="+", required=True, metavar="N",
+        help="one example's shape without the batch axis, e.g. 1 28 28 (tokens: the length)",
+    )  # fmt: skip
+    p.add_argument("--batch", type=_int_at_least(1), default=4, help="examples in the trace")
+    p.add_argument(
+        "--tokens", type=_int_at_least(1), metavar="VOCAB",
+        help="integer token inputs drawn from [0, VOCAB) instead of Gaussian floats",
+    )  # fmt: skip
+    p.add_argument("--model-args", metavar="JSON", help="keyword arguments for CLASS")
+    p.add_argument("--strict", action="store_true", help="fail on an operator without a rule")
+    p.add_argument("--out", type=Path, help="write the spec and report as JSON")
+    p.set_defaults(func=cmd_spec)
 
     p = sub.add_parser("status", help="summarise an experiment run's job ledger")
     p.add_argument("out", type=_existing_dir, help="the run's --out folder")
