@@ -29,7 +29,14 @@ from torch import Tensor
 from lmckit.errors import PermutationError, SpecError
 from lmckit.params import Params, short_list
 
-__all__ = ["Params", "Permutation", "PermutationSpec", "group_cost_matrix"]
+__all__ = [
+    "Params",
+    "Permutation",
+    "PermutationSpec",
+    "block_index",
+    "group_cost_matrix",
+    "permute_axis",
+]
 
 Axes = tuple[str | None, ...]
 
@@ -48,6 +55,12 @@ class PermutationSpec:
             residual stream onto itself (``h ← h + σ(W h)``, W of shape ``(n, n)`` permuted
             as ``P W Pᵀ``). Anywhere else a repeated group is almost always a typo, so it is
             rejected unless declared here.
+        blocks: parameter name -> one block length per axis (default 1 everywhere). An axis
+            of length ``n·b`` with block ``b`` holds ``n`` contiguous blocks of ``b`` entries
+            (unit-major: entry ``u·b + s`` is position ``s`` of unit ``u``), and the group
+            moves whole blocks: the flattened ``C×H×W`` input of a linear layer after a
+            convolution (``b = H·W``), or the heads of an attention projection (``b`` = the
+            head dimension).
 
     Raises:
         SpecError: a group is used by no axis, has a non-positive size, is named on an axis
@@ -57,6 +70,7 @@ class PermutationSpec:
     groups: Mapping[str, int]
     axes: Mapping[str, Axes]
     self_maps: frozenset[str] = frozenset()
+    blocks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     _group_axes: Mapping[str, tuple[tuple[str, int], ...]] = field(
         init=False, repr=False, compare=False
     )
@@ -82,6 +96,24 @@ class PermutationSpec:
         self_maps = frozenset(self.self_maps)
         if not self_maps <= set(axes):
             raise SpecError(f"self_maps names unknown parameters {sorted(self_maps - set(axes))}")
+        blocks: dict[str, tuple[int, ...]] = {}
+        for k, v in dict(self.blocks).items():
+            if k not in axes:
+                raise SpecError(f"blocks names {k!r}, which is not in axes")
+            v = tuple(v)
+            if len(v) != len(axes[k]) or not all(
+                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in v
+            ):
+                raise SpecError(
+                    f"blocks[{k!r}] must hold one positive integer per axis "
+                    f"({len(axes[k])}), got {v!r}"
+                )
+            if any(b > 1 and g is None for b, g in zip(v, axes[k], strict=True)):
+                raise SpecError(
+                    f"blocks[{k!r}] = {v}: a block length > 1 on an axis no group acts on"
+                )
+            if any(b > 1 for b in v):
+                blocks[k] = v
         for g, n in groups.items():
             if n < 1:
                 raise SpecError(f"group {g!r} has size {n}; a group must permute at least 1 unit")
@@ -110,6 +142,7 @@ class PermutationSpec:
         object.__setattr__(self, "groups", MappingProxyType(groups))
         object.__setattr__(self, "axes", MappingProxyType(axes))
         object.__setattr__(self, "self_maps", self_maps)
+        object.__setattr__(self, "blocks", MappingProxyType(blocks))
         object.__setattr__(
             self, "_group_axes", MappingProxyType({g: tuple(v) for g, v in group_axes.items()})
         )
@@ -120,6 +153,23 @@ class PermutationSpec:
             return self._group_axes[group]
         except KeyError:
             raise SpecError(f"unknown group {group!r}; groups are {list(self.groups)}") from None
+
+    def block(self, name: str, axis: int) -> int:
+        """The block length of ``name``'s ``axis`` (1 unless declared in ``blocks``)."""
+        per_axis = self.blocks.get(name)
+        return per_axis[axis] if per_axis is not None else 1
+
+    def restrict(self, names: Collection[str]) -> PermutationSpec:
+        """The spec of only these tensors (groups that then act on nothing are dropped)."""
+        names = set(names)
+        axes = {k: v for k, v in self.axes.items() if k in names}
+        used = {g for v in axes.values() for g in v if g is not None}
+        return PermutationSpec(
+            groups={g: n for g, n in self.groups.items() if g in used},
+            axes=axes,
+            self_maps=self.self_maps & names,
+            blocks={k: v for k, v in self.blocks.items() if k in names},
+        )
 
     def validate(self, params: Params, *, what: str = "params") -> None:
         """Check that ``params`` has exactly the spec's tensors with matching shapes.
@@ -151,10 +201,14 @@ class PermutationSpec:
                     f"lists {len(ax)}: {ax}"
                 )
             for i, g in enumerate(ax):
-                if g is not None and t.shape[i] != self.groups[g]:
+                if g is None:
+                    continue
+                block = self.block(name, i)
+                if t.shape[i] != self.groups[g] * block:
+                    blocks = f" × block {block}" if block > 1 else ""
                     raise SpecError(
                         f"{what}[{name!r}] axis {i} has length {t.shape[i]} but group {g!r} has "
-                        f"size {self.groups[g]}"
+                        f"size {self.groups[g]}{blocks}"
                     )
 
     def log10_num_symmetries(self) -> float:
@@ -301,9 +355,23 @@ class Permutation:
         for name, t in params.items():
             for axis, g in enumerate(self.spec.axes[name]):
                 if g is not None:
-                    t = t.index_select(axis, self._perms[g].to(t.device))
+                    t = permute_axis(t, axis, self._perms[g], self.spec.block(name, axis))
             out[name] = t if t is not params[name] else t.clone()
         return out
+
+
+def block_index(index: Tensor, block: int) -> Tensor:
+    """The element order that moves whole blocks of ``block`` entries as ``index`` moves
+    units: ``[index[0]·b, …, index[0]·b + b − 1, index[1]·b, …]``."""
+    if block == 1:
+        return index
+    return (index[:, None] * block + torch.arange(block, device=index.device)).reshape(-1)
+
+
+def permute_axis(t: Tensor, axis: int, index: Tensor, block: int = 1) -> Tensor:
+    """``t`` with ``axis`` reordered by a group's index vector (blocks of ``block`` entries
+    move together; see :class:`PermutationSpec`)."""
+    return t.index_select(axis, block_index(index.to(t.device), block))
 
 
 def group_cost_matrix(
@@ -342,7 +410,7 @@ def group_cost_matrix(
         b = params_b[name]
         for other_axis, g in enumerate(spec.axes[name]):
             if g is not None and other_axis != axis:
-                b = b.index_select(other_axis, perm[g].to(b.device))
+                b = permute_axis(b, other_axis, perm[g], spec.block(name, other_axis))
         a2 = a.movedim(axis, 0).reshape(n, -1)
         b2 = b.movedim(axis, 0).reshape(n, -1)
         term = a2 @ b2.T

@@ -39,11 +39,16 @@ def test_the_zoo_specs_equal_the_traced_ones(name, config, shape):
 
 
 def planted_recovery(model, spec):
-    """WM on ``(a, π⁻¹(a))`` must find π exactly (distance 0)."""
+    """WM on ``(a, π⁻¹(a))`` must find π exactly (π drawn until it moves every group)."""
     a = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    truth = Permutation.random(spec, 7)
+    seed = 7
+    truth = Permutation.random(spec, seed)
+    while any(torch.equal(truth[g], torch.arange(n)) for g, n in spec.groups.items()):
+        seed += 1
+        truth = Permutation.random(spec, seed)
     b = truth.inverse().apply(a)
     result = weight_matching(spec, a, b)
+    assert result.perm == truth
     assert params_distance(a, result.perm.apply(b)) < 1e-5 * params_distance(a, b)
 
 
@@ -88,6 +93,69 @@ def test_a_transformer_with_tied_weights_keeps_them_together():
 def test_planted_permutations_of_traced_zoo_specs_are_recovered(name, config, shape):
     model = nontrivial(build_model(name, **config))
     planted_recovery(model, trace(model, example(shape)))
+
+
+class FlattenCNN(nn.Module):
+    """A LeNet-style net: the last convolution's ``C×7×7`` map flattened into a linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(1, 8, 3, padding=1), nn.Conv2d(8, 6, 3, padding=1)
+        self.norm = nn.BatchNorm2d(6)
+        self.fc1, self.fc2 = nn.Linear(6 * 7 * 7, 32), nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.c1(x)), 2)
+        x = nn.functional.max_pool2d(torch.relu(self.norm(self.c2(x))), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def test_a_flatten_into_a_linear_makes_blocks_of_the_channels():
+    model = nontrivial(FlattenCNN())
+    spec = trace(model, torch.randn(4, 1, 28, 28))
+    channels = spec.axes["c2.weight"][0]
+    assert spec.groups[channels] == 6
+    assert spec.axes["fc1.weight"] == (spec.axes["fc1.weight"][0], channels)
+    assert spec.blocks["fc1.weight"] == (1, 49)
+    assert spec.axes["norm.running_mean"] == (channels,)
+    planted_recovery(model, spec)
+
+
+class Heads(nn.Module):
+    """Separate q/k/v projections split into heads, scaled dot-product attention, heads
+    merged back into an output projection."""
+
+    def __init__(self, d=12, heads=3):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        b, n, d = x.shape
+
+        def split(t):
+            return t.view(b, n, self.heads, d // self.heads).transpose(1, 2)
+
+        y = nn.functional.scaled_dot_product_attention(
+            split(self.q(x)), split(self.k(x)), split(self.v(x)), dropout_p=0.2
+        )
+        return self.o(y.transpose(1, 2).reshape(b, n, d))
+
+
+def test_attention_heads_move_as_blocks():
+    model = Heads()
+    report = trace_report(model, torch.randn(2, 5, 12))
+    spec = report.spec
+    heads = spec.axes["q.weight"][0]
+    assert spec.groups[heads] == 3
+    for name in ("q", "k", "v"):
+        assert spec.axes[f"{name}.weight"] == (heads, None)
+        assert spec.blocks[f"{name}.weight"] == (4, 1)
+        assert spec.blocks[f"{name}.bias"] == (4,)
+    assert spec.axes["o.weight"] == (None, heads) and spec.blocks["o.weight"] == (1, 4)
+    # train mode is verified with attention dropout off (dropout_p=0.2 in the model)
+    assert report.checked_modes == ("eval", "train")
+    planted_recovery(model, spec)
 
 
 class CumsumInTheMiddle(nn.Module):

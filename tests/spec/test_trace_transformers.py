@@ -78,3 +78,16 @@ def test_a_planted_permutation_is_recovered(traced):
     b = truth.inverse().apply(a)
     result = weight_matching(spec, a, b)
     assert params_distance(a, result.perm.apply(b)) < 1e-5 * params_distance(a, b)
+
+
+@pytest.mark.parametrize("make", [bert, vit], ids=["bert", "vit"])
+def test_separate_query_key_value_projections_give_head_groups(make):
+    torch.manual_seed(0)
+    model, inputs = make()
+    spec = trace_report(model, inputs).spec
+    heads = model.config.num_attention_heads
+    width = model.config.hidden_size // heads
+    blocked = [k for k, v in spec.blocks.items() if v[0] == width and k.endswith("weight")]
+    assert len(blocked) == 3 * model.config.num_hidden_layers  # query, key, value
+    for k in blocked:
+        assert spec.groups[spec.axes[k][0]] == heads

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from lmckit.errors import ParamsError, SpecError
 from lmckit.functional import check_model_fits, forward, module_mode
 from lmckit.params import Params, check_finite, check_params_compatible
-from lmckit.perm import Permutation, PermutationSpec
+from lmckit.perm import Permutation, PermutationSpec, block_index, permute_axis
 
 __all__ = [
     "Alignment",
@@ -138,13 +138,13 @@ def _row_and_column_perms(
     if name not in spec.axes:
         raise SpecError(f"{name!r} is not in the permutation spec")
     axes = spec.axes[name]
-    rows = perm[axes[0]] if axes[0] is not None else None
+    rows = block_index(perm[axes[0]], spec.block(name, 0)) if axes[0] is not None else None
     cols = None
     if any(g is not None for g in axes[1:]):
         index = torch.arange(math.prod(shape[1:])).reshape(shape[1:])
         for axis, g in enumerate(axes[1:]):
             if g is not None:
-                index = index.index_select(axis, perm[g])
+                index = permute_axis(index, axis, perm[g], spec.block(name, axis + 1))
         cols = index.reshape(-1)
     return rows, cols
 

@@ -56,7 +56,9 @@ def soft_apply(spec: PermutationSpec, params: Params, soft: Mapping[str, Tensor]
             if g is None:
                 continue
             moved = t.movedim(axis, 0)
-            t = (soft[g] @ moved.reshape(moved.shape[0], -1)).reshape(moved.shape).movedim(0, axis)
+            # unit-major blocks (see PermutationSpec.blocks): rows of one unit stay together
+            rows = moved.reshape(soft[g].shape[0], -1)
+            t = (soft[g] @ rows).reshape(moved.shape).movedim(0, axis)
         out[name] = t
     return out
 
@@ -130,11 +132,7 @@ def sinkhorn_matching(
     optimizer = torch.optim.Adam(logits.values(), lr=lr)
     floating = {k: v for k, v in params_b.items() if v.dtype.is_floating_point}
     fixed = {k: v for k, v in params_b.items() if not v.dtype.is_floating_point}
-    sub_spec = PermutationSpec(
-        groups=spec.groups,
-        axes={k: spec.axes[k] for k in floating},
-        self_maps=spec.self_maps & set(floating),
-    )
+    sub_spec = spec.restrict(floating)
     scale = sum(float((v.double() ** 2).sum()) for k, v in params_a.items() if k in floating)
 
     def soft_b() -> dict:

@@ -34,7 +34,7 @@ from torch import Tensor
 from lmckit.lap import LapDuals, solve_lap
 from lmckit.match.result import MatchResult, check_inputs, matched_names
 from lmckit.params import Params, detached, params_distance
-from lmckit.perm import Permutation, PermutationSpec
+from lmckit.perm import Permutation, PermutationSpec, permute_axis
 from lmckit.progress import ProgressCallback, notify
 
 __all__ = ["ProfiledWeightMatcher", "WeightMatcher", "acceptance_tolerance"]
@@ -62,20 +62,21 @@ class _Term:
     name: str
     axis: int
     b_moved: Tensor
-    others: tuple[tuple[int, str], ...]
+    others: tuple[tuple[int, str, int], ...]  # (position, group, block length)
+    n: int
     cached_perms: tuple[Tensor, ...] | None = None
     cached_b2: Tensor | None = None
 
     def b2(self, perm: Mapping[str, Tensor]) -> Tensor:
         """B̃ as an ``(n, -1)`` matrix: B with the other groups' current permutations."""
-        current = tuple(perm[h] for _, h in self.others)
+        current = tuple(perm[h] for _, h, _ in self.others)
         if self.cached_perms is None or not all(
             p is q or torch.equal(p, q) for p, q in zip(current, self.cached_perms, strict=True)
         ):
             b = self.b_moved
-            for pos, h in self.others:
-                b = b.index_select(pos, perm[h])
-            self.cached_b2, self.cached_perms = b.reshape(b.shape[0], -1), current
+            for pos, h, block in self.others:
+                b = permute_axis(b, pos, perm[h], block)
+            self.cached_b2, self.cached_perms = b.reshape(self.n, -1), current
         return self.cached_b2
 
 
@@ -111,19 +112,21 @@ class WeightMatcher:
                 if name not in self.names:
                     continue
                 others = tuple(
-                    (j + 1 if j < axis else j, h)  # position once `axis` is moved to the front
+                    # position once `axis` is moved to the front
+                    (j + 1 if j < axis else j, h, spec.block(name, j))
                     for j, h in enumerate(spec.axes[name])
                     if h is not None and j != axis
                 )
                 b_moved = params_b[name].movedim(axis, 0).contiguous()
-                self.terms[g].append(_Term(name, axis, b_moved, others))
+                self.terms[g].append(_Term(name, axis, b_moved, others, spec.groups[g]))
         self.groups = [g for g in spec.groups if self.terms[g]]
         self.grouped = {t.name for g in self.groups for t in self.terms[g]}
         # A group's cost matrix depends on its neighbours' permutations only (a self-mapped
         # group is its own neighbour); if none moved since its last solve, the solve would
         # repeat itself and is skipped.
         self.neighbours = {
-            g: tuple(sorted({h for t in self.terms[g] for _, h in t.others})) for g in self.groups
+            g: tuple(sorted({h for t in self.terms[g] for _, h, _ in t.others}))
+            for g in self.groups
         }
 
     # -- the two steps of a coordinate update; ProfiledWeightMatcher wraps them ----------
@@ -288,6 +291,6 @@ def _inner(
         b = params_b[name]
         for axis, g in enumerate(spec.axes[name]):
             if g is not None:
-                b = b.index_select(axis, perm[g])
+                b = permute_axis(b, axis, perm[g], spec.block(name, axis))
         total += float((params_a[name].double() * b.double()).sum())
     return total

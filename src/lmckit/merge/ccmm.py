@@ -71,11 +71,7 @@ def ccmm(
     check_int("max_iter", max_iter)
     check_number("tol", tol, low=0.0)
     floating_keys = floating_names(params_list[0])
-    sub = PermutationSpec(
-        groups=spec.groups,
-        axes={k: spec.axes[k] for k in floating_keys},
-        self_maps=spec.self_maps & set(floating_keys),
-    )
+    sub = spec.restrict(floating_keys)
     floating = [{k: p[k].detach() for k in floating_keys} for p in params_list]
     device = params_list[0][floating_keys[0]].device
     dtype = params_list[0][floating_keys[0]].dtype

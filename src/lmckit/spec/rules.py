@@ -59,6 +59,19 @@ class Axes:
             )
         self._same((x.name, i), (y.name, j))
 
+    def same_blocks(self, unit: fx.Node, i: int, blocked: fx.Node, j: int) -> None:
+        """Axis ``j`` of ``blocked`` is axis ``i`` of ``unit`` merged with the axes after it
+        (unit-major): it holds one contiguous block per unit, and blocks move with units."""
+        su, sb = self.shape(unit), self.shape(blocked)
+        assert su is not None and sb is not None
+        if sb[j] % su[i]:
+            raise SpecError(
+                f"while tracing {self.op}: a rule made axis {j} of {blocked.name} (length "
+                f"{sb[j]}) blocks of axis {i} of {unit.name} (length {su[i]}) — the rule is "
+                "wrong; please report it"
+            )
+        self._same((unit.name, i), (blocked.name, j))
+
     def freeze(self, x: fx.Node, i: int, why: str) -> None:
         self._freeze((x.name, i), why)
 
@@ -442,9 +455,12 @@ def reshape(node: fx.Node, ax: Axes) -> None:
 
 def _reshape_map(ax: Axes, x: fx.Node, xs, node: fx.Node, out) -> None:
     """Walk both shapes in step, pairing runs of axes with equal products. A run whose
-    non-unit axes are one on each side maps that axis through; a run that merges or splits
-    axes (flatten of ``C×H×W``, a split into heads) freezes them: block- and head-structured
-    groups are not expressed yet."""
+    non-unit axes are one on each side maps that axis through. A run that merges axes
+    (flatten of ``C×H×W``; heads ``H×E`` back into the model width) makes the merged axis
+    blocks of its first (outer) axis, and one that splits an axis (the width into heads)
+    makes it blocks of the first new axis: the groups then move whole blocks (a convolution's
+    channel with its positions, a head with its dimensions). The inner axes are frozen:
+    permutations inside each block are not expressed."""
     i = j = 0
     while i < len(xs) or j < len(out):
         ins, outs = [], []
@@ -477,12 +493,23 @@ def _reshape_map(ax: Axes, x: fx.Node, xs, node: fx.Node, out) -> None:
             j += 1
         big_in = [d for d in ins if xs[d] > 1]
         big_out = [d for d in outs if out[d] > 1]
+        inner = (
+            "inside a block (a reshape merged or split it; inner permutations are not expressed)"
+        )
         if len(big_in) == 1 and len(big_out) == 1:
             ax.same(x, big_in[0], node, big_out[0])
+        elif len(big_in) > 1 and len(big_out) == 1:
+            ax.same_blocks(x, big_in[0], node, big_out[0])
+            for d in big_in[1:]:
+                ax.freeze(x, d, inner)
+        elif len(big_in) == 1 and len(big_out) > 1:
+            ax.same_blocks(node, big_out[0], x, big_in[0])
+            for d in big_out[1:]:
+                ax.freeze(node, d, inner)
         elif big_in or big_out:
             why = (
-                f"reshape {tuple(xs[d] for d in ins)} → {tuple(out[d] for d in outs)} merges or "
-                "splits axes (block/head structure is not expressed yet)"
+                f"reshape {tuple(xs[d] for d in ins)} → {tuple(out[d] for d in outs)} regroups "
+                "several axes into several"
             )
             for d in big_in:
                 ax.freeze(x, d, why)

@@ -6,10 +6,17 @@ to commute with it, or freezes axes no permutation may touch; model inputs and o
 frozen, and so is every axis an op without a rule touches. Each class that is not frozen,
 is longer than 1 and holds an axis of a ``state_dict`` tensor becomes a group.
 
+Reshapes that merge axes (a convolution's ``C×H×W`` flattened into a linear layer's input;
+attention heads ``H×E`` merged back into the model width) or split one (the width into
+heads) make *block-structured* axes: the group acts on the outer axis and moves whole blocks
+(``PermutationSpec.blocks``), so a head permutation is shared by the query, key, value and
+output projections. Permutations inside a block are not expressed: those axes freeze.
+
 Before the spec is returned it is *verified*: a random permutation of every group, applied
 to a float64 copy of the model's ``state_dict``, must leave the outputs unchanged in eval
-and in train mode (dropout off; BatchNorm then normalises with batch statistics). A failing
-check is an error naming the group, never a wrong spec.
+and in train mode (dropout off, functional dropout and attention's ``dropout_p`` included;
+BatchNorm then normalises with batch statistics). A failing check is an error naming the
+group, never a wrong spec.
 
 Parameters are identified by object: ``state_dict`` keys that alias one tensor (a tied
 embedding and output head) get the same axes, so they move together.
@@ -25,7 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, fx, nn
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from lmckit.errors import SpecError
@@ -82,7 +91,7 @@ class TraceReport:
         aliases: ``{key: key it aliases}`` for tied ``state_dict`` entries.
         checked_modes: the modes whose outputs were verified unchanged (``"eval"``, and
             ``"train"`` unless the model's train-mode output is random even with dropout
-            modules off).
+            off).
         seconds: wall-clock time of export, tracing and verification.
     """
 
@@ -115,6 +124,7 @@ class TraceReport:
                 for g, n in self.spec.groups.items()
             },
             "axes": {k: list(v) for k, v in self.spec.axes.items()},
+            "blocks": {k: list(v) for k, v in self.spec.blocks.items()},
             "self_maps": sorted(self.spec.self_maps),
             "frozen": {
                 f"{k}[{i}]": why
@@ -137,7 +147,10 @@ class TraceReport:
         ]
         for g, n in self.spec.groups.items():
             members = self.spec.group_axes(g)
-            shown = ", ".join(f"{k}[{i}]" for k, i in members[:4])
+            shown = ", ".join(
+                f"{k}[{i}]" + (f" (blocks of {b})" if (b := self.spec.block(k, i)) > 1 else "")
+                for k, i in members[:4]
+            )
             more = f", … {len(members) - 4} more" if len(members) > 4 else ""
             lines.append(f"  group {g}: {n} units — {shown}{more}")
         reasons: dict[str, list[str]] = {}
@@ -314,38 +327,66 @@ def _state_placeholders(exported, state: Mapping[str, Tensor], uf: _UnionFind):
     return aliases, placeholder_of
 
 
+def _unit_lengths(exported, uf: _UnionFind) -> dict[AxisKey, int]:
+    """Per class, the number of units: the shortest member axis (block rules join an axis
+    of ``n·b`` entries to one of ``n``). A class with a member that is not a whole number of
+    blocks is frozen."""
+    lengths: dict[AxisKey, int] = {}
+    members: dict[AxisKey, list[int]] = {}
+    for node in exported.graph.nodes:
+        shape = Axes.shape(node)
+        for i, n in enumerate(shape or ()):
+            root = uf.find((node.name, i))
+            lengths[root] = min(lengths.get(root, n), n)
+            members.setdefault(root, []).append(n)
+    for root, sizes in members.items():
+        if any(n % lengths[root] for n in sizes):
+            uf.freeze(root, "axes of this class are not whole blocks of its units")
+    return lengths
+
+
 def _build_spec(exported, state, aliases, placeholder_of, uf: _UnionFind):
+    units = _unit_lengths(exported, uf)
     groups: dict[str, int] = {}
     names: dict[AxisKey, str] = {}
     axes: dict[str, tuple[str | None, ...]] = {}
+    blocks: dict[str, tuple[int, ...]] = {}
     frozen: dict[str, tuple[str | None, ...]] = {}
     self_maps: set[str] = set()
     for key, tensor in state.items():
         ph = placeholder_of.get(key)
         per_axis: list[str | None] = []
+        per_block: list[int] = []
         reasons: list[str | None] = []
         for i, n in enumerate(tensor.shape):
+            per_block.append(1)
             if ph is None:
                 per_axis.append(None)
                 reasons.append("not seen by the exported graph" if n > 1 else None)
                 continue
             why = uf.reason((ph, i))
-            if why is not None or n == 1 or not tensor.dtype.is_floating_point:
+            root = uf.find((ph, i))
+            unit = units.get(root, n)
+            if why is not None or unit == 1 or not tensor.dtype.is_floating_point:
                 per_axis.append(None)
                 reasons.append(why if n > 1 else None)
                 continue
-            root = uf.find((ph, i))
             if root not in names:
                 names[root] = f"{aliases.get(key, key)}[{i}]"
-                groups[names[root]] = int(n)
+                groups[names[root]] = int(unit)
             per_axis.append(names[root])
+            per_block[-1] = int(n) // unit
             reasons.append(None)
         if len({g for g in per_axis if g is not None}) < sum(g is not None for g in per_axis):
             self_maps.add(key)
         axes[key] = tuple(per_axis)
+        if any(b > 1 for b in per_block):
+            blocks[key] = tuple(per_block)
         frozen[key] = tuple(reasons)
     try:
-        spec = PermutationSpec(groups=groups, axes=axes, self_maps=frozenset(self_maps))
+        spec = PermutationSpec(
+            groups=groups, axes=axes, self_maps=frozenset(self_maps), blocks=blocks
+        )
     except SpecError as exc:  # pragma: no cover - the rules guarantee a valid spec
         raise SpecError(f"the traced spec is invalid: {exc}") from None
     return spec, frozen
@@ -392,12 +433,31 @@ def _to_double(tree):
     )
 
 
+class _NoDropout(TorchFunctionMode):
+    """Dropout off, in modules and in functional calls alike (``F.dropout``, attention's
+    ``dropout_p``): its masks are drawn per position, so a permuted model would be masked
+    differently although it computes the same function."""
+
+    DROPOUTS = frozenset(
+        {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout}
+        | {F.feature_alpha_dropout, torch.dropout, torch.alpha_dropout}
+    )
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in self.DROPOUTS:
+            return args[0] if args else kwargs["input"]
+        if func is F.scaled_dot_product_attention:
+            if len(args) > 4:
+                args = (*args[:4], 0.0, *args[5:])
+            else:
+                kwargs["dropout_p"] = 0.0
+        return func(*args, **kwargs)
+
+
 def _run(model: nn.Module, params, args, kwargs, training: bool):
     params = {k: v.clone() for k, v in params.items()}  # train-mode BN updates buffers
-    with module_mode(model, training), torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.modules.dropout._DropoutNd):
-                m.eval()
+    with module_mode(model, training), torch.no_grad(), _NoDropout():
         torch.manual_seed(0)
         out = torch.func.functional_call(model, params, args, kwargs, tie_weights=False)
     return [t for t in pytree.tree_leaves(out) if isinstance(t, Tensor)]
