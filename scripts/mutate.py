@@ -429,6 +429,69 @@ MUTATIONS = [
         "    quantum = 0.0",
         ("tests/test_lap.py",),
     ),
+    # -- block-structured axes and the tracer ------------------------------------------------
+    M(
+        "blocks-interleaved",
+        "a block permutation moves entries u + n·s (channels-last) instead of u·b + s",
+        "src/lmckit/perm.py",
+        "    return (index[:, None] * block + torch.arange(block, device=index.device))"
+        ".reshape(-1)",
+        "    n = index.numel()\n"
+        "    return (index[None, :] + n * torch.arange(block, device=index.device)[:, None])"
+        ".reshape(-1)",
+        ("tests/test_perm_blocks.py", "tests/spec/test_trace.py"),
+    ),
+    M(
+        "wm-blocks-rows-per-entry",
+        "WM lays B out with one row per entry of a blocked axis instead of one per unit",
+        "src/lmckit/match/weight_matcher.py",
+        "            self.cached_b2, self.cached_perms = b.reshape(self.n, -1), current",
+        "            self.cached_b2, self.cached_perms = b.reshape(b.shape[0], -1), current",
+        ("tests/test_perm_blocks.py", "tests/spec/test_trace.py"),
+    ),
+    M(
+        "sinkhorn-blocks-rows-per-entry",
+        "Sinkhorn's soft permutation multiplies one row per entry of a blocked axis",
+        "src/lmckit/match/sinkhorn.py",
+        "            rows = moved.reshape(soft[g].shape[0], -1)",
+        "            rows = moved.reshape(moved.shape[0], -1)",
+        ("tests/test_perm_blocks.py",),
+    ),
+    M(
+        "trace-ties-not-joined",
+        "tied tensors exported as two placeholders are not joined",
+        "src/lmckit/spec/trace.py",
+        "            uf.union((theirs, i), (mine, i))",
+        "            pass",
+        ("tests/spec/test_trace.py", "tests/spec/test_trace_transformers.py"),
+    ),
+    M(
+        "trace-unknown-op-ignored",
+        "an operator without a rule relates nothing instead of freezing its axes",
+        "src/lmckit/spec/trace.py",
+        "                for x in _tensor_inputs(node):\n"
+        "                    ax.freeze_all(x, why)\n",
+        "",
+        ("tests/spec/test_trace.py",),
+    ),
+    M(
+        "trace-no-verification",
+        "the traced spec is returned without the equivalence check",
+        "src/lmckit/spec/trace.py",
+        "    modes = _verify(model, spec, args, kwargs, seed)",
+        '    modes = ("eval", "train")',
+        ("tests/spec/test_trace.py",),
+    ),
+    M(
+        "trace-split-heads-inner-axis",
+        "a split into heads makes blocks of the inner (head-dimension) axis",
+        "src/lmckit/spec/rules.py",
+        "            ax.same_blocks(node, big_out[0], x, big_in[0])\n"
+        "            for d in big_out[1:]:",
+        "            ax.same_blocks(node, big_out[-1], x, big_in[0])\n"
+        "            for d in big_out[:-1]:",
+        ("tests/spec/test_trace.py",),
+    ),
 ]
 
 
