@@ -38,8 +38,9 @@ def model_name_key(name: str) -> str:
 
 
 def needs_padding(model_name: str, input_shape: Sequence[int]) -> int | None:
-    """Conv nets take 32×32 images: smaller ones (28×28 MNIST) are padded, as in the papers."""
-    if model_name_key(model_name) == "mlp" or len(input_shape) != 3:
+    """Conv nets take 32×32 images: smaller ones (28×28 MNIST) are padded, as in the papers.
+    MLPs and transformers take the images as they are."""
+    if model_name_key(model_name) in ("mlp", "vit", "transformer") or len(input_shape) != 3:
         return None
     return CONV_MIN_SIZE if max(input_shape[-2:]) < CONV_MIN_SIZE else None
 
@@ -73,6 +74,32 @@ def model_config_for(
             "out_dim": data.num_classes,
             "skip": skip,
             **extra,
+        }
+    if family in ("vit", "transformer"):
+        # width_multiplier scales the residual stream (64 at ×1, a multiple of the 4 heads)
+        # and the MLP (2 × the stream)
+        dim = 4 * max(1, round(16 * width_multiplier))
+        shape = data.input_shape
+        if family == "transformer":
+            return {
+                "in_dim": shape[-1],
+                "length": math.prod(shape[:-1]),
+                "num_classes": data.num_classes,
+                "dim": dim,
+                "mlp_dim": 2 * dim,
+            }
+        if len(shape) != 3 or shape[1] != shape[2] or shape[1] % 7:
+            raise ModelConfigError(
+                f"vit takes square images whose side is a multiple of 7 (patch 7); "
+                f"{data.name} has shape {shape}"
+            )
+        return {
+            "image_size": shape[1],
+            "patch_size": 7,
+            "in_channels": shape[0],
+            "num_classes": data.num_classes,
+            "dim": dim,
+            "mlp_dim": 2 * dim,
         }
     if len(data.input_shape) != 3:
         raise ModelConfigError(

@@ -13,12 +13,29 @@ from torch import nn
 from lmckit.errors import LmcError, ModelConfigError
 from lmckit.models.mlp import MLP
 from lmckit.models.resnet import ResNet20
+from lmckit.models.transformer import TransformerClassifier, ViT
 from lmckit.models.vgg import VGG
 from lmckit.perm import PermutationSpec
 
-__all__ = ["MLP", "MODELS", "VGG", "ResNet20", "build_model", "model_config", "permutation_spec"]
+__all__ = [
+    "MLP",
+    "MODELS",
+    "VGG",
+    "ResNet20",
+    "TransformerClassifier",
+    "ViT",
+    "build_model",
+    "model_config",
+    "permutation_spec",
+]
 
-MODELS: dict[str, type[nn.Module]] = {"mlp": MLP, "vgg": VGG, "resnet20": ResNet20}
+MODELS: dict[str, type[nn.Module]] = {
+    "mlp": MLP,
+    "vgg": VGG,
+    "resnet20": ResNet20,
+    "vit": ViT,
+    "transformer": TransformerClassifier,
+}
 # Convenience names that fix part of a configuration.
 ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
     "vgg11": ("vgg", {"depth": 11}),
@@ -27,7 +44,8 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def build_model(name: str, /, **config: Any) -> nn.Module:
-    """Build a zoo model by registry name (``mlp``, ``vgg``, ``vgg11``, ``vgg16``, ``resnet20``).
+    """Build a zoo model by registry name (``mlp``, ``vgg``, ``vgg11``, ``vgg16``, ``resnet20``,
+    ``vit``, ``transformer``).
 
     ``config`` holds the model's constructor arguments; a ``name`` entry (as written by
     :func:`model_config`) is ignored if it agrees with ``name``.

@@ -1,0 +1,177 @@
+"""Transformers for the zoo: a ViT for small images and a pre-LN encoder classifier.
+
+Both are pre-LN (``x + attn(LN(x))``, ``x + mlp(LN(x))``) with separate query, key and value
+projections, so their permutation spec — traced with :func:`lmckit.spec.trace`, not written
+by hand — has one group for the residual stream, one per MLP hidden layer, and one per
+attention layer permuting whole heads (blocks of the head dimension in Q, K, V and O).
+
+* :class:`ViT` (Dosovitskiy et al. 2021, small): ``patch × patch`` patches embedded by a
+  strided convolution, a learned CLS token and learned positions, ``depth`` blocks, a final
+  LayerNorm and a linear head on the CLS token. For 28×28 Fashion-MNIST: patch 7, 16
+  patches + CLS.
+* :class:`TransformerClassifier`: the rows of an image (or any ``(length, features)``
+  sequence) as tokens, a linear embedding, learned positions, ``depth`` blocks, mean pooling
+  and a linear head.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmckit.errors import ModelConfigError
+from lmckit.perm import PermutationSpec
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with separate ``q``, ``k``, ``v`` and output ``o``."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, length, dim = x.shape
+
+        def split(t: Tensor) -> Tensor:  # (N, L, D) → (N, heads, L, D / heads)
+            return t.view(n, length, self.heads, dim // self.heads).transpose(1, 2)
+
+        y = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)))
+        return self.o(y.transpose(1, 2).reshape(n, length, dim))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: ``x + attn(LN(x))`` then ``x + mlp(LN(x))`` (GELU)."""
+
+    def __init__(self, dim: int, heads: int, mlp_dim: int) -> None:
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim), Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.fc1, self.fc2 = nn.Linear(dim, mlp_dim), nn.Linear(mlp_dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+def _check(dim: int, heads: int, depth: int, mlp_dim: int) -> None:
+    for name, value in (("dim", dim), ("heads", heads), ("depth", depth), ("mlp_dim", mlp_dim)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
+    if dim % heads:
+        raise ModelConfigError(f"dim {dim} is not divisible by heads {heads}")
+
+
+class _Transformer(nn.Module):
+    """What both models share: the blocks, the final norm, the spec by tracing."""
+
+    config: dict
+    example_shape: tuple[int, ...]
+
+    def permutation_spec(self) -> PermutationSpec:
+        """Traced from the model's own graph (and verified): see :mod:`lmckit.spec`."""
+        from lmckit.spec import trace
+
+        device = next(self.parameters()).device
+        example = torch.randn(2, *self.example_shape, generator=torch.Generator().manual_seed(0))
+        return trace(self, example.to(device))
+
+
+class ViT(_Transformer):
+    """Vision transformer.
+
+    Args:
+        image_size: input height and width (square images).
+        patch_size: side of a patch (must divide ``image_size``).
+        in_channels, num_classes: input channels, output logits.
+        dim, depth, heads, mlp_dim: width of the residual stream, number of blocks,
+            attention heads (must divide ``dim``), MLP hidden width.
+
+    Input ``(N, in_channels, image_size, image_size)``; output ``(N, num_classes)``.
+    """
+
+    def __init__(
+        self,
+        image_size: int = 28,
+        patch_size: int = 7,
+        in_channels: int = 1,
+        num_classes: int = 10,
+        dim: int = 64,
+        depth: int = 4,
+        heads: int = 4,
+        mlp_dim: int = 128,
+    ) -> None:
+        super().__init__()
+        _check(dim, heads, depth, mlp_dim)
+        if image_size % patch_size:
+            raise ModelConfigError(f"patch_size {patch_size} does not divide {image_size}")
+        tokens = (image_size // patch_size) ** 2 + 1
+        self.patch = nn.Conv2d(in_channels, dim, patch_size, stride=patch_size)
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = nn.Parameter(0.02 * torch.randn(1, tokens, dim))
+        self.blocks = nn.ModuleList(Block(dim, heads, mlp_dim) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+        self.example_shape = (in_channels, image_size, image_size)
+        self.config = {
+            "name": "vit",
+            "image_size": image_size,
+            "patch_size": patch_size,
+            "in_channels": in_channels,
+            "num_classes": num_classes,
+            "dim": dim,
+            "depth": depth,
+            "heads": heads,
+            "mlp_dim": mlp_dim,
+        }
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)  # (N, patches, dim)
+        x = torch.cat([self.cls.expand(len(x), -1, -1), x], dim=1) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x)[:, 0])
+
+
+class TransformerClassifier(_Transformer):
+    """Pre-LN transformer encoder over a sequence of ``length`` tokens of ``in_dim``
+    features (an image's rows: ``(N, 1, H, W)`` is read as ``H`` tokens of ``W``), mean
+    pooled into a linear head. Output ``(N, num_classes)``."""
+
+    def __init__(
+        self,
+        in_dim: int = 28,
+        length: int = 28,
+        num_classes: int = 10,
+        dim: int = 64,
+        depth: int = 2,
+        heads: int = 4,
+        mlp_dim: int = 128,
+    ) -> None:
+        super().__init__()
+        _check(dim, heads, depth, mlp_dim)
+        self.embed = nn.Linear(in_dim, dim)
+        self.pos = nn.Parameter(0.02 * torch.randn(1, length, dim))
+        self.blocks = nn.ModuleList(Block(dim, heads, mlp_dim) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+        self.example_shape = (length, in_dim)
+        self.config = {
+            "name": "transformer",
+            "in_dim": in_dim,
+            "length": length,
+            "num_classes": num_classes,
+            "dim": dim,
+            "depth": depth,
+            "heads": heads,
+            "mlp_dim": mlp_dim,
+        }
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.reshape(len(x), *self.example_shape)  # (N, 1, H, W) → (N, H, W)
+        x = self.embed(x) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x).mean(1))

@@ -1,0 +1,94 @@
+"""The zoo's transformers: specs traced from their own graphs, with the residual stream, one
+group of whole heads per attention layer and one per MLP; invariance, WM recovery, training
+and checkpoints."""
+
+import pytest
+import torch
+
+from lmckit.checkpoint import load_checkpoint, save_checkpoint
+from lmckit.errors import ModelConfigError
+from lmckit.experiments.training import model_config_for
+from lmckit.match import weight_matching
+from lmckit.models import build_model, permutation_spec
+from lmckit.perm import Permutation
+from lmckit.train import TrainConfig, train
+
+SMALL = {
+    "vit": ({"dim": 16, "depth": 2, "heads": 4, "mlp_dim": 24}, (1, 28, 28)),
+    "transformer": ({"in_dim": 8, "length": 8, "dim": 12, "depth": 2, "heads": 3}, (8, 8)),
+}
+
+
+@pytest.fixture(scope="module", params=list(SMALL))
+def zoo_transformer(request):
+    torch.manual_seed(0)
+    config, shape = SMALL[request.param]
+    model = build_model(request.param, **config)
+    return model, config, shape, permutation_spec(model)
+
+
+def test_groups_are_the_stream_the_heads_and_the_mlps(zoo_transformer):
+    _, config, _, spec = zoo_transformer
+    dim, heads, depth = config["dim"], config["heads"], config["depth"]
+    mlp = config.get("mlp_dim", 128)
+    sizes = sorted(spec.groups.values())
+    assert sizes == sorted([dim] + [heads] * depth + [mlp] * depth)
+    for i in range(depth):
+        head_group = spec.axes[f"blocks.{i}.attn.q.weight"][0]
+        assert spec.groups[head_group] == heads
+        for proj in "qkv":
+            assert spec.axes[f"blocks.{i}.attn.{proj}.weight"][0] == head_group
+            assert spec.blocks[f"blocks.{i}.attn.{proj}.weight"] == (dim // heads, 1)
+        assert spec.axes[f"blocks.{i}.attn.o.weight"][1] == head_group
+    stream = spec.axes["head.weight"][1]
+    assert spec.groups[stream] == dim and spec.axes["norm.weight"] == (stream,)
+
+
+def test_a_random_permutation_leaves_the_outputs_unchanged(zoo_transformer):
+    model, _, shape, spec = zoo_transformer
+    x = torch.randn(5, *shape, dtype=torch.float64)
+    twin = build_model(model.config["name"], **{k: v for k, v in model.config.items()})
+    twin.load_state_dict(model.state_dict())
+    twin.double().eval()
+    params = twin.state_dict()
+    permuted = Permutation.random(spec, 1).apply(params)
+    out = torch.func.functional_call(twin, params, (x,))
+    assert torch.allclose(out, torch.func.functional_call(twin, permuted, (x,)), atol=1e-10)
+    assert not torch.allclose(params["blocks.0.attn.q.weight"], permuted["blocks.0.attn.q.weight"])
+
+
+def test_weight_matching_recovers_a_planted_permutation(zoo_transformer):
+    model, _, _, spec = zoo_transformer
+    a = {k: v.clone() for k, v in model.state_dict().items()}
+    truth = Permutation.random(spec, 2)
+    assert weight_matching(spec, a, truth.inverse().apply(a)).perm == truth
+
+
+def test_configs_fit_the_data_and_the_classifier_trains(digits):
+    config = model_config_for("transformer", digits, width_multiplier=0.25)
+    assert config == {"in_dim": 8, "length": 8, "num_classes": 10, "dim": 16, "mlp_dim": 32}
+    with pytest.raises(ModelConfigError, match="multiple of 7"):
+        model_config_for("vit", digits)
+    torch.manual_seed(0)
+    model = build_model("transformer", **config)
+    result = train(model, digits, TrainConfig(epochs=3, optimizer="adam", lr=3e-3, batch_size=64))
+    assert result.test.accuracy > 0.5  # chance is 0.1
+
+
+def test_checkpoints_round_trip(tmp_path):
+    model = build_model("vit", **SMALL["vit"][0])
+    save_checkpoint(tmp_path / "vit", model)
+    loaded = load_checkpoint(tmp_path / "vit")
+    assert loaded.model.config == model.config
+    x = torch.randn(2, 1, 28, 28)
+    model.eval()
+    assert torch.allclose(loaded.model.eval()(x), model(x))
+
+
+def test_bad_configurations_are_named():
+    with pytest.raises(ModelConfigError, match="not divisible by heads"):
+        build_model("vit", dim=10, heads=4)
+    with pytest.raises(ModelConfigError, match="patch_size 5 does not divide 28"):
+        build_model("vit", patch_size=5)
+    with pytest.raises(ModelConfigError, match="depth must be a positive integer"):
+        build_model("transformer", depth=0)
