@@ -651,3 +651,43 @@ def test_spec_prints_the_report_and_writes_json(tmp_path, capsys):
     assert data["groups"][stream]["size"] == 8
     assert data["axes"]["head.weight"] == [None, stream]
     assert data["aliases"] == {"head.weight": "embed.weight"}
+
+
+def test_match_and_interpolate_take_a_users_state_dicts(tmp_path, capsys):
+    """Plain state dicts (safetensors and a weights_only .pt) of a user's class: the spec is
+    traced, a planted permutation is found exactly, and the path is evaluated."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from lmckit.perm import Permutation
+    from lmckit.spec import trace
+    from tests.spec.test_trace import DigitsCNN
+
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    a = {k: v.clone() for k, v in model.state_dict().items()}
+    spec = trace(model, torch.randn(4, 1, 8, 8))
+    b = Permutation.random(spec, 1).apply(a)
+    save_file(a, tmp_path / "a.safetensors")
+    torch.save(b, tmp_path / "b.pt")
+    user = ["--model-class", "tests.spec.test_trace:DigitsCNN", "--input-shape", "1", "8", "8"]
+    pair = [str(tmp_path / "a.safetensors"), str(tmp_path / "b.pt")]
+    out = tmp_path / "perm.json"
+    assert main(["match", *pair, *user, "--out", str(out), "-q"]) == 0
+    printed = capsys.readouterr().out
+    assert "-> 0.0000" in printed  # L2 distance after alignment
+    assert set(json.loads(out.read_text())["perm"]) == set(spec.groups)
+    args = ["interpolate", *pair, *user, "--dataset", "digits", "--lambdas", "3", "-q"]
+    assert main([*args, "--out", str(tmp_path / "curve")]) == 0
+    assert "wm-fast" in capsys.readouterr().out
+    # the same weights without --model-class are not lmckit checkpoints
+    assert main(["match", *pair, "--out", str(tmp_path / "p2.json")]) == 2
+    assert "needs --model-class and --input-shape" in capsys.readouterr().err
+    assert main(["match", *pair, "--model-class", user[1], "--out", str(out)]) == 2
+    assert "--model-class needs --input-shape" in capsys.readouterr().err
+    wrong = {**a, "fc1.weight": torch.zeros(3, 3)}
+    save_file(wrong, tmp_path / "wrong.safetensors")
+    bad = [str(tmp_path / "wrong.safetensors"), pair[1]]
+    assert main(["match", *bad, *user, "--out", str(out)]) == 1
+    assert "['fc1.weight'] has shape (3, 3), DigitsCNN expects (12, 96)" in capsys.readouterr().err

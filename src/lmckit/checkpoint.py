@@ -40,7 +40,8 @@ from torch import Tensor, nn
 
 from lmckit import __version__
 from lmckit._io import atomic_write_bytes, atomic_write_json
-from lmckit.errors import CheckpointError, LmcError
+from lmckit.errors import CheckpointError, LmcError, ParamsError
+from lmckit.functional import check_model_fits
 from lmckit.models import build_model, model_config, permutation_spec
 from lmckit.params import check_finite, short_list
 from lmckit.perm import PermutationSpec
@@ -93,6 +94,7 @@ class Checkpoint:
     params: dict[str, Tensor]
     meta: dict[str, Any]
     path: Path
+    traced_spec: PermutationSpec | None = None  # a user's model: the spec traced for it
 
     @property
     def content_hash(self) -> str:
@@ -110,7 +112,9 @@ class Checkpoint:
 
     @property
     def spec(self) -> PermutationSpec:
-        """The model's permutation spec."""
+        """The model's permutation spec (traced, for a user's model)."""
+        if self.traced_spec is not None:
+            return self.traced_spec
         return permutation_spec(self.model)
 
 
@@ -381,6 +385,40 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, Tensor]:
         return load_file(path)
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"cannot read {path} as safetensors: {exc}") from None
+
+
+def load_foreign(
+    path: str | os.PathLike,
+    model: nn.Module,
+    spec: PermutationSpec,
+    *,
+    description: Mapping[str, Any],
+    device: torch.device | str = "cpu",
+) -> Checkpoint:
+    """A user's weights file (``.safetensors`` or a ``weights_only`` ``.pt`` state dict,
+    see :func:`import_state_dict`) loaded into ``model`` — an instance of the user's class —
+    as a :class:`Checkpoint` whose spec is ``spec`` (traced for the class).
+
+    ``description`` becomes ``meta["model"]`` (two checkpoints count as one architecture
+    when their descriptions agree).
+
+    Raises:
+        CheckpointError: unreadable or unsafe file, tensors that do not fit the model
+            (named), tensors that are not finite.
+    """
+    path = Path(path)
+    params = import_state_dict(path)
+    try:
+        check_model_fits(model, params, str(path))
+        check_finite(params, str(path))
+    except ParamsError as exc:
+        raise CheckpointError(str(exc)) from None
+    model.load_state_dict(params)
+    model.to(device)
+    params = {k: v.detach().clone().to(device) for k, v in params.items()}
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    meta = {"model": dict(description), "weights_sha256": digest, "foreign": True}
+    return Checkpoint(model=model, params=params, meta=meta, path=path, traced_spec=spec)
 
 
 def import_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:

@@ -116,6 +116,19 @@ def _checkpoint(text: str) -> Path:
     return weights
 
 
+def _weights(text: str) -> Path:
+    """A checkpoint's weights: an existing file, or an lmckit checkpoint by stem."""
+    from lmckit.checkpoint import checkpoint_paths
+
+    path = Path(text)
+    if path.is_file():
+        return path
+    weights, _ = checkpoint_paths(text)
+    if weights.is_file():
+        return weights
+    raise argparse.ArgumentTypeError(f"checkpoint {text}: {weights} not found")
+
+
 def _existing(kind: str) -> Callable[[str], Path]:
     """An argument type for an existing ``"file"`` or ``"folder"``."""
     other = "folder" if kind == "file" else "file"
@@ -312,7 +325,6 @@ def _model_from_class_path(target: str, model_args: str | None):
 
 
 def cmd_spec(args: argparse.Namespace) -> int:
-    import torch
 
     from lmckit._io import atomic_write_json, prepare_output_file
     from lmckit.spec import trace_report
@@ -324,13 +336,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
         model = _load_checkpoints([path], "cpu")[0].model
     else:
         model = _model_from_class_path(args.target, args.model_args)
-    generator = torch.Generator().manual_seed(0)
-    shape = (args.batch, *args.input_shape)
-    if args.tokens is not None:
-        example = torch.randint(0, args.tokens, shape, generator=generator)
-    else:
-        example = torch.randn(shape, generator=generator)
-    report = trace_report(model, example, strict=args.strict)
+    report = trace_report(model, _example_input(args), strict=args.strict)
     print(report)
     if args.out is not None:
         atomic_write_json(args.out, report.to_dict())
@@ -409,16 +415,62 @@ def _load_checkpoints(paths: Sequence[Path], device: str):
     return [load_checkpoint(p, device=device) for p in paths]
 
 
+def _example_input(args: argparse.Namespace):
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    shape = (getattr(args, "batch", 4), *args.input_shape)
+    if args.tokens is not None:
+        return torch.randint(0, args.tokens, shape, generator=generator)
+    return torch.randn(shape, generator=generator)
+
+
+def _load_pair(args: argparse.Namespace):
+    """Checkpoints A and B: lmckit checkpoints, or with ``--model-class`` a user's weight
+    files loaded into that class, with the spec traced for it."""
+    from lmckit.checkpoint import checkpoint_paths, load_foreign
+    from lmckit.spec import trace
+
+    if args.model_class is None:
+        for path in (args.a, args.b):
+            weights, sidecar = checkpoint_paths(path)
+            missing = [str(p) for p in (weights, sidecar) if not p.is_file()]
+            if missing:
+                raise UsageError(
+                    f"checkpoint {path}: {', '.join(missing)} not found (a plain state dict "
+                    "needs --model-class and --input-shape)"
+                )
+        return _load_checkpoints([args.a, args.b], args.device)
+    if args.input_shape is None:
+        raise UsageError("--model-class needs --input-shape (one example's shape)")
+    description = {"name": "custom", "class": args.model_class, "args": args.model_args or ""}
+    models = [_model_from_class_path(args.model_class, args.model_args) for _ in range(2)]
+    spec = trace(models[0], _example_input(args))
+    return [
+        load_foreign(path, model, spec, description=description, device=args.device)
+        for path, model in zip((args.a, args.b), models, strict=True)
+    ]
+
+
 def _data_for(ckpt, args: argparse.Namespace):
+    from lmckit.data import load_dataset
+    from lmckit.data.datasets import INPUT_SHAPES
     from lmckit.experiments.matching import check_data_fits
     from lmckit.experiments.training import load_for_model
 
     name = args.dataset or ckpt.meta.get("dataset")
     if not name:
         raise UsageError(f"{ckpt.path} does not record its dataset; pass --dataset")
-    data = load_for_model(
-        ckpt.meta["model"]["name"], name, args.data_dir, download=not args.no_download
-    )
+    if ckpt.meta.get("foreign"):
+        # pad smaller images to the --input-shape the model was traced with (28 → 32)
+        shape = INPUT_SHAPES.get(name)
+        wanted = tuple(args.input_shape)
+        pad = wanted[-1] if shape and len(wanted) == 3 and wanted[-1] > shape[-1] else None
+        data = load_dataset(name, args.data_dir, download=not args.no_download, pad_to=pad)
+    else:
+        data = load_for_model(
+            ckpt.meta["model"]["name"], name, args.data_dir, download=not args.no_download
+        )
     check_data_fits(ckpt, data)
     return data
 
@@ -429,7 +481,7 @@ def cmd_match(args: argparse.Namespace) -> int:
     from lmckit.match import METHODS
 
     prepare_output_file(args.out, "--out")
-    a, b = _load_checkpoints([args.a, args.b], args.device)
+    a, b = _load_pair(args)
     check_not_inputs([args.out], [*a.files, *b.files])
     check_same_architecture(a, b)
     data = _data_for(a, args) if METHODS[args.method].needs_data else None
@@ -461,7 +513,7 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
     from lmckit.experiments.interpolation import run_interpolate
 
     check_output_dir(args.out, "--out")
-    a, b = _load_checkpoints([args.a, args.b], args.device)
+    a, b = _load_pair(args)
     data = _data_for(a, args)
     with ProgressBars(not args.quiet) as bars:
         summary = run_interpolate(
@@ -790,6 +842,24 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
 
+def _add_model_class_arguments(p: argparse.ArgumentParser) -> None:
+    """Options for A and B that are a user's state dicts rather than lmckit checkpoints."""
+    p.add_argument(
+        "--model-class", metavar="MODULE:CLASS",
+        help="A and B are plain state dicts (.safetensors, or .pt read with weights_only) of "
+        "this class, importable from here; its spec is traced (see `lmckit spec`)",
+    )  # fmt: skip
+    p.add_argument("--model-args", metavar="JSON", help="keyword arguments for the class")
+    p.add_argument(
+        "--input-shape", type=_int_at_least(1), nargs="+", metavar="N",
+        help="with --model-class: one example's shape without the batch axis",
+    )  # fmt: skip
+    p.add_argument(
+        "--tokens", type=_int_at_least(1), metavar="VOCAB",
+        help="with --model-class: the model takes token ids in [0, VOCAB)",
+    )  # fmt: skip
+
+
 def _methods_help(methods) -> str:
     return "; ".join(f"{name}: {m.summary}" for name, m in methods.items())
 
@@ -868,8 +938,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="find the permutation of checkpoint B that aligns it to checkpoint A",
         description="Methods: " + _methods_help(MATCHERS) + ".",
     )
-    p.add_argument("a", type=_checkpoint, help="reference checkpoint (.safetensors)")
-    p.add_argument("b", type=_checkpoint, help="checkpoint to permute")
+    p.add_argument("a", type=_weights, help="reference checkpoint (.safetensors)")
+    p.add_argument("b", type=_weights, help="checkpoint to permute")
     p.add_argument("--method", choices=sorted(MATCHERS), default="wm-fast")
     p.add_argument("--out", type=Path, default=Path("perm.json"), help="permutation file")
     p.add_argument("--epochs", type=_int_at_least(1), help="STE / Sinkhorn-mid epochs (1)")
@@ -879,6 +949,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--restarts", type=_int_at_least(1), help="weight matching: best of this many starts"
     )
     _add_data_arguments(p)
+    _add_model_class_arguments(p)
     p.set_defaults(func=cmd_match)
 
     p = sub.add_parser(
@@ -888,8 +959,8 @@ def build_parser() -> argparse.ArgumentParser:
         "matching method (or a given permutation file), with barriers, ensemble reference and "
         "plots. BatchNorm statistics are re-estimated at every interior λ.",
     )
-    p.add_argument("a", type=_checkpoint)
-    p.add_argument("b", type=_checkpoint)
+    p.add_argument("a", type=_weights)
+    p.add_argument("b", type=_weights)
     p.add_argument(
         "--perm", type=_existing_file, help="use this permutation file instead of --method"
     )
@@ -911,6 +982,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="REPAIR channel statistics at every interior λ (BN-free nets)",
     )
     _add_data_arguments(p)
+    _add_model_class_arguments(p)
     p.set_defaults(func=cmd_interpolate)
 
     p = sub.add_parser(
