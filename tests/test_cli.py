@@ -681,6 +681,18 @@ def test_match_and_interpolate_take_a_users_state_dicts(tmp_path, capsys):
     args = ["interpolate", *pair, *user, "--dataset", "digits", "--lambdas", "3", "-q"]
     assert main([*args, "--out", str(tmp_path / "curve")]) == 0
     assert "wm-fast" in capsys.readouterr().out
+    # three copies of one model merge back into it; the merge is a plain state dict
+    torch.save(Permutation.random(spec, 2).apply(a), tmp_path / "c.pt")
+    merge = ["merge", *pair, str(tmp_path / "c.pt"), *user, "--dataset", "digits", "-q"]
+    assert main([*merge, "--method", "merge-many", "--out", str(tmp_path / "m")]) == 0
+    capsys.readouterr()
+    from safetensors.torch import load_file
+
+    merged = load_file(tmp_path / "m" / "merged.safetensors")
+    reference = Permutation.random(spec, 2).apply(a)  # the last model is the reference
+    weights = dict(model.named_parameters())  # buffers: BN statistics are re-estimated
+    assert all(torch.allclose(merged[k], reference[k], atol=1e-5) for k in weights)
+    assert json.loads((tmp_path / "m" / "merged.json").read_text())["model"]["class"] == user[1]
     # the same weights without --model-class are not lmckit checkpoints
     assert main(["match", *pair, "--out", str(tmp_path / "p2.json")]) == 2
     assert "needs --model-class and --input-shape" in capsys.readouterr().err

@@ -426,13 +426,18 @@ def _example_input(args: argparse.Namespace):
 
 
 def _load_pair(args: argparse.Namespace):
-    """Checkpoints A and B: lmckit checkpoints, or with ``--model-class`` a user's weight
-    files loaded into that class, with the spec traced for it."""
+    """Checkpoints A and B (see :func:`_load_user_checkpoints`)."""
+    return _load_user_checkpoints([args.a, args.b], args)
+
+
+def _load_user_checkpoints(paths: Sequence[Path], args: argparse.Namespace):
+    """lmckit checkpoints, or with ``--model-class`` a user's weight files loaded into that
+    class, with the spec traced once for it."""
     from lmckit.checkpoint import checkpoint_paths, load_foreign
     from lmckit.spec import trace
 
     if args.model_class is None:
-        for path in (args.a, args.b):
+        for path in paths:
             weights, sidecar = checkpoint_paths(path)
             missing = [str(p) for p in (weights, sidecar) if not p.is_file()]
             if missing:
@@ -440,15 +445,15 @@ def _load_pair(args: argparse.Namespace):
                     f"checkpoint {path}: {', '.join(missing)} not found (a plain state dict "
                     "needs --model-class and --input-shape)"
                 )
-        return _load_checkpoints([args.a, args.b], args.device)
+        return _load_checkpoints(paths, args.device)
     if args.input_shape is None:
         raise UsageError("--model-class needs --input-shape (one example's shape)")
     description = {"name": "custom", "class": args.model_class, "args": args.model_args or ""}
-    models = [_model_from_class_path(args.model_class, args.model_args) for _ in range(2)]
+    models = [_model_from_class_path(args.model_class, args.model_args) for _ in paths]
     spec = trace(models[0], _example_input(args))
     return [
         load_foreign(path, model, spec, description=description, device=args.device)
-        for path, model in zip((args.a, args.b), models, strict=True)
+        for path, model in zip(paths, models, strict=True)
     ]
 
 
@@ -676,7 +681,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if args.methods and not args.sweep_n:
         raise UsageError("--methods is for --sweep-n; use --method for a single merge")
     check_output_dir(args.out, "--out")
-    ckpts = _load_checkpoints(args.checkpoints, args.device)
+    ckpts = _load_user_checkpoints(args.checkpoints, args)
     check_checkpoints(ckpts)
     data = _data_for(ckpts[0], args)
     options = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size}
@@ -1060,7 +1065,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sweep-n 2..N, merges the first n checkpoints for every n and method and plots "
         "metric vs n. Methods: " + _methods_help(MERGERS) + ".",
     )
-    p.add_argument("checkpoints", nargs="+", type=_checkpoint)
+    p.add_argument("checkpoints", nargs="+", type=_weights)
     p.add_argument("--method", default="merge-many", choices=sorted(MERGERS))
     p.add_argument("--sweep-n", type=_range, help="e.g. 2..5: sweep the number of models")
     p.add_argument(
@@ -1089,6 +1094,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="plot loss on the plane through the first three aligned models",
     )
     _add_data_arguments(p)
+    _add_model_class_arguments(p)
     p.set_defaults(func=cmd_merge)
 
     from lmckit.experiments.executors import EXECUTORS

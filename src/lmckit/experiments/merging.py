@@ -9,8 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save as save_tensors
 
-from lmckit._io import atomic_write_json, check_not_inputs, prepare_output_dir, writes_folder
+from lmckit._io import (
+    atomic_write_bytes,
+    atomic_write_json,
+    check_not_inputs,
+    prepare_output_dir,
+    writes_folder,
+)
 from lmckit.analysis import multi_model_metrics, plane_landscape, sharpness
 from lmckit.checkpoint import Checkpoint, checkpoint_paths, save_checkpoint
 from lmckit.data import Dataset
@@ -143,18 +150,21 @@ def run_merge(
         base = [sharpness(model, c.params, test, probes=sharpness_probes, seed=seed) for c in ckpts]
         report["sharpness_merged"] = {"value": s_merged.value, "stderr": s_merged.stderr}
         report["sharpness_models_mean"] = sum(s.value for s in base) / len(base)
-    merged_model = build_model(ckpts[0].meta["model"]["name"], **ckpts[0].meta["model"])
-    merged_model.load_state_dict(result.merged)
-    save_checkpoint(
-        out / "merged",
-        merged_model,
-        {
-            "merged_from": [str(c.path) for c in ckpts],
-            "merge_method": result.method,
-            "dataset": ckpts[0].meta.get("dataset"),
-            "metrics": {"test_loss": metrics.merged_loss, "test_accuracy": metrics.merged_accuracy},
-        },
-    )
+    about = {
+        "merged_from": [str(c.path) for c in ckpts],
+        "merge_method": result.method,
+        "dataset": ckpts[0].meta.get("dataset"),
+        "metrics": {"test_loss": metrics.merged_loss, "test_accuracy": metrics.merged_accuracy},
+    }
+    if ckpts[0].meta.get("foreign"):
+        # a user's class: a plain state dict it loads, and what it is beside it
+        merged = {k: v.detach().cpu().contiguous() for k, v in result.merged.items()}
+        atomic_write_bytes(out / "merged.safetensors", save_tensors(merged))
+        atomic_write_json(out / "merged.json", {"model": ckpts[0].meta["model"], **about})
+    else:
+        merged_model = build_model(ckpts[0].meta["model"]["name"], **ckpts[0].meta["model"])
+        merged_model.load_state_dict(result.merged)
+        save_checkpoint(out / "merged", merged_model, about)
     atomic_write_json(
         out / "permutations.json",
         {"groups": dict(ckpts[0].spec.groups), "perms": [p.to_dict() for p in result.perms]},
