@@ -65,10 +65,17 @@ def _check(dim: int, heads: int, depth: int, mlp_dim: int) -> None:
 
 
 class _Transformer(nn.Module):
-    """What both models share: the blocks, the final norm, the spec by tracing."""
+    """What both models share: the blocks, the final norm and head, the spec by tracing."""
 
     config: dict
     example_shape: tuple[int, ...]
+
+    def _add_trunk(self, dim: int, depth: int, heads: int, mlp_dim: int, num_classes: int):
+        """The blocks, the final norm and the head (after the model's own embedding, so the
+        initialisation draws in that order)."""
+        self.blocks = nn.ModuleList(Block(dim, heads, mlp_dim) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
 
     def permutation_spec(self) -> PermutationSpec:
         """Traced from the model's own graph (and verified): see :mod:`lmckit.spec`."""
@@ -111,9 +118,7 @@ class ViT(_Transformer):
         self.patch = nn.Conv2d(in_channels, dim, patch_size, stride=patch_size)
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos = nn.Parameter(0.02 * torch.randn(1, tokens, dim))
-        self.blocks = nn.ModuleList(Block(dim, heads, mlp_dim) for _ in range(depth))
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, num_classes)
+        self._add_trunk(dim, depth, heads, mlp_dim, num_classes)
         self.example_shape = (in_channels, image_size, image_size)
         self.config = {
             "name": "vit",
@@ -154,9 +159,7 @@ class TransformerClassifier(_Transformer):
         _check(dim, heads, depth, mlp_dim)
         self.embed = nn.Linear(in_dim, dim)
         self.pos = nn.Parameter(0.02 * torch.randn(1, length, dim))
-        self.blocks = nn.ModuleList(Block(dim, heads, mlp_dim) for _ in range(depth))
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, num_classes)
+        self._add_trunk(dim, depth, heads, mlp_dim, num_classes)
         self.example_shape = (length, in_dim)
         self.config = {
             "name": "transformer",

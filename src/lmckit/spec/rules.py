@@ -611,7 +611,7 @@ def _ops(*names: str) -> list:
     return found
 
 
-_ELEMENTWISE = _ops(
+_ELEMENTWISE = (
     "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "neg", "relu", "relu_",
     "gelu", "silu", "silu_", "sigmoid", "tanh", "hardtanh", "hardtanh_", "leaky_relu",
     "leaky_relu_", "elu", "selu", "softplus", "mish", "hardswish", "hardsigmoid", "exp",
@@ -624,75 +624,57 @@ _ELEMENTWISE = _ops(
 )  # fmt: skip
 _FIRST_OUTPUT_IS_SAME = set(_ops("max_pool2d_with_indices", "max_pool1d_with_indices"))
 
-RULES: dict[Any, Rule] = {}
-for _op in _ELEMENTWISE:
-    RULES[_op] = elementwise
-for _op in _ops("expand", "expand_as", "broadcast_to"):
-    RULES[_op] = expand
-for _op in _ops("zeros_like", "ones_like", "empty_like", "full_like"):
-    RULES[_op] = like_constant
-for _op in _ops("arange", "full", "zeros", "ones", "empty", "randn", "rand", "scalar_tensor"):
-    RULES[_op] = fresh_constant
-for _op in _ops("linear"):
-    RULES[_op] = linear
-for _op in _ops("conv1d", "conv2d", "conv3d"):
-    RULES[_op] = convolution
-for _op in _ops("batch_norm"):
-    RULES[_op] = batch_norm
-for _op in _ops("layer_norm"):
-    RULES[_op] = layer_norm
-for _op in _ops("group_norm"):
-    RULES[_op] = group_norm
-for _op in _ops("embedding"):
-    RULES[_op] = embedding
-for _op in _ops("matmul", "bmm", "mm"):
-    RULES[_op] = matmul
-for _op in _ops("addmm"):
-    RULES[_op] = addmm
-for _op in _ops("einsum"):
-    RULES[_op] = einsum
-for _op in _ops("scaled_dot_product_attention"):
-    RULES[_op] = attention
-for _op in _ops("transpose", "swapaxes"):
-    RULES[_op] = transpose
-for _op in _ops("t", "numpy_T"):
-    RULES[_op] = t
-for _op in _ops("permute"):
-    RULES[_op] = permute
-for _op in _ops("movedim", "moveaxis"):
-    RULES[_op] = movedim
-for _op in _ops("unsqueeze"):
-    RULES[_op] = unsqueeze
-for _op in _ops("squeeze"):
-    RULES[_op] = squeeze
-for _op in _ops("sum", "mean", "amax", "amin", "var", "std", "prod", "logsumexp"):
-    RULES[_op] = reduction
-for _op in _ops("softmax", "_softmax", "log_softmax", "_log_softmax"):
-    RULES[_op] = softmax
-for _op, _k in [
-    *((o, 1) for o in _ops("max_pool1d", "avg_pool1d", "adaptive_avg_pool1d")),
-    *(
-        (o, 2)
-        for o in _ops(
-            "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
-            "max_pool2d_with_indices",
-        )
+
+def _pooling(spatial: int) -> Rule:
+    return lambda node, ax: pooling(node, ax, spatial)
+
+
+_TABLE: list[tuple[Rule, tuple[str, ...]]] = [
+    (elementwise, _ELEMENTWISE),
+    (expand, ("expand", "expand_as", "broadcast_to")),
+    (like_constant, ("zeros_like", "ones_like", "empty_like", "full_like")),
+    (
+        fresh_constant,
+        ("arange", "full", "zeros", "ones", "empty", "randn", "rand", "scalar_tensor"),
     ),
-    *((o, 3) for o in _ops("max_pool3d", "avg_pool3d", "adaptive_avg_pool3d")),
-]:  # fmt: skip
-    RULES[_op] = lambda node, ax, k=_k: pooling(node, ax, k)
-for _op in _ops("flatten"):
-    RULES[_op] = flatten
-for _op in _ops("view", "reshape", "_unsafe_view", "unflatten"):
-    RULES[_op] = reshape
-for _op in _ops("select"):
-    RULES[_op] = select
-for _op in _ops("slice"):
-    RULES[_op] = slice_
-for _op in _ops("cat", "concat", "concatenate"):
-    RULES[_op] = cat
-for _op in _ops("split", "split_with_sizes", "chunk"):
-    RULES[_op] = split
+    (linear, ("linear",)),
+    (convolution, ("conv1d", "conv2d", "conv3d")),
+    (batch_norm, ("batch_norm",)),
+    (layer_norm, ("layer_norm",)),
+    (group_norm, ("group_norm",)),
+    (embedding, ("embedding",)),
+    (matmul, ("matmul", "bmm", "mm")),
+    (addmm, ("addmm",)),
+    (einsum, ("einsum",)),
+    (attention, ("scaled_dot_product_attention",)),
+    (transpose, ("transpose", "swapaxes")),
+    (t, ("t", "numpy_T")),
+    (permute, ("permute",)),
+    (movedim, ("movedim", "moveaxis")),
+    (unsqueeze, ("unsqueeze",)),
+    (squeeze, ("squeeze",)),
+    (reduction, ("sum", "mean", "amax", "amin", "var", "std", "prod", "logsumexp")),
+    (softmax, ("softmax", "_softmax", "log_softmax", "_log_softmax")),
+    (_pooling(1), ("max_pool1d", "avg_pool1d", "adaptive_avg_pool1d")),
+    (
+        _pooling(2),
+        (
+            "max_pool2d",
+            "avg_pool2d",
+            "adaptive_avg_pool2d",
+            "adaptive_max_pool2d",
+            "max_pool2d_with_indices",
+        ),
+    ),
+    (_pooling(3), ("max_pool3d", "avg_pool3d", "adaptive_avg_pool3d")),
+    (flatten, ("flatten",)),
+    (reshape, ("view", "reshape", "_unsafe_view", "unflatten")),
+    (select, ("select",)),
+    (slice_, ("slice",)),
+    (cat, ("cat", "concat", "concatenate")),
+    (split, ("split", "split_with_sizes", "chunk")),
+]
+RULES: dict[Any, Rule] = {op: rule for rule, names in _TABLE for op in _ops(*names)}
 RULES[operator.getitem] = getitem
 
 # Ops with no tensor result (shape assertions, symbolic sizes) relate nothing.
