@@ -324,3 +324,41 @@ def test_every_merger_merges_planted_copies_of_a_blocked_spec_back(method, block
     merged = {k: v for k, v in result.merged.items() if "running" not in k}
     reference = {k: v for k, v in copies[-1].items() if "running" not in k}
     assert params_distance(merged, reference) < 1e-5
+
+
+class Grouped(nn.Module):
+    """GroupNorm with 4 groups of 4 channels, then a convolution of 2 groups."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.gn = nn.Conv2d(3, 16, 3, padding=1), nn.GroupNorm(4, 16)
+        self.c2, self.gn2 = nn.Conv2d(16, 8, 3, padding=1, groups=2), nn.GroupNorm(2, 8)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = torch.relu(self.gn(self.c1(x)))
+        return self.fc(torch.relu(self.gn2(self.c2(x))).mean((2, 3)))
+
+
+def test_groupnorm_and_grouped_convolutions_move_whole_groups():
+    """GroupNorm alone would allow its 4 groups to move (blocks of 4 channels); the grouped
+    convolution reads input group j into output group j, so its 2 groups move alike on its
+    input and output: one group of 2 units, blocks of 8 channels before it and 4 after."""
+    model = nontrivial(Grouped())
+    report = trace_report(model, torch.randn(4, 3, 6, 6))
+    spec = report.spec
+    (group,) = spec.groups
+    assert spec.groups[group] == 2
+    assert spec.axes["c1.weight"][0] == spec.axes["c2.weight"][0] == group
+    assert spec.blocks["c1.weight"] == (8, 1, 1, 1) and spec.blocks["gn.weight"] == (8,)
+    assert spec.blocks["c2.weight"] == (4, 1, 1, 1) and spec.blocks["fc.weight"] == (1, 4)
+    assert report.frozen["c2.weight"][1].startswith("inside a group of a grouped convolution")
+    planted_recovery(model, spec)
+
+
+def test_groupnorm_alone_moves_its_groups():
+    model = nontrivial(nn.Sequential(nn.Linear(5, 12), nn.GroupNorm(3, 12), nn.Linear(12, 2)))
+    spec = trace(model, torch.randn(4, 5))
+    (group,) = spec.groups
+    assert spec.groups[group] == 3 and spec.blocks["0.weight"] == (4, 1)
+    planted_recovery(model, spec)

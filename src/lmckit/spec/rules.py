@@ -32,17 +32,35 @@ aten = torch.ops.aten
 Rule = Callable[[fx.Node, "Axes"], None]
 
 
+class Unit:
+    """An axis that no tensor of the graph has: the ``n`` groups of a grouped convolution
+    or a GroupNorm, whose channel axes are ``n`` blocks that move whole."""
+
+    def __init__(self, name: str, n: int) -> None:
+        self.name = name
+        self.shape = (n,)
+
+
 class Axes:
-    """What rules see: shapes of nodes and the two ways to relate axes."""
+    """What rules see: shapes of nodes and the ways to relate axes."""
 
     def __init__(self, same: Callable, freeze: Callable) -> None:
         self._same = same
         self._freeze = freeze
         self.op = ""  # the operator whose rule runs, for error messages
+        self.units: list[Unit] = []
+
+    def unit(self, node: fx.Node, n: int) -> Unit:
+        """A new axis of length ``n`` belonging to ``node``'s op (see :class:`Unit`)."""
+        made = Unit(f"{node.name}#units", n)
+        self.units.append(made)
+        return made
 
     @staticmethod
     def shape(node: Any) -> tuple[int, ...] | None:
         """The static shape of a tensor-valued node (``None`` for anything else)."""
+        if isinstance(node, Unit):
+            return node.shape
         if not isinstance(node, fx.Node):
             return None
         val = node.meta.get("val")
@@ -170,9 +188,12 @@ def convolution(node: fx.Node, ax: Axes) -> None:
         ax.same(x, c, node, c)
         ax.same(w, 0, node, c)
     else:
-        why = f"grouped convolution ({groups} groups): channels move only within a group"
+        # Output group j reads input group j only: moving whole groups alike on the input
+        # and the output commutes; channels inside a group stay (those axes freeze).
+        units = ax.unit(node, groups)
         for t, d in ((x, c), (node, c), (w, 0)):
-            ax.freeze(t, d, why)
+            ax.same_blocks(units, 0, t, d)
+        ax.freeze(w, 1, f"inside a group of a grouped convolution ({groups} groups)")
     if isinstance(b, fx.Node):
         ax.same(b, 0, node, c)
 
@@ -206,26 +227,22 @@ def layer_norm(node: fx.Node, ax: Axes) -> None:
 
 def group_norm(node: fx.Node, ax: Axes) -> None:
     """``group_norm(input, num_groups, weight, bias, eps)``: with one group (or one channel
-    per group) any channel permutation commutes; otherwise channels may move only within
-    their group, which a plain group cannot express."""
+    per group) any channel permutation commutes; otherwise the channels are blocks of their
+    groups and whole groups move."""
     x, groups = node.args[0], node.args[1]
     xs = ax.shape(x)
     assert xs is not None
     for i in range(len(xs)):
         if i != 1:
             ax.same(x, i, node, i)
-    if groups in (1, xs[1]):
-        ax.same(x, 1, node, 1)
-        for p in node.args[2:4]:
-            if isinstance(p, fx.Node):
-                ax.same(p, 0, node, 1)
-    else:
-        why = f"GroupNorm with {groups} groups: channels move only within a group"
-        ax.freeze(x, 1, why)
-        ax.freeze(node, 1, why)
-        for p in node.args[2:4]:
-            if isinstance(p, fx.Node):
-                ax.freeze(p, 0, why)
+    ax.same(x, 1, node, 1)
+    for p in node.args[2:4]:
+        if isinstance(p, fx.Node):
+            ax.same(p, 0, node, 1)
+    if groups not in (1, xs[1]):
+        # statistics per group: whole groups may move (channels inside one may too, but
+        # that inner permutation is not expressed)
+        ax.same_blocks(ax.unit(node, groups), 0, node, 1)
 
 
 def embedding(node: fx.Node, ax: Axes) -> None:

@@ -218,10 +218,10 @@ def trace_report(
                 f"torch.export could not trace {type(model).__name__}: "
                 f"{type(exc).__name__}: {first}"
             ) from exc
-    uf, unknown = _relate(exported)
+    uf, unknown, extra_axes = _relate(exported)
     state = model.state_dict(keep_vars=True)
     aliases, placeholder_of = _state_placeholders(exported, state, uf)
-    spec, frozen = _build_spec(exported, state, aliases, placeholder_of, uf)
+    spec, frozen = _build_spec(exported, state, aliases, placeholder_of, uf, extra_axes)
     if strict and unknown:
         raise SpecError(
             f"operators without a rule in {type(model).__name__}: {', '.join(unknown)} "
@@ -239,7 +239,7 @@ def trace_report(
     )
 
 
-def _relate(exported) -> tuple[_UnionFind, list[str]]:
+def _relate(exported) -> tuple[_UnionFind, list[str], dict[AxisKey, int]]:
     """Run every op's rule over the graph."""
     uf = _UnionFind()
     unknown: list[str] = []
@@ -284,7 +284,8 @@ def _relate(exported) -> tuple[_UnionFind, list[str]]:
                         ax.freeze_all(user, why)
         elif node.op in ("call_module", "call_method", "get_attr"):
             ax.freeze_all(node, f"{node.op} {node.target} has no rule")
-    return uf, unknown
+    extra = {(u.name, 0): u.shape[0] for u in ax.units}
+    return uf, unknown, extra
 
 
 def _tensor_inputs(node: fx.Node) -> list[fx.Node]:
@@ -327,26 +328,29 @@ def _state_placeholders(exported, state: Mapping[str, Tensor], uf: _UnionFind):
     return aliases, placeholder_of
 
 
-def _unit_lengths(exported, uf: _UnionFind) -> dict[AxisKey, int]:
+def _unit_lengths(exported, uf: _UnionFind, extra: Mapping[AxisKey, int]) -> dict[AxisKey, int]:
     """Per class, the number of units: the shortest member axis (block rules join an axis
-    of ``n·b`` entries to one of ``n``). A class with a member that is not a whole number of
-    blocks is frozen."""
+    of ``n·b`` entries to one of ``n``; ``extra`` holds the rules' own unit axes). A class
+    with a member that is not a whole number of blocks is frozen."""
     lengths: dict[AxisKey, int] = {}
     members: dict[AxisKey, list[int]] = {}
-    for node in exported.graph.nodes:
-        shape = Axes.shape(node)
-        for i, n in enumerate(shape or ()):
-            root = uf.find((node.name, i))
-            lengths[root] = min(lengths.get(root, n), n)
-            members.setdefault(root, []).append(n)
+    axes = [
+        ((node.name, i), n)
+        for node in exported.graph.nodes
+        for i, n in enumerate(Axes.shape(node) or ())
+    ]
+    for key, n in [*axes, *extra.items()]:
+        root = uf.find(key)
+        lengths[root] = min(lengths.get(root, n), n)
+        members.setdefault(root, []).append(n)
     for root, sizes in members.items():
         if any(n % lengths[root] for n in sizes):
             uf.freeze(root, "axes of this class are not whole blocks of its units")
     return lengths
 
 
-def _build_spec(exported, state, aliases, placeholder_of, uf: _UnionFind):
-    units = _unit_lengths(exported, uf)
+def _build_spec(exported, state, aliases, placeholder_of, uf: _UnionFind, extra_axes):
+    units = _unit_lengths(exported, uf, extra_axes)
     groups: dict[str, int] = {}
     names: dict[AxisKey, str] = {}
     axes: dict[str, tuple[str | None, ...]] = {}
