@@ -117,3 +117,65 @@ def test_bad_blocks_are_named():
     spec = PermutationSpec(groups=groups, axes=axes, blocks={"fc.weight": (1, 4)})
     with pytest.raises(SpecError, match=r"length 5 but group 'c' has size 5 × block 4"):
         spec.validate({"fc.weight": torch.zeros(3, 5)})
+
+
+# -- repeats: a fused projection whose three segments carry the same group ------------------
+N, B, D = 4, 3, 5  # 4 heads of 3 dimensions, model width 5
+
+
+def fused_spec():
+    """``qkv`` of shape ``(3·N·B, D)``: query, key, value segments, each N heads of B."""
+    return PermutationSpec(
+        groups={"heads": N},
+        axes={"qkv.weight": ("heads", None), "out.weight": (None, "heads")},
+        blocks={"qkv.weight": (B, 1), "out.weight": (1, B)},
+        repeats={"qkv.weight": (3, 1)},
+    )
+
+
+def fused_params(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "qkv.weight": torch.randn(3 * N * B, D, generator=g),
+        "out.weight": torch.randn(D, N * B, generator=g),
+    }
+
+
+def test_repeats_permute_every_segment_alike():
+    spec, params = fused_spec(), fused_params()
+    perm = Permutation.random(spec, 1)
+    p = perm["heads"]
+    got = perm.apply(params)["qkv.weight"].reshape(3, N, B, D)
+    assert torch.equal(got, params["qkv.weight"].reshape(3, N, B, D)[:, p])
+    assert block_index(torch.tensor([1, 0]), 2, 2).tolist() == [2, 3, 0, 1, 6, 7, 4, 5]
+
+
+def test_repeats_cost_matrix_equals_the_unblocked_spec_of_the_reshaped_tensor():
+    spec, a, b = fused_spec(), fused_params(0), fused_params(1)
+    plain = PermutationSpec(
+        groups={"heads": N},
+        axes={"qkv.weight": (None, "heads", None, None), "out.weight": (None, "heads", None)},
+    )
+
+    def unflat(q):
+        return {
+            "qkv.weight": q["qkv.weight"].reshape(3, N, B, D),
+            "out.weight": q["out.weight"].reshape(D, N, B),
+        }
+
+    got = group_cost_matrix(spec, a, b, Permutation.identity(spec), "heads")
+    want = group_cost_matrix(plain, unflat(a), unflat(b), Permutation.identity(plain), "heads")
+    assert torch.allclose(got, want)
+
+
+def test_repeats_work_in_every_weight_based_method():
+    spec, a = fused_spec(), fused_params()
+    truth = Permutation.random(spec, 3)
+    b = truth.inverse().apply(a)
+    assert weight_matching(spec, a, b).perm == truth
+    assert sinkhorn_matching(spec, a, b, steps=300, lr=0.3).perm == truth
+    hard = {"heads": torch.eye(N)[truth["heads"]]}
+    soft = soft_apply(spec, a, hard)
+    assert all(torch.allclose(soft[k], v) for k, v in truth.apply(a).items())
+    with pytest.raises(SpecError, match=r"size 4 × block 3 × repeat 3"):
+        spec.validate({**a, "qkv.weight": torch.zeros(3 * N * B + 1, D)})

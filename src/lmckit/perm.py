@@ -34,8 +34,10 @@ __all__ = [
     "Permutation",
     "PermutationSpec",
     "block_index",
+    "from_unit_rows",
     "group_cost_matrix",
     "permute_axis",
+    "unit_rows",
 ]
 
 Axes = tuple[str | None, ...]
@@ -61,6 +63,10 @@ class PermutationSpec:
             moves whole blocks: the flattened ``C×H×W`` input of a linear layer after a
             convolution (``b = H·W``), or the heads of an attention projection (``b`` = the
             head dimension).
+        repeats: parameter name -> one repeat count per axis (default 1). An axis with
+            repeat ``r`` is ``r`` consecutive segments, each laid out as above, and the group
+            acts alike in every segment: a fused query/key/value projection (``r = 3``).
+            The axis length is ``r · n · b``.
 
     Raises:
         SpecError: a group is used by no axis, has a non-positive size, is named on an axis
@@ -71,6 +77,7 @@ class PermutationSpec:
     axes: Mapping[str, Axes]
     self_maps: frozenset[str] = frozenset()
     blocks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    repeats: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     _group_axes: Mapping[str, tuple[tuple[str, int], ...]] = field(
         init=False, repr=False, compare=False
     )
@@ -96,24 +103,8 @@ class PermutationSpec:
         self_maps = frozenset(self.self_maps)
         if not self_maps <= set(axes):
             raise SpecError(f"self_maps names unknown parameters {sorted(self_maps - set(axes))}")
-        blocks: dict[str, tuple[int, ...]] = {}
-        for k, v in dict(self.blocks).items():
-            if k not in axes:
-                raise SpecError(f"blocks names {k!r}, which is not in axes")
-            v = tuple(v)
-            if len(v) != len(axes[k]) or not all(
-                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in v
-            ):
-                raise SpecError(
-                    f"blocks[{k!r}] must hold one positive integer per axis "
-                    f"({len(axes[k])}), got {v!r}"
-                )
-            if any(b > 1 and g is None for b, g in zip(v, axes[k], strict=True)):
-                raise SpecError(
-                    f"blocks[{k!r}] = {v}: a block length > 1 on an axis no group acts on"
-                )
-            if any(b > 1 for b in v):
-                blocks[k] = v
+        blocks = _per_axis_counts("blocks", self.blocks, axes)
+        repeats = _per_axis_counts("repeats", self.repeats, axes)
         for g, n in groups.items():
             if n < 1:
                 raise SpecError(f"group {g!r} has size {n}; a group must permute at least 1 unit")
@@ -143,6 +134,7 @@ class PermutationSpec:
         object.__setattr__(self, "axes", MappingProxyType(axes))
         object.__setattr__(self, "self_maps", self_maps)
         object.__setattr__(self, "blocks", MappingProxyType(blocks))
+        object.__setattr__(self, "repeats", MappingProxyType(repeats))
         object.__setattr__(
             self, "_group_axes", MappingProxyType({g: tuple(v) for g, v in group_axes.items()})
         )
@@ -159,6 +151,11 @@ class PermutationSpec:
         per_axis = self.blocks.get(name)
         return per_axis[axis] if per_axis is not None else 1
 
+    def repeat(self, name: str, axis: int) -> int:
+        """The repeat count of ``name``'s ``axis`` (1 unless declared in ``repeats``)."""
+        per_axis = self.repeats.get(name)
+        return per_axis[axis] if per_axis is not None else 1
+
     def restrict(self, names: Collection[str]) -> PermutationSpec:
         """The spec of only these tensors (groups that then act on nothing are dropped)."""
         names = set(names)
@@ -169,6 +166,7 @@ class PermutationSpec:
             axes=axes,
             self_maps=self.self_maps & names,
             blocks={k: v for k, v in self.blocks.items() if k in names},
+            repeats={k: v for k, v in self.repeats.items() if k in names},
         )
 
     def validate(self, params: Params, *, what: str = "params") -> None:
@@ -203,12 +201,13 @@ class PermutationSpec:
             for i, g in enumerate(ax):
                 if g is None:
                     continue
-                block = self.block(name, i)
-                if t.shape[i] != self.groups[g] * block:
+                block, repeat = self.block(name, i), self.repeat(name, i)
+                if t.shape[i] != repeat * self.groups[g] * block:
                     blocks = f" × block {block}" if block > 1 else ""
+                    repeats = f" × repeat {repeat}" if repeat > 1 else ""
                     raise SpecError(
                         f"{what}[{name!r}] axis {i} has length {t.shape[i]} but group {g!r} has "
-                        f"size {self.groups[g]}{blocks}"
+                        f"size {self.groups[g]}{blocks}{repeats}"
                     )
 
     def log10_num_symmetries(self) -> float:
@@ -355,23 +354,74 @@ class Permutation:
         for name, t in params.items():
             for axis, g in enumerate(self.spec.axes[name]):
                 if g is not None:
-                    t = permute_axis(t, axis, self._perms[g], self.spec.block(name, axis))
+                    t = permute_axis(
+                        t,
+                        axis,
+                        self._perms[g],
+                        self.spec.block(name, axis),
+                        self.spec.repeat(name, axis),
+                    )
             out[name] = t if t is not params[name] else t.clone()
         return out
 
 
-def block_index(index: Tensor, block: int) -> Tensor:
+def _per_axis_counts(what: str, given, axes) -> dict[str, tuple[int, ...]]:
+    """Validate ``blocks``/``repeats``: one positive integer per axis, > 1 only on axes a
+    group acts on; entries that are all 1 are dropped."""
+    out: dict[str, tuple[int, ...]] = {}
+    for k, v in dict(given).items():
+        if k not in axes:
+            raise SpecError(f"{what} names {k!r}, which is not in axes")
+        v = tuple(v)
+        if len(v) != len(axes[k]) or not all(
+            isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in v
+        ):
+            raise SpecError(
+                f"{what}[{k!r}] must hold one positive integer per axis ({len(axes[k])}), got {v!r}"
+            )
+        if any(b > 1 and g is None for b, g in zip(v, axes[k], strict=True)):
+            raise SpecError(f"{what}[{k!r}] = {v}: a count > 1 on an axis no group acts on")
+        if any(b > 1 for b in v):
+            out[k] = v
+    return out
+
+
+def block_index(index: Tensor, block: int, repeat: int = 1) -> Tensor:
     """The element order that moves whole blocks of ``block`` entries as ``index`` moves
-    units: ``[index[0]·b, …, index[0]·b + b − 1, index[1]·b, …]``."""
-    if block == 1:
-        return index
-    return (index[:, None] * block + torch.arange(block, device=index.device)).reshape(-1)
+    units — ``[index[0]·b, …, index[0]·b + b − 1, index[1]·b, …]`` — alike in each of
+    ``repeat`` consecutive segments."""
+    if block > 1:
+        index = (index[:, None] * block + torch.arange(block, device=index.device)).reshape(-1)
+    if repeat > 1:
+        segment = torch.arange(repeat, device=index.device)[:, None] * index.numel()
+        index = (segment + index[None, :]).reshape(-1)
+    return index
 
 
-def permute_axis(t: Tensor, axis: int, index: Tensor, block: int = 1) -> Tensor:
+def permute_axis(t: Tensor, axis: int, index: Tensor, block: int = 1, repeat: int = 1) -> Tensor:
     """``t`` with ``axis`` reordered by a group's index vector (blocks of ``block`` entries
-    move together; see :class:`PermutationSpec`)."""
-    return t.index_select(axis, block_index(index.to(t.device), block))
+    move together, alike in ``repeat`` segments; see :class:`PermutationSpec`)."""
+    return t.index_select(axis, block_index(index.to(t.device), block, repeat))
+
+
+def unit_rows(t: Tensor, axis: int, n: int, repeat: int = 1) -> Tensor:
+    """``t`` as an ``(n, -1)`` matrix with one row per unit of the group on ``axis``: every
+    entry that moves with unit ``u`` (its block, in every segment, across the other axes)
+    in row ``u``. Two tensors laid out alike give ``A_rows @ B_rowsᵀ`` = the units' inner
+    products."""
+    moved = t.movedim(axis, 0)
+    if repeat == 1:
+        return moved.reshape(n, -1)
+    return moved.reshape(repeat, n, -1).transpose(0, 1).reshape(n, -1)
+
+
+def from_unit_rows(rows: Tensor, axis: int, shape: tuple[int, ...], repeat: int = 1) -> Tensor:
+    """Inverse of :func:`unit_rows` for a tensor of ``shape``."""
+    moved_shape = (shape[axis], *shape[:axis], *shape[axis + 1 :])
+    n = rows.shape[0]
+    if repeat > 1:
+        rows = rows.reshape(n, repeat, -1).transpose(0, 1)
+    return rows.reshape(moved_shape).movedim(0, axis)
 
 
 def group_cost_matrix(
@@ -410,9 +460,15 @@ def group_cost_matrix(
         b = params_b[name]
         for other_axis, g in enumerate(spec.axes[name]):
             if g is not None and other_axis != axis:
-                b = permute_axis(b, other_axis, perm[g], spec.block(name, other_axis))
-        a2 = a.movedim(axis, 0).reshape(n, -1)
-        b2 = b.movedim(axis, 0).reshape(n, -1)
+                b = permute_axis(
+                    b,
+                    other_axis,
+                    perm[g],
+                    spec.block(name, other_axis),
+                    spec.repeat(name, other_axis),
+                )
+        a2 = unit_rows(a, axis, n, spec.repeat(name, axis))
+        b2 = unit_rows(b, axis, n, spec.repeat(name, axis))
         term = a2 @ b2.T
         cost = term if cost is None else cost + term
     assert cost is not None

@@ -362,3 +362,51 @@ def test_groupnorm_alone_moves_its_groups():
     (group,) = spec.groups
     assert spec.groups[group] == 3 and spec.blocks["0.weight"] == (4, 1)
     planted_recovery(model, spec)
+
+
+class FusedQKV(nn.Module):
+    """GPT-2's layout: one projection to ``3·d``, split into query, key and value."""
+
+    def __init__(self, d=12, heads=3):
+        super().__init__()
+        self.heads = heads
+        self.inp, self.qkv, self.o = nn.Linear(5, d), nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.out = nn.Linear(d, 2)
+
+    def forward(self, x):
+        x = self.inp(x)
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1)
+
+        def split(t):
+            return t.view(b, n, self.heads, d // self.heads).transpose(1, 2)
+
+        y = nn.functional.scaled_dot_product_attention(split(q), split(k), split(v))
+        return self.out((x + self.o(y.transpose(1, 2).reshape(b, n, d))).mean(1))
+
+
+def test_a_fused_projection_split_in_three_carries_the_heads_in_three_segments():
+    model = FusedQKV()
+    report = trace_report(model, torch.randn(2, 4, 5))
+    spec = report.spec
+    heads = spec.axes["qkv.weight"][0]
+    assert spec.groups[heads] == 3
+    assert spec.repeats["qkv.weight"] == (3, 1) and spec.blocks["qkv.weight"] == (4, 1)
+    assert spec.axes["o.weight"] == (spec.axes["o.weight"][0], heads)
+    assert "qkv.weight[0] (blocks of 4, 3 segments)" in str(report)
+    planted_recovery(model, spec)
+
+
+def test_unequal_splits_freeze_the_axis():
+    class Unequal(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(4, 7), nn.Linear(3, 2), nn.Linear(4, 2)
+
+        def forward(self, x):
+            left, right = self.a(x).split([3, 4], dim=-1)
+            return self.b(torch.relu(left)) + self.c(torch.relu(right))
+
+    report = trace_report(Unequal(), torch.randn(3, 4))
+    assert report.spec.axes["a.weight"] == (None, None)
+    assert report.frozen["a.weight"][0] == "split into unequal parts along this axis"

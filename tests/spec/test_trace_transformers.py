@@ -68,6 +68,13 @@ def test_gpt2_ties_its_head_to_its_embedding():
     assert report.aliases == {"lm_head.weight": "transformer.wte.weight"}
     assert axes["lm_head.weight"] == axes["transformer.wte.weight"]
     assert axes["lm_head.weight"][0] is None and axes["lm_head.weight"][1] is not None
+    # the fused query/key/value projection: 4 heads of 4, in 3 segments
+    spec = report.spec
+    heads = axes["transformer.h.0.attn.c_attn.weight"][1]
+    assert spec.groups[heads] == 4
+    assert spec.repeats["transformer.h.0.attn.c_attn.weight"] == (1, 3)
+    assert spec.blocks["transformer.h.0.attn.c_attn.weight"] == (1, 4)
+    assert axes["transformer.h.0.attn.c_proj.weight"][0] == heads
 
 
 def test_a_planted_permutation_is_recovered(traced):

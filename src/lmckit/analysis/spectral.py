@@ -138,13 +138,17 @@ def _row_and_column_perms(
     if name not in spec.axes:
         raise SpecError(f"{name!r} is not in the permutation spec")
     axes = spec.axes[name]
-    rows = block_index(perm[axes[0]], spec.block(name, 0)) if axes[0] is not None else None
+    rows = None
+    if axes[0] is not None:
+        rows = block_index(perm[axes[0]], spec.block(name, 0), spec.repeat(name, 0))
     cols = None
     if any(g is not None for g in axes[1:]):
         index = torch.arange(math.prod(shape[1:])).reshape(shape[1:])
         for axis, g in enumerate(axes[1:]):
             if g is not None:
-                index = permute_axis(index, axis, perm[g], spec.block(name, axis + 1))
+                index = permute_axis(
+                    index, axis, perm[g], spec.block(name, axis + 1), spec.repeat(name, axis + 1)
+                )
         cols = index.reshape(-1)
     return rows, cols
 

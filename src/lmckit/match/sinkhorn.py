@@ -33,7 +33,7 @@ from lmckit.match._functional import (
 )
 from lmckit.match.result import MatchResult, check_inputs
 from lmckit.params import Params, detached, is_running_stat, lerp_params, params_distance
-from lmckit.perm import Permutation, PermutationSpec
+from lmckit.perm import Permutation, PermutationSpec, from_unit_rows, unit_rows
 from lmckit.progress import ProgressCallback, notify
 
 OBJECTIVES = ("l2", "mid")
@@ -55,10 +55,10 @@ def soft_apply(spec: PermutationSpec, params: Params, soft: Mapping[str, Tensor]
         for axis, g in enumerate(spec.axes[name]):
             if g is None:
                 continue
-            moved = t.movedim(axis, 0)
-            # unit-major blocks (see PermutationSpec.blocks): rows of one unit stay together
-            rows = moved.reshape(soft[g].shape[0], -1)
-            t = (soft[g] @ rows).reshape(moved.shape).movedim(0, axis)
+            # one row per unit: blocks and repeats move with it (PermutationSpec.blocks)
+            repeat = spec.repeat(name, axis)
+            rows = unit_rows(t, axis, soft[g].shape[0], repeat)
+            t = from_unit_rows(soft[g] @ rows, axis, tuple(t.shape), repeat)
         out[name] = t
     return out
 

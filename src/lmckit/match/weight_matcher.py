@@ -34,7 +34,7 @@ from torch import Tensor
 from lmckit.lap import LapDuals, solve_lap
 from lmckit.match.result import MatchResult, check_inputs, matched_names
 from lmckit.params import Params, detached, params_distance
-from lmckit.perm import Permutation, PermutationSpec, permute_axis
+from lmckit.perm import Permutation, PermutationSpec, permute_axis, unit_rows
 from lmckit.progress import ProgressCallback, notify
 
 __all__ = ["ProfiledWeightMatcher", "WeightMatcher", "acceptance_tolerance"]
@@ -62,21 +62,22 @@ class _Term:
     name: str
     axis: int
     b_moved: Tensor
-    others: tuple[tuple[int, str, int], ...]  # (position, group, block length)
+    others: tuple[tuple[int, str, int, int], ...]  # (position, group, block, repeat)
     n: int
+    repeat: int  # of this term's own axis
     cached_perms: tuple[Tensor, ...] | None = None
     cached_b2: Tensor | None = None
 
     def b2(self, perm: Mapping[str, Tensor]) -> Tensor:
         """B̃ as an ``(n, -1)`` matrix: B with the other groups' current permutations."""
-        current = tuple(perm[h] for _, h, _ in self.others)
+        current = tuple(perm[h] for _, h, _, _ in self.others)
         if self.cached_perms is None or not all(
             p is q or torch.equal(p, q) for p, q in zip(current, self.cached_perms, strict=True)
         ):
             b = self.b_moved
-            for pos, h, block in self.others:
-                b = permute_axis(b, pos, perm[h], block)
-            self.cached_b2, self.cached_perms = b.reshape(self.n, -1), current
+            for pos, h, block, repeat in self.others:
+                b = permute_axis(b, pos, perm[h], block, repeat)
+            self.cached_b2, self.cached_perms = unit_rows(b, 0, self.n, self.repeat), current
         return self.cached_b2
 
 
@@ -113,19 +114,21 @@ class WeightMatcher:
                     continue
                 others = tuple(
                     # position once `axis` is moved to the front
-                    (j + 1 if j < axis else j, h, spec.block(name, j))
+                    (j + 1 if j < axis else j, h, spec.block(name, j), spec.repeat(name, j))
                     for j, h in enumerate(spec.axes[name])
                     if h is not None and j != axis
                 )
                 b_moved = params_b[name].movedim(axis, 0).contiguous()
-                self.terms[g].append(_Term(name, axis, b_moved, others, spec.groups[g]))
+                self.terms[g].append(
+                    _Term(name, axis, b_moved, others, spec.groups[g], spec.repeat(name, axis))
+                )
         self.groups = [g for g in spec.groups if self.terms[g]]
         self.grouped = {t.name for g in self.groups for t in self.terms[g]}
         # A group's cost matrix depends on its neighbours' permutations only (a self-mapped
         # group is its own neighbour); if none moved since its last solve, the solve would
         # repeat itself and is skipped.
         self.neighbours = {
-            g: tuple(sorted({h for t in self.terms[g] for _, h, _ in t.others}))
+            g: tuple(sorted({h for t in self.terms[g] for _, h, _, _ in t.others}))
             for g in self.groups
         }
 
@@ -164,7 +167,7 @@ class WeightMatcher:
             check_inputs(spec, params_a, params_b)
         params_a = detached(params_a)
         a2 = {
-            (t.name, t.axis): params_a[t.name].movedim(t.axis, 0).reshape(spec.groups[g], -1)
+            (t.name, t.axis): unit_rows(params_a[t.name], t.axis, spec.groups[g], t.repeat)
             for g in self.groups
             for t in self.terms[g]
         }
@@ -291,6 +294,6 @@ def _inner(
         b = params_b[name]
         for axis, g in enumerate(spec.axes[name]):
             if g is not None:
-                b = permute_axis(b, axis, perm[g], spec.block(name, axis))
+                b = permute_axis(b, axis, perm[g], spec.block(name, axis), spec.repeat(name, axis))
         total += float((params_a[name].double() * b.double()).sum())
     return total

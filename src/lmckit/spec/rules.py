@@ -90,6 +90,19 @@ class Axes:
             )
         self._same((unit.name, i), (blocked.name, j))
 
+    def same_segments(self, whole: fx.Node, i: int, part: fx.Node, j: int, count: int) -> None:
+        """Axis ``i`` of ``whole`` is ``count`` equal segments, one of which is axis ``j`` of
+        ``part``: every segment carries the part's units, permuted alike."""
+        sw, sp = self.shape(whole), self.shape(part)
+        assert sw is not None and sp is not None
+        if sw[i] != count * sp[j]:
+            raise SpecError(
+                f"while tracing {self.op}: a rule made axis {i} of {whole.name} (length "
+                f"{sw[i]}) {count} segments of axis {j} of {part.name} (length {sp[j]}) — the "
+                "rule is wrong; please report it"
+            )
+        self._same((whole.name, i), (part.name, j), count)
+
     def freeze(self, x: fx.Node, i: int, why: str) -> None:
         self._freeze((x.name, i), why)
 
@@ -578,14 +591,26 @@ def cat(node: fx.Node, ax: Axes) -> None:
 
 
 def split(node: fx.Node, ax: Axes) -> None:
-    """``split``/``chunk``: results are read by ``getitem``; see :func:`getitem`."""
+    """``split``/``chunk`` into equal parts: the split axis is that many segments, each
+    carrying the units of a part (a fused query/key/value projection); unequal parts freeze
+    it. The parts are read by ``getitem``; see :func:`getitem`."""
     x = node.args[0]
     xs = ax.shape(x)
     assert xs is not None
     d = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
     d = _dim(d, len(xs))
-    ax.freeze(x, d, "split along this axis")
-    node.meta["lmckit_split"] = (x, d)
+    sizes = node.args[1]
+    if str(node.target).startswith("aten.chunk"):
+        equal = xs[d] % sizes == 0
+        count = sizes
+    elif isinstance(sizes, int):
+        equal, count = xs[d] % sizes == 0, xs[d] // sizes
+    else:
+        equal, count = len(set(sizes)) == 1, len(sizes)
+    if not equal or count < 2:
+        ax.freeze(x, d, "split into unequal parts along this axis")
+        count = 0
+    node.meta["lmckit_split"] = (x, d, count)
 
 
 def getitem(node: fx.Node, ax: Axes) -> None:
@@ -594,13 +619,15 @@ def getitem(node: fx.Node, ax: Axes) -> None:
     if not isinstance(source, fx.Node):
         return
     if "lmckit_split" in source.meta:
-        x, d = source.meta["lmckit_split"]
+        x, d, count = source.meta["lmckit_split"]
         n = len(ax.shape(x) or ())
         for i in range(n):
-            if i == d:
-                ax.freeze(node, i, "split along this axis")
-            else:
+            if i != d:
                 ax.same(x, i, node, i)
+            elif count:
+                ax.same_segments(x, d, node, d, count)
+            else:
+                ax.freeze(node, i, "split into unequal parts along this axis")
         return
     if source.target in _FIRST_OUTPUT_IS_SAME and node.args[1] == 0:
         x = source.args[0]

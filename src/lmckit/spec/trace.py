@@ -10,7 +10,10 @@ Reshapes that merge axes (a convolution's ``C×H×W`` flattened into a linear la
 attention heads ``H×E`` merged back into the model width) or split one (the width into
 heads) make *block-structured* axes: the group acts on the outer axis and moves whole blocks
 (``PermutationSpec.blocks``), so a head permutation is shared by the query, key, value and
-output projections. Permutations inside a block are not expressed: those axes freeze.
+output projections. A split into equal parts (a fused query/key/value projection) makes the
+split axis *segments* that each carry the parts' units (``PermutationSpec.repeats``); the
+union-find tracks each axis's segment count relative to its class. Permutations inside a
+block are not expressed: those axes freeze.
 
 Before the spec is returned it is *verified*: a random permutation of every group, applied
 to a float64 copy of the model's ``state_dict``, must leave the outputs unchanged in eval
@@ -29,6 +32,7 @@ import operator
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -49,28 +53,48 @@ AxisKey = tuple[str, int]
 
 class _UnionFind:
     """Axes joined into classes; a class is frozen if any member was frozen (first reason
-    kept)."""
+    kept). Each axis also carries its *repeat* relative to its parent: an axis made of ``r``
+    segments that each hold the same units (a fused query/key/value projection split into
+    three) has ``r`` times the repeat of a segment."""
 
     def __init__(self) -> None:
         self.parent: dict[AxisKey, AxisKey] = {}
+        self.ratio: dict[AxisKey, Fraction] = {}  # repeat(x) / repeat(parent[x])
         self.frozen: dict[AxisKey, str] = {}
 
     def find(self, x: AxisKey) -> AxisKey:
-        self.parent.setdefault(x, x)
-        root = x
-        while self.parent[root] != root:
-            root = self.parent[root]
-        while self.parent[x] != root:
-            self.parent[x], x = root, self.parent[x]
-        return root
+        return self._walk(x)[0]
 
-    def union(self, x: AxisKey, y: AxisKey) -> None:
-        rx, ry = self.find(x), self.find(y)
+    def _walk(self, x: AxisKey) -> tuple[AxisKey, Fraction]:
+        """``(root, repeat(x) / repeat(root))``, compressing the path."""
+        self.parent.setdefault(x, x)
+        self.ratio.setdefault(x, Fraction(1))
+        path, factor, node = [], Fraction(1), x
+        while self.parent[node] != node:
+            path.append(node)
+            factor *= self.ratio[node]
+            node = self.parent[node]
+        root, remaining = node, factor
+        for step in path:  # each node on the path now points at the root directly
+            here = self.ratio[step]
+            self.parent[step], self.ratio[step] = root, remaining
+            remaining /= here
+        return root, factor
+
+    def union(self, x: AxisKey, y: AxisKey, repeat: Fraction | int = 1) -> None:
+        """Join ``x`` and ``y`` with ``repeat(x) = repeat · repeat(y)``."""
+        (rx, fx), (ry, fy) = self._walk(x), self._walk(y)
         if rx == ry:
+            if fx != repeat * fy:
+                self.freeze(rx, "joined with two different segment counts")
             return
-        self.parent[ry] = rx
+        self.parent[ry], self.ratio[ry] = rx, fx / (repeat * fy)
         if ry in self.frozen and rx not in self.frozen:
             self.frozen[rx] = self.frozen[ry]
+
+    def repeat(self, x: AxisKey) -> Fraction:
+        """``repeat(x) / repeat(root)``."""
+        return self._walk(x)[1]
 
     def freeze(self, x: AxisKey, why: str) -> None:
         self.frozen.setdefault(self.find(x), why)
@@ -125,6 +149,7 @@ class TraceReport:
             },
             "axes": {k: list(v) for k, v in self.spec.axes.items()},
             "blocks": {k: list(v) for k, v in self.spec.blocks.items()},
+            "repeats": {k: list(v) for k, v in self.spec.repeats.items()},
             "self_maps": sorted(self.spec.self_maps),
             "frozen": {
                 f"{k}[{i}]": why
@@ -139,6 +164,14 @@ class TraceReport:
             "seconds": self.seconds,
         }
 
+    def _layout(self, name: str, axis: int) -> str:
+        parts = []
+        if (b := self.spec.block(name, axis)) > 1:
+            parts.append(f"blocks of {b}")
+        if (r := self.spec.repeat(name, axis)) > 1:
+            parts.append(f"{r} segments")
+        return f" ({', '.join(parts)})" if parts else ""
+
     def __str__(self) -> str:
         lines = [
             f"{len(self.spec.groups)} groups, {self.permuted_fraction:.1%} of the parameters "
@@ -147,10 +180,7 @@ class TraceReport:
         ]
         for g, n in self.spec.groups.items():
             members = self.spec.group_axes(g)
-            shown = ", ".join(
-                f"{k}[{i}]" + (f" (blocks of {b})" if (b := self.spec.block(k, i)) > 1 else "")
-                for k, i in members[:4]
-            )
+            shown = ", ".join(f"{k}[{i}]{self._layout(k, i)}" for k, i in members[:4])
             more = f", … {len(members) - 4} more" if len(members) > 4 else ""
             lines.append(f"  group {g}: {n} units — {shown}{more}")
         reasons: dict[str, list[str]] = {}
@@ -328,42 +358,60 @@ def _state_placeholders(exported, state: Mapping[str, Tensor], uf: _UnionFind):
     return aliases, placeholder_of
 
 
-def _unit_lengths(exported, uf: _UnionFind, extra: Mapping[AxisKey, int]) -> dict[AxisKey, int]:
-    """Per class, the number of units: the shortest member axis (block rules join an axis
-    of ``n·b`` entries to one of ``n``; ``extra`` holds the rules' own unit axes). A class
-    with a member that is not a whole number of blocks is frozen."""
-    lengths: dict[AxisKey, int] = {}
-    members: dict[AxisKey, list[int]] = {}
+def _layouts(exported, uf: _UnionFind, extra: Mapping[AxisKey, int]):
+    """Per class, the number of units ``n``, and a function giving each member axis its
+    ``(repeat, block)`` with ``length = repeat · n · block``: repeats come from the
+    union-find's ratios (scaled so the smallest is 1), ``n`` is the shortest segment, blocks
+    are what is left (``extra`` holds the rules' own unit axes). A class whose members are
+    not whole segments of whole blocks is frozen."""
+    members: dict[AxisKey, list[tuple[int, Fraction]]] = {}
     axes = [
         ((node.name, i), n)
         for node in exported.graph.nodes
         for i, n in enumerate(Axes.shape(node) or ())
     ]
     for key, n in [*axes, *extra.items()]:
-        root = uf.find(key)
-        lengths[root] = min(lengths.get(root, n), n)
-        members.setdefault(root, []).append(n)
+        members.setdefault(uf.find(key), []).append((n, uf.repeat(key)))
+    units: dict[AxisKey, int] = {}
+    lowest: dict[AxisKey, Fraction] = {}
     for root, sizes in members.items():
-        if any(n % lengths[root] for n in sizes):
+        low = min(f for _, f in sizes)
+        reps = [(n, f / low) for n, f in sizes]
+        if any(r.denominator != 1 or n % r.numerator for n, r in reps):
+            uf.freeze(root, "axes of this class are not whole segments of its units")
+            continue
+        unit = min(n // r.numerator for n, r in reps)
+        if any((n // r.numerator) % unit for n, r in reps):
             uf.freeze(root, "axes of this class are not whole blocks of its units")
-    return lengths
+            continue
+        units[root], lowest[root] = unit, low
+
+    def layout(key: AxisKey, n: int) -> tuple[int, int]:
+        root = uf.find(key)
+        repeat = uf.repeat(key) / lowest[root]
+        return int(repeat), n // (int(repeat) * units[root])
+
+    return units, layout
 
 
 def _build_spec(exported, state, aliases, placeholder_of, uf: _UnionFind, extra_axes):
-    units = _unit_lengths(exported, uf, extra_axes)
+    units, layout = _layouts(exported, uf, extra_axes)
     groups: dict[str, int] = {}
     names: dict[AxisKey, str] = {}
     axes: dict[str, tuple[str | None, ...]] = {}
     blocks: dict[str, tuple[int, ...]] = {}
+    repeats: dict[str, tuple[int, ...]] = {}
     frozen: dict[str, tuple[str | None, ...]] = {}
     self_maps: set[str] = set()
     for key, tensor in state.items():
         ph = placeholder_of.get(key)
         per_axis: list[str | None] = []
         per_block: list[int] = []
+        per_repeat: list[int] = []
         reasons: list[str | None] = []
         for i, n in enumerate(tensor.shape):
             per_block.append(1)
+            per_repeat.append(1)
             if ph is None:
                 per_axis.append(None)
                 reasons.append("not seen by the exported graph" if n > 1 else None)
@@ -379,17 +427,23 @@ def _build_spec(exported, state, aliases, placeholder_of, uf: _UnionFind, extra_
                 names[root] = f"{aliases.get(key, key)}[{i}]"
                 groups[names[root]] = int(unit)
             per_axis.append(names[root])
-            per_block[-1] = int(n) // unit
+            per_repeat[-1], per_block[-1] = layout((ph, i), int(n))
             reasons.append(None)
         if len({g for g in per_axis if g is not None}) < sum(g is not None for g in per_axis):
             self_maps.add(key)
         axes[key] = tuple(per_axis)
         if any(b > 1 for b in per_block):
             blocks[key] = tuple(per_block)
+        if any(r > 1 for r in per_repeat):
+            repeats[key] = tuple(per_repeat)
         frozen[key] = tuple(reasons)
     try:
         spec = PermutationSpec(
-            groups=groups, axes=axes, self_maps=frozenset(self_maps), blocks=blocks
+            groups=groups,
+            axes=axes,
+            self_maps=frozenset(self_maps),
+            blocks=blocks,
+            repeats=repeats,
         )
     except SpecError as exc:  # pragma: no cover - the rules guarantee a valid spec
         raise SpecError(f"the traced spec is invalid: {exc}") from None
