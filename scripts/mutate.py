@@ -492,6 +492,22 @@ MUTATIONS = [
         "            for d in big_out[:-1]:",
         ("tests/spec/test_trace.py",),
     ),
+    M(
+        "unit-rows-ignore-repeats",
+        "a repeated axis is laid out unit-major over all segments (one row mixes units)",
+        "src/lmckit/perm.py",
+        "    return moved.reshape(repeat, n, -1).transpose(0, 1).reshape(n, -1)",
+        "    return moved.reshape(n, -1)",
+        ("tests/test_perm_blocks.py",),
+    ),
+    M(
+        "trace-segments-as-blocks",
+        "the tracer joins a fused projection to its parts without the segment count",
+        "src/lmckit/spec/rules.py",
+        "        self._same((whole.name, i), (part.name, j), count)",
+        "        self._same((whole.name, i), (part.name, j))",
+        ("tests/spec/test_trace.py",),
+    ),
 ]
 
 
