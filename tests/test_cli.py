@@ -681,6 +681,13 @@ def test_match_and_interpolate_take_a_users_state_dicts(tmp_path, capsys):
     args = ["interpolate", *pair, *user, "--dataset", "digits", "--lambdas", "3", "-q"]
     assert main([*args, "--out", str(tmp_path / "curve")]) == 0
     assert "wm-fast" in capsys.readouterr().out
+    torch.manual_seed(123)  # another model: a permuted copy has no direction for Taylor
+    torch.save(DigitsCNN().state_dict(), tmp_path / "other.pt")
+    other = [pair[0], str(tmp_path / "other.pt")]
+    analyze = ["analyze", *other, *user, "--dataset", "digits", "--method", "wm-fast", "-q"]
+    assert main([*analyze, "--out", str(tmp_path / "an")]) == 0
+    assert json.loads((tmp_path / "an" / "analysis.json").read_text())
+    capsys.readouterr()
     # three copies of one model merge back into it; the merge is a plain state dict
     torch.save(Permutation.random(spec, 2).apply(a), tmp_path / "c.pt")
     merge = ["merge", *pair, str(tmp_path / "c.pt"), *user, "--dataset", "digits", "-q"]

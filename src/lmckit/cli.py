@@ -106,16 +106,6 @@ def _device(text: str) -> str:
     return str(device)
 
 
-def _checkpoint(text: str) -> Path:
-    from lmckit.checkpoint import checkpoint_paths
-
-    weights, sidecar = checkpoint_paths(text)
-    missing = [str(p) for p in (weights, sidecar) if not p.is_file()]
-    if missing:
-        raise argparse.ArgumentTypeError(f"checkpoint {text}: {', '.join(missing)} not found")
-    return weights
-
-
 def _weights(text: str) -> Path:
     """A checkpoint's weights: an existing file, or an lmckit checkpoint by stem."""
     from lmckit.checkpoint import checkpoint_paths
@@ -568,7 +558,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return 0
     if args.a is None or args.b is None:
         raise UsageError("analyze needs two checkpoints A and B (or --counterexample)")
-    a, b = _load_checkpoints([args.a, args.b], args.device)
+    a, b = _load_pair(args)
     data = None
     if not args.no_data:
         data = _data_for(a, args)
@@ -1000,8 +990,8 @@ def build_parser() -> argparse.ArgumentParser:
         "beside the actual one along λ; conv nets also get their operator spectra. "
         "--counterexample draws Git Re-Basin Fig. 6 instead.",
     )
-    p.add_argument("a", type=_checkpoint, nargs="?", help="reference checkpoint")
-    p.add_argument("b", type=_checkpoint, nargs="?", help="checkpoint to permute")
+    p.add_argument("a", type=_weights, nargs="?", help="reference checkpoint")
+    p.add_argument("b", type=_weights, nargs="?", help="checkpoint to permute")
     p.add_argument("--perm", type=_existing_file, help="use this permutation file")
     p.add_argument(
         "--method",
@@ -1037,6 +1027,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", type=Path, required=True, help="folder for analysis.json and plots")
     _add_data_arguments(p)
+    _add_model_class_arguments(p)
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser(
