@@ -315,15 +315,15 @@ def _model_from_class_path(target: str, model_args: str | None):
 
 
 def cmd_spec(args: argparse.Namespace) -> int:
-
     from lmckit._io import atomic_write_json, prepare_output_file
     from lmckit.spec import trace_report
 
     if args.out is not None:
         prepare_output_file(args.out, "--out")
     path = Path(args.target)
-    if path.suffix in (".safetensors", ".json") or path.with_suffix(".safetensors").exists():
-        model = _load_checkpoints([path], "cpu")[0].model
+    if ":" not in args.target or path.is_file():  # MODULE:CLASS always has a colon
+        lmckit_checkpoint = argparse.Namespace(model_class=None, device="cpu")
+        model = _load_user_checkpoints([path], lmckit_checkpoint)[0].model
     else:
         model = _model_from_class_path(args.target, args.model_args)
     report = trace_report(model, _example_input(args), strict=args.strict)
