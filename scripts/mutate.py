@@ -478,7 +478,7 @@ MUTATIONS = [
         "trace-no-verification",
         "the traced spec is returned without the equivalence check",
         "src/lmckit/spec/trace.py",
-        "    modes = _verify(model, spec, args, kwargs, seed)",
+        "    modes = _verify(model, spec, args, kwargs, seed, _tolerance(exported))",
         '    modes = ("eval", "train")',
         ("tests/spec/test_trace.py",),
     ),
@@ -507,6 +507,14 @@ MUTATIONS = [
         "        self._same((whole.name, i), (part.name, j), count)",
         "        self._same((whole.name, i), (part.name, j))",
         ("tests/spec/test_trace.py",),
+    ),
+    M(
+        "trace-tolerance-ignores-casts",
+        "the equivalence check holds a model that computes in float32 to float64's tolerance",
+        "src/lmckit/spec/trace.py",
+        "    return max(1e-7, 1000 * lowest) if lowest > torch.finfo(torch.float64).eps else 1e-7",
+        "    return 1e-7",
+        ("tests/spec/test_trace_transformers.py",),
     ),
 ]
 

@@ -98,3 +98,28 @@ def test_separate_query_key_value_projections_give_head_groups(make):
     assert len(blocked) == 3 * model.config.num_hidden_layers  # query, key, value
     for k in blocked:
         assert spec.groups[spec.axes[k][0]] == heads
+
+
+def test_llama_grouped_query_attention_moves_key_value_groups_with_their_query_heads():
+    """Llama: RMSNorm computed in float32 whatever the weights (the check's tolerance follows
+    that cast), rotary embeddings (head dimensions frozen), 4 query heads sharing 2
+    key/value heads: the group is the 2 key/value groups, query heads move in blocks of 2."""
+    torch.manual_seed(0)
+    config = T.LlamaConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=12,
+        use_cache=False,
+    )  # fmt: skip
+    model = T.LlamaForCausalLM(config)
+    report = trace_report(model, torch.randint(0, 40, (3, 7)))
+    spec = report.spec
+    q, k = "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"
+    kv_groups = spec.axes[k][0]
+    assert spec.groups[kv_groups] == 2 and spec.axes[q][0] == kv_groups
+    assert spec.blocks[k] == (4, 1) and spec.blocks[q] == (8, 1)  # 2 query heads × 4 dims
+    assert report.checked_modes == ("eval", "train")
+    a = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    truth = Permutation.random(spec, 5)
+    b = truth.inverse().apply(a)
+    result = weight_matching(spec, a, b)
+    assert params_distance(a, result.perm.apply(b)) < 1e-5 * params_distance(a, b)
