@@ -434,10 +434,10 @@ MUTATIONS = [
         "blocks-interleaved",
         "a block permutation moves entries u + n·s (channels-last) instead of u·b + s",
         "src/lmckit/perm.py",
-        "    return (index[:, None] * block + torch.arange(block, device=index.device))"
+        "        index = (index[:, None] * block + torch.arange(block, device=index.device))"
         ".reshape(-1)",
-        "    n = index.numel()\n"
-        "    return (index[None, :] + n * torch.arange(block, device=index.device)[:, None])"
+        "        n = index.numel()\n"
+        "        index = (index[None, :] + n * torch.arange(block, device=index.device)[:, None])"
         ".reshape(-1)",
         ("tests/test_perm_blocks.py", "tests/spec/test_trace.py"),
     ),
@@ -445,7 +445,8 @@ MUTATIONS = [
         "wm-blocks-rows-per-entry",
         "WM lays B out with one row per entry of a blocked axis instead of one per unit",
         "src/lmckit/match/weight_matcher.py",
-        "            self.cached_b2, self.cached_perms = b.reshape(self.n, -1), current",
+        "            self.cached_b2, self.cached_perms = unit_rows(b, 0, self.n, self.repeat), "
+        "current",
         "            self.cached_b2, self.cached_perms = b.reshape(b.shape[0], -1), current",
         ("tests/test_perm_blocks.py", "tests/spec/test_trace.py"),
     ),
@@ -453,8 +454,8 @@ MUTATIONS = [
         "sinkhorn-blocks-rows-per-entry",
         "Sinkhorn's soft permutation multiplies one row per entry of a blocked axis",
         "src/lmckit/match/sinkhorn.py",
-        "            rows = moved.reshape(soft[g].shape[0], -1)",
-        "            rows = moved.reshape(moved.shape[0], -1)",
+        "            rows = unit_rows(t, axis, soft[g].shape[0], repeat)",
+        "            rows = t.movedim(axis, 0).reshape(t.shape[axis], -1)",
         ("tests/test_perm_blocks.py",),
     ),
     M(
