@@ -410,3 +410,13 @@ def test_unequal_splits_freeze_the_axis():
     report = trace_report(Unequal(), torch.randn(3, 4))
     assert report.spec.axes["a.weight"] == (None, None)
     assert report.frozen["a.weight"][0] == "split into unequal parts along this axis"
+
+
+def test_the_check_moves_every_group_even_small_ones():
+    """A 2-unit group stays put under half of all random permutations; the check draws
+    again until it moves, so a wrong rule on a small group cannot pass by luck."""
+    moving = sys.modules["lmckit.spec.trace"]._moving_permutation
+    spec = trace(Grouped(), torch.randn(4, 3, 6, 6))  # one group of 2 units
+    for seed in range(20):
+        perm = moving(spec, seed)
+        assert all(not torch.equal(perm[g], torch.arange(n)) for g, n in spec.groups.items())
