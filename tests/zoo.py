@@ -6,7 +6,9 @@ from __future__ import annotations
 import torch
 
 from lmckit.data import TensorLoader
+from lmckit.match import weight_matching
 from lmckit.models import build_model, permutation_spec
+from lmckit.params import params_distance
 from lmckit.perm import Permutation, PermutationSpec
 
 # Small versions of every zoo family and normalisation: (name, config, input shape).
@@ -153,3 +155,18 @@ def tiny_params(seed: int = 0, dtype=torch.float64) -> dict[str, torch.Tensor]:
     params = {k: torch.randn(s, generator=g, dtype=dtype) for k, s in shapes.items()}
     params["bn.num_batches_tracked"] = torch.tensor(7)
     return params
+
+
+def planted_recovery(model: torch.nn.Module, spec: PermutationSpec, restarts: int = 1) -> None:
+    """Assert that WM (best of ``restarts`` starts) on ``(a, π⁻¹(a))`` finds π exactly (π
+    drawn until it moves every group), ``a`` being ``model``'s weights."""
+    a = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    seed = 7
+    truth = Permutation.random(spec, seed)
+    while any(torch.equal(truth[g], torch.arange(n)) for g, n in spec.groups.items()):
+        seed += 1
+        truth = Permutation.random(spec, seed)
+    b = truth.inverse().apply(a)
+    result = weight_matching(spec, a, b, restarts=restarts)
+    assert result.perm == truth
+    assert params_distance(a, result.perm.apply(b)) < 1e-5 * params_distance(a, b)

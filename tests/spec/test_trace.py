@@ -8,12 +8,11 @@ import torch
 from torch import nn
 
 from lmckit.errors import SpecError
-from lmckit.match import weight_matching
 from lmckit.models import build_model, permutation_spec
 from lmckit.params import params_distance
 from lmckit.perm import Permutation
 from lmckit.spec import trace, trace_report
-from tests.zoo import SMALL_ZOO, SMALL_ZOO_IDS, nontrivial
+from tests.zoo import SMALL_ZOO, SMALL_ZOO_IDS, nontrivial, planted_recovery
 
 rules = sys.modules["lmckit.spec.rules"]
 aten = torch.ops.aten
@@ -36,20 +35,6 @@ def test_the_zoo_specs_equal_the_traced_ones(name, config, shape):
     assert partition(report.spec) == partition(permutation_spec(model))
     assert report.checked_modes == ("eval", "train")
     assert report.unknown_ops == ()
-
-
-def planted_recovery(model, spec):
-    """WM on ``(a, π⁻¹(a))`` must find π exactly (π drawn until it moves every group)."""
-    a = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    seed = 7
-    truth = Permutation.random(spec, seed)
-    while any(torch.equal(truth[g], torch.arange(n)) for g, n in spec.groups.items()):
-        seed += 1
-        truth = Permutation.random(spec, seed)
-    b = truth.inverse().apply(a)
-    result = weight_matching(spec, a, b)
-    assert result.perm == truth
-    assert params_distance(a, result.perm.apply(b)) < 1e-5 * params_distance(a, b)
 
 
 class TinyTransformer(nn.Module):

@@ -5,10 +5,8 @@ permutation of it exactly."""
 import pytest
 import torch
 
-from lmckit.match import weight_matching
-from lmckit.params import params_distance
-from lmckit.perm import Permutation
 from lmckit.spec import trace_report
+from tests.zoo import planted_recovery
 
 T = pytest.importorskip("transformers", reason="a dev dependency: pip install -e '.[dev]'")
 
@@ -79,12 +77,7 @@ def test_gpt2_ties_its_head_to_its_embedding():
 
 def test_a_planted_permutation_is_recovered(traced):
     _, model, report = traced
-    spec = report.spec
-    a = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    truth = Permutation.random(spec, 3)
-    b = truth.inverse().apply(a)
-    result = weight_matching(spec, a, b)
-    assert params_distance(a, result.perm.apply(b)) < 1e-5 * params_distance(a, b)
+    planted_recovery(model, report.spec)
 
 
 @pytest.mark.parametrize("make", [bert, vit], ids=["bert", "vit"])
@@ -118,8 +111,4 @@ def test_llama_grouped_query_attention_moves_key_value_groups_with_their_query_h
     assert spec.groups[kv_groups] == 2 and spec.axes[q][0] == kv_groups
     assert spec.blocks[k] == (4, 1) and spec.blocks[q] == (8, 1)  # 2 query heads × 4 dims
     assert report.checked_modes == ("eval", "train")
-    a = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    truth = Permutation.random(spec, 5)
-    b = truth.inverse().apply(a)
-    result = weight_matching(spec, a, b)
-    assert params_distance(a, result.perm.apply(b)) < 1e-5 * params_distance(a, b)
+    planted_recovery(model, spec)
