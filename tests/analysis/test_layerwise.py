@@ -265,6 +265,22 @@ def test_layerwise_equals_the_naive_all_in_memory_version(arch):
                 assert row[key] == pytest.approx(value, rel=1e-9, abs=1e-12), (row["name"], key)
 
 
+def test_float32_batches_agree_with_float64():
+    """Batches are reduced in the models' dtype and only running sums are float64: a float32
+    pair must give the float64 pair's metrics to float32 accuracy, over many large batches."""
+    model = _mlp(0).double()
+    a, b = _state(model), _state(_mlp(1).double())
+    x = torch.randn(4000, 10, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    y = torch.zeros(4000, dtype=torch.long)
+    r64 = layerwise(model, a, b, TensorLoader(x, y, batch_size=1000), lam=0.3)
+    single = {k: v.float() for k, v in a.items()}, {k: v.float() for k, v in b.items()}
+    r32 = layerwise(model.float(), *single, TensorLoader(x.float(), y, batch_size=1000), lam=0.3)
+    for row32, row64 in zip(r32.layers, r64.layers, strict=True):
+        for key, value in row64.items():
+            if isinstance(value, float):
+                assert row32[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (row64["name"], key)
+
+
 def test_resnet_layers_resolve_and_give_finite_metrics():
     torch.manual_seed(0)
     model = build_model("resnet20", width_multiplier=0.25, in_channels=1)

@@ -144,6 +144,11 @@ def _cosines(x: Tensor, y: Tensor) -> Tensor:
     return _cosine_from(_unit_dot(x, y), _unit_dot(x, x), _unit_dot(y, y))
 
 
+def _squared_norm(x: Tensor) -> Tensor:
+    """``‖x‖²`` over all elements as a float64 scalar (reduced in ``x``'s dtype)."""
+    return torch.linalg.vector_norm(x).to(torch.float64).square()
+
+
 def _same_memory(x: Tensor, y: Tensor) -> bool:
     """Whether ``x`` and ``y`` view the same elements (so are equal without a look at them)."""
     return (
@@ -170,7 +175,10 @@ class _Sums:
         self.count: dict[str, int] = {}
 
     def add(self, key: str, values: Tensor) -> None:
-        total = values.sum(dtype=torch.float64)
+        # One batch is summed in its own dtype (torch's reductions are blocked, so float32
+        # keeps ~1e-7 relative over a batch) and only the running sum is float64: a float64
+        # reduction would first copy the whole batch, and that copy cost more than the sum.
+        total = values.sum().to(torch.float64)
         self.total[key] = self.total[key] + total if key in self.total else total
         self.count[key] = self.count.get(key, 0) + values.numel()
 
@@ -369,13 +377,13 @@ def _accumulate(lay, lam, seen_a, seen_b, seen_c, sums, moments, commute, module
         sums.add(f"{key}.norm_sum", (aa + 2 * ab + bb).clamp_min(0).sqrt())
     if lay.pre is not None:
         za, zb = seen_a[("pre", lay.pre)], seen_b[("pre", lay.pre)]
-        relu_mix = F.relu((1 - lam) * za + lam * zb)
-        mix_relu = (1 - lam) * F.relu(za) + lam * F.relu(zb)
+        relu_mix = torch.lerp(za, zb, lam).relu_()
+        mix_relu = torch.lerp(F.relu(za), F.relu(zb), lam)
         sums.add(f"{key}.weak_additivity", _cosines(relu_mix, mix_relu))
         over = [d for d in range(za.ndim) if d != 1]  # samples and positions
         m = moments.setdefault(key, {"a": 0.0, "b": 0.0, "n": 0})
-        m["a"] = m["a"] + za.square().sum(over, dtype=torch.float64)
-        m["b"] = m["b"] + zb.square().sum(over, dtype=torch.float64)
+        m["a"] = m["a"] + za.square().sum(over).to(torch.float64)
+        m["b"] = m["b"] + zb.square().sum(over).to(torch.float64)
         m["n"] += za.numel() // za.shape[1]
     if lay.linear is not None:
         module = modules[lay.linear]
@@ -397,16 +405,24 @@ def _accumulate(lay, lam, seen_a, seen_b, seen_c, sums, moments, commute, module
         wa_zb = wa_za if same_ab else _weight_times(module, wa, in_b)
         wb_za = wb_zb if same_ab else _weight_times(module, wb, in_a)
         wa_zc = wa_za if same_ac else _weight_times(module, wa, in_c)
-        sums.add(f"{key}.norm_wa_za", _unit_dot(wa_za, wa_za).sqrt())
-        sums.add(f"{key}.norm_wb_zb", _unit_dot(wb_zb, wb_zb).sqrt())
-        sums.add(f"{key}.norm_wa_zb", _unit_dot(wa_zb, wa_zb).sqrt())
-        sums.add(f"{key}.norm_wb_za", _unit_dot(wb_za, wb_za).sqrt())
-        sums.add(f"{key}.merged_cosine", _cosines(wa_zc, wa_za))
+        sq_wa_za, sq_wb_zb = _unit_dot(wa_za, wa_za), _unit_dot(wb_zb, wb_zb)
+        sq_wa_zb = sq_wa_za if same_ab else _unit_dot(wa_zb, wa_zb)
+        sq_wb_za = sq_wb_zb if same_ab else _unit_dot(wb_za, wb_za)
+        sums.add(f"{key}.norm_wa_za", sq_wa_za.sqrt())
+        sums.add(f"{key}.norm_wb_zb", sq_wb_zb.sqrt())
+        sums.add(f"{key}.norm_wa_zb", sq_wa_zb.sqrt())
+        sums.add(f"{key}.norm_wb_za", sq_wb_za.sqrt())
+        if same_ac:
+            sums.add(f"{key}.merged_cosine", _cosine_from(sq_wa_za, sq_wa_za, sq_wa_za))
+        else:
+            sq_wa_zc = _unit_dot(wa_zc, wa_zc)
+            cos = _cosine_from(_unit_dot(wa_zc, wa_za), sq_wa_zc, sq_wa_za)
+            sums.add(f"{key}.merged_cosine", cos)
         left, right = wa_za + wb_zb, wa_zb + wb_za
         c = commute.setdefault(key, [0.0, 0.0, 0.0])
-        c[0] = c[0] + (left - right).square().sum(dtype=torch.float64)
-        c[1] = c[1] + left.square().sum(dtype=torch.float64)
-        c[2] = c[2] + right.square().sum(dtype=torch.float64)
+        c[1] = c[1] + _squared_norm(left)
+        c[2] = c[2] + _squared_norm(right)
+        c[0] = c[0] + _squared_norm(left.sub_(right))  # in place: a new map-sized tensor costs page faults
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
