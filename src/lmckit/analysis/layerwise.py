@@ -422,7 +422,8 @@ def _accumulate(lay, lam, seen_a, seen_b, seen_c, sums, moments, commute, module
         c = commute.setdefault(key, [0.0, 0.0, 0.0])
         c[1] = c[1] + _squared_norm(left)
         c[2] = c[2] + _squared_norm(right)
-        c[0] = c[0] + _squared_norm(left.sub_(right))  # in place: a new map-sized tensor costs page faults
+        # In place: one more feature-map-sized tensor would cost its page faults.
+        c[0] = c[0] + _squared_norm(left.sub_(right))
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
