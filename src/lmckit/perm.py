@@ -36,7 +36,10 @@ __all__ = [
     "block_index",
     "from_unit_rows",
     "group_cost_matrix",
+    "join_heads",
     "permute_axis",
+    "random_index_vectors",
+    "split_heads",
     "unit_rows",
 ]
 
@@ -67,6 +70,14 @@ class PermutationSpec:
             repeat ``r`` is ``r`` consecutive segments, each laid out as above, and the group
             acts alike in every segment: a fused query/key/value projection (``r = 3``).
             The axis length is ``r · n · b``.
+        heads: group name -> ``(head permutation name, number of heads h)``: a
+            *head-structured* group. Its ``n = h·d`` units are ``h`` contiguous heads of
+            ``d`` (unit-major), and it moves them by one permutation of the heads and one
+            permutation inside each head: ``p[i·d + s] = π(i)·d + σ_i(s)``. Groups naming
+            the same head permutation share ``π`` and keep their own ``σ`` — attention's
+            query/key dimensions (one group, on Q and K) and value/output dimensions
+            (another, on V and O) move with one permutation of the heads. A group of size
+            ``h`` (``d = 1``) in such a tie is the head permutation itself.
 
     Raises:
         SpecError: a group is used by no axis, has a non-positive size, is named on an axis
@@ -78,6 +89,7 @@ class PermutationSpec:
     self_maps: frozenset[str] = frozenset()
     blocks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     repeats: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    heads: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     _group_axes: Mapping[str, tuple[tuple[str, int], ...]] = field(
         init=False, repr=False, compare=False
     )
@@ -127,6 +139,7 @@ class PermutationSpec:
                     )
                 seen[g] = i
                 group_axes[g].append((name, i))
+        heads = _check_heads(self.heads, groups)
         unused = [g for g, lst in group_axes.items() if not lst]
         if unused:
             raise SpecError(f"groups {unused} act on no axis of any parameter")
@@ -135,6 +148,7 @@ class PermutationSpec:
         object.__setattr__(self, "self_maps", self_maps)
         object.__setattr__(self, "blocks", MappingProxyType(blocks))
         object.__setattr__(self, "repeats", MappingProxyType(repeats))
+        object.__setattr__(self, "heads", MappingProxyType(heads))
         object.__setattr__(
             self, "_group_axes", MappingProxyType({g: tuple(v) for g, v in group_axes.items()})
         )
@@ -156,6 +170,29 @@ class PermutationSpec:
         per_axis = self.repeats.get(name)
         return per_axis[axis] if per_axis is not None else 1
 
+    def head_ties(self) -> dict[str, tuple[str, ...]]:
+        """``{head permutation name: (its head-structured groups, in spec order)}``."""
+        ties: dict[str, list[str]] = {}
+        for g in self.groups:
+            if g in self.heads:
+                ties.setdefault(self.heads[g][0], []).append(g)
+        return {t: tuple(gs) for t, gs in ties.items()}
+
+    def update_units(self) -> list[tuple[str, ...]]:
+        """The groups a coordinate-descent step must choose together, in spec order: each
+        untied group alone, each head permutation's groups as one unit (they share ``π``)."""
+        ties = self.head_ties()
+        units, seen = [], set()
+        for g in self.groups:
+            if g in self.heads:
+                tie = self.heads[g][0]
+                if tie not in seen:
+                    seen.add(tie)
+                    units.append(ties[tie])
+            else:
+                units.append((g,))
+        return units
+
     def restrict(self, names: Collection[str]) -> PermutationSpec:
         """The spec of only these tensors (groups that then act on nothing are dropped)."""
         names = set(names)
@@ -167,6 +204,7 @@ class PermutationSpec:
             self_maps=self.self_maps & names,
             blocks={k: v for k, v in self.blocks.items() if k in names},
             repeats={k: v for k, v in self.repeats.items() if k in names},
+            heads={g: v for g, v in self.heads.items() if g in used},
         )
 
     def validate(self, params: Params, *, what: str = "params") -> None:
@@ -251,6 +289,24 @@ class Permutation:
                     "indices)"
                 )
             checked[g] = p
+        for tie, members in spec.head_ties().items():
+            heads = spec.heads[members[0]][1]
+            outers = []
+            for g in members:
+                parts = split_heads(checked[g], heads)
+                if parts is None:
+                    raise PermutationError(
+                        f"group {g!r} is head-structured ({heads} heads of "
+                        f"{spec.groups[g] // heads}) but its index vector moves units between "
+                        "heads"
+                    )
+                outers.append((g, parts[0]))
+            for g, outer in outers[1:]:
+                if not torch.equal(outer, outers[0][1]):
+                    raise PermutationError(
+                        f"groups {outers[0][0]!r} and {g!r} share the head permutation "
+                        f"{tie!r} but permute the heads differently"
+                    )
         self.spec = spec
         self._perms = MappingProxyType(checked)
 
@@ -272,9 +328,7 @@ class Permutation:
         """
         if isinstance(generator, int):
             generator = torch.Generator().manual_seed(generator)
-        return cls(
-            spec, {g: torch.randperm(n, generator=generator) for g, n in spec.groups.items()}
-        )
+        return cls(spec, random_index_vectors(spec, generator))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, list[int]], spec: PermutationSpec) -> Permutation:
@@ -363,6 +417,81 @@ class Permutation:
                     )
             out[name] = t if t is not params[name] else t.clone()
         return out
+
+
+def split_heads(index: Tensor, heads: int) -> tuple[Tensor, Tensor] | None:
+    """A head-structured index vector ``p[i·d + s] = π(i)·d + σ_i(s)`` as ``(π, σ)`` —
+    ``π`` of shape ``(heads,)``, ``σ`` of shape ``(heads, d)`` — or None if ``p`` moves a
+    unit out of its head's block."""
+    d = index.numel() // heads
+    rows = index.view(heads, d)
+    outer = rows[:, 0] // d
+    if not torch.equal(rows // d, outer[:, None].expand_as(rows)):
+        return None
+    return outer, rows - outer[:, None] * d
+
+
+def join_heads(outer: Tensor, inner: Tensor) -> Tensor:
+    """Inverse of :func:`split_heads`: ``p[i·d + s] = outer[i]·d + inner[i, s]``."""
+    d = inner.shape[1]
+    return (outer[:, None] * d + inner).reshape(-1)
+
+
+def random_index_vectors(
+    spec: PermutationSpec, generator: torch.Generator | None = None, *, moving: bool = False
+) -> dict[str, Tensor]:
+    """One uniformly random index vector per group, drawn in the spec's group order (a
+    head-structured group: its ties' head permutation once, then one permutation per head).
+    ``moving=True`` redraws every part of size > 1 that came out as the identity."""
+
+    def draw(n: int) -> Tensor:
+        p = torch.randperm(n, generator=generator)
+        while moving and n > 1 and torch.equal(p, torch.arange(n)):
+            p = torch.randperm(n, generator=generator)
+        return p
+
+    outers: dict[str, Tensor] = {}
+    out: dict[str, Tensor] = {}
+    for g, n in spec.groups.items():
+        if g not in spec.heads:
+            out[g] = draw(n)
+            continue
+        tie, heads = spec.heads[g]
+        if tie not in outers:
+            outers[tie] = draw(heads)
+        inner = torch.stack([draw(n // heads) for _ in range(heads)])
+        out[g] = join_heads(outers[tie], inner)
+    return out
+
+
+def _check_heads(given, groups: Mapping[str, int]) -> dict[str, tuple[str, int]]:
+    """Validate ``heads``: declared groups, a positive head count dividing the group size,
+    one head count per head permutation."""
+    out: dict[str, tuple[str, int]] = {}
+    counts: dict[str, int] = {}
+    for g, entry in dict(given).items():
+        if g not in groups:
+            raise SpecError(f"heads names group {g!r}, which is not declared in groups")
+        if (
+            not isinstance(entry, tuple | list)
+            or len(entry) != 2
+            or not isinstance(entry[0], str)
+            or isinstance(entry[1], bool)
+            or not isinstance(entry[1], int)
+        ):
+            raise SpecError(
+                f"heads[{g!r}] must be (head permutation name, number of heads), got {entry!r}"
+            )
+        tie, h = entry[0], int(entry[1])
+        if h < 1 or groups[g] % h:
+            raise SpecError(f"heads[{g!r}]: {h} heads do not divide the group's {groups[g]} units")
+        if counts.setdefault(tie, h) != h:
+            raise SpecError(
+                f"head permutation {tie!r} is given {counts[tie]} heads by one group and {h} "
+                f"by {g!r}"
+            )
+        out[g] = (tie, h)
+    return out
 
 
 def _per_axis_counts(what: str, given, axes) -> dict[str, tuple[int, ...]]:

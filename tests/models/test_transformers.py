@@ -32,14 +32,14 @@ def test_groups_are_the_stream_the_heads_and_the_mlps(zoo_transformer):
     dim, heads, depth = config["dim"], config["heads"], config["depth"]
     mlp = config.get("mlp_dim", 128)
     sizes = sorted(spec.groups.values())
-    assert sizes == sorted([dim] + [heads] * depth + [mlp] * depth)
+    assert sizes == sorted([dim] + [dim, dim] * depth + [mlp] * depth)
     for i in range(depth):
-        head_group = spec.axes[f"blocks.{i}.attn.q.weight"][0]
-        assert spec.groups[head_group] == heads
-        for proj in "qkv":
-            assert spec.axes[f"blocks.{i}.attn.{proj}.weight"][0] == head_group
-            assert spec.blocks[f"blocks.{i}.attn.{proj}.weight"] == (dim // heads, 1)
-        assert spec.axes[f"blocks.{i}.attn.o.weight"][1] == head_group
+        attn = {p: spec.axes[f"blocks.{i}.attn.{p}.weight"] for p in "qkvo"}
+        qk, vo = attn["q"][0], attn["v"][0]
+        assert attn["k"][0] == qk and attn["o"][1] == vo and qk != vo
+        # head-structured: heads shared by both groups, one permutation inside each head
+        assert spec.heads[qk] == spec.heads[vo] == (qk, heads)
+        assert not any(k.startswith(f"blocks.{i}.attn.") for k in spec.blocks)
     stream = spec.axes["head.weight"][1]
     assert spec.groups[stream] == dim and spec.axes["norm.weight"] == (stream,)
 

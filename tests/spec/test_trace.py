@@ -127,20 +127,29 @@ class Heads(nn.Module):
         return self.o(y.transpose(1, 2).reshape(b, n, d))
 
 
-def test_attention_heads_move_as_blocks():
+def test_attention_heads_and_the_dimensions_inside_them_are_traced():
+    """One permutation of the heads shared by Q, K, V and O; inside each head one
+    permutation of the query/key dimensions and another of the value/output dimensions
+    (Verma & Elbayad 2024) — and nothing that moves a dimension to another head."""
     model = Heads()
-    report = trace_report(model, torch.randn(2, 5, 12))
+    x = torch.randn(2, 5, 12)
+    report = trace_report(model, x)
     spec = report.spec
-    heads = spec.axes["q.weight"][0]
-    assert spec.groups[heads] == 3
-    for name in ("q", "k", "v"):
-        assert spec.axes[f"{name}.weight"] == (heads, None)
-        assert spec.blocks[f"{name}.weight"] == (4, 1)
-        assert spec.blocks[f"{name}.bias"] == (4,)
-    assert spec.axes["o.weight"] == (None, heads) and spec.blocks["o.weight"] == (1, 4)
+    qk, vo = spec.axes["q.weight"][0], spec.axes["v.weight"][0]
+    assert qk != vo and spec.groups[qk] == spec.groups[vo] == 12
+    assert spec.heads[qk] == spec.heads[vo] and spec.heads[qk][1] == 3
+    assert spec.axes["k.weight"] == (qk, None) and spec.axes["k.bias"] == (qk,)
+    assert spec.axes["o.weight"] == (None, vo) and not spec.blocks
+    assert "12 units = 3 heads × 4, heads shared with v.weight[0]" in str(report)
     # train mode is verified with attention dropout off (dropout_p=0.2 in the model)
     assert report.checked_modes == ("eval", "train")
     planted_recovery(model, spec)
+    # the structure is needed: the same dimensions shuffled across heads change the output
+    state = model.state_dict()
+    shuffled = torch.randperm(12, generator=torch.Generator().manual_seed(1))
+    moved = {k: v[shuffled] if k.startswith(("q.", "k.")) else v for k, v in state.items()}
+    out = torch.func.functional_call(model.eval(), moved, (x,))
+    assert not torch.allclose(out, model(x), atol=1e-4)
 
 
 class CumsumInTheMiddle(nn.Module):
@@ -375,10 +384,11 @@ def test_a_fused_projection_split_in_three_carries_the_heads_in_three_segments()
     report = trace_report(model, torch.randn(2, 4, 5))
     spec = report.spec
     heads = spec.axes["qkv.weight"][0]
-    assert spec.groups[heads] == 3
-    assert spec.repeats["qkv.weight"] == (3, 1) and spec.blocks["qkv.weight"] == (4, 1)
+    # one axis carries Q, K and V, so one permutation inside each head serves all three
+    assert spec.groups[heads] == 12 and spec.heads[heads][1] == 3
+    assert spec.repeats["qkv.weight"] == (3, 1) and "qkv.weight" not in spec.blocks
     assert spec.axes["o.weight"] == (spec.axes["o.weight"][0], heads)
-    assert "qkv.weight[0] (blocks of 4, 3 segments)" in str(report)
+    assert "qkv.weight[0] (3 segments)" in str(report)
     planted_recovery(model, spec)
 
 

@@ -66,12 +66,13 @@ def test_gpt2_ties_its_head_to_its_embedding():
     assert report.aliases == {"lm_head.weight": "transformer.wte.weight"}
     assert axes["lm_head.weight"] == axes["transformer.wte.weight"]
     assert axes["lm_head.weight"][0] is None and axes["lm_head.weight"][1] is not None
-    # the fused query/key/value projection: 4 heads of 4, in 3 segments
+    # the fused query/key/value projection: 4 heads of 4 in 3 segments, and one permutation
+    # inside each head for all three (one axis carries them)
     spec = report.spec
     heads = axes["transformer.h.0.attn.c_attn.weight"][1]
-    assert spec.groups[heads] == 4
+    assert spec.groups[heads] == 16 and spec.heads[heads][1] == 4
     assert spec.repeats["transformer.h.0.attn.c_attn.weight"] == (1, 3)
-    assert spec.blocks["transformer.h.0.attn.c_attn.weight"] == (1, 4)
+    assert "transformer.h.0.attn.c_attn.weight" not in spec.blocks
     assert axes["transformer.h.0.attn.c_proj.weight"][0] == heads
 
 
@@ -85,12 +86,16 @@ def test_separate_query_key_value_projections_give_head_groups(make):
     torch.manual_seed(0)
     model, inputs = make()
     spec = trace_report(model, inputs).spec
-    heads = model.config.num_attention_heads
-    width = model.config.hidden_size // heads
-    blocked = [k for k, v in spec.blocks.items() if v[0] == width and k.endswith("weight")]
-    assert len(blocked) == 3 * model.config.num_hidden_layers  # query, key, value
-    for k in blocked:
-        assert spec.groups[spec.axes[k][0]] == heads
+    heads, hidden = model.config.num_attention_heads, model.config.hidden_size
+    ties = spec.head_ties()
+    assert len(ties) == model.config.num_hidden_layers
+    for qk, vo in ties.values():  # spec order: the query projection comes first
+        assert spec.groups[qk] == spec.groups[vo] == hidden
+        assert spec.heads[qk][1] == spec.heads[vo][1] == heads
+        qk_members = {k.split(".")[-2] for k, _ in spec.group_axes(qk) if k.endswith("weight")}
+        vo_members = {(k.split(".")[-2], i) for k, i in spec.group_axes(vo) if k.endswith("weight")}
+        assert qk_members in ({"query", "key"}, {"q_proj", "k_proj"})
+        assert vo_members in ({("value", 0), ("dense", 1)}, {("v_proj", 0), ("o_proj", 1)})
 
 
 def test_llama_grouped_query_attention_moves_key_value_groups_with_their_query_heads():
@@ -110,5 +115,7 @@ def test_llama_grouped_query_attention_moves_key_value_groups_with_their_query_h
     kv_groups = spec.axes[k][0]
     assert spec.groups[kv_groups] == 2 and spec.axes[q][0] == kv_groups
     assert spec.blocks[k] == (4, 1) and spec.blocks[q] == (8, 1)  # 2 query heads × 4 dims
+    assert not spec.heads  # rotary embeddings slice the head dimensions
+    assert report.whole_blocks[kv_groups] == "joined by cat"  # rotate_half of the rotary embedding
     assert report.checked_modes == ("eval", "train")
     planted_recovery(model, spec)

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, forward, module_mode
-from lmckit.lap import assign
+from lmckit.lap import assign_groups
 from lmckit.match._functional import batches_per_pass, require_model_and_data
 from lmckit.match.result import MatchResult, check_inputs
 from lmckit.params import Params, params_distance
@@ -180,7 +180,7 @@ def activation_matching(
             h.remove()
     if used == 0:
         raise ParamsError("activation_matching got no batches")
-    perms, gain = {}, 0.0
+    all_gains = {}
     for g, names in taps.items():
         gains = sum(moments[name].gains(method) for name in names)
         if gains.shape != (spec.groups[g],) * 2:
@@ -188,9 +188,12 @@ def activation_matching(
                 f"taps of group {g!r} produce {gains.shape[0]} channels, the group has "
                 f"{spec.groups[g]}"
             )
-        p = assign(gains, maximize=True)
-        perms[g] = p
-        gain += float(gains[torch.arange(len(p)), p.to(gains.device)].sum())
+        all_gains[g] = gains
+    perms = assign_groups(all_gains, spec.heads)
+    gain = sum(
+        float(c[torch.arange(len(perms[g])), perms[g].to(c.device)].sum())
+        for g, c in all_gains.items()
+    )
     perm = Permutation(spec, perms)
     return MatchResult(
         perm=perm,

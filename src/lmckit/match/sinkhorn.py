@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
-from lmckit.lap import assign
+from lmckit.lap import assign_groups
 from lmckit.match._functional import (
     batch_loss,
     batches_per_pass,
@@ -171,10 +171,8 @@ def sinkhorn_matching(
         if n_steps == 0:
             raise ParamsError("sinkhorn_matching(objective='mid') got no batches")
     with torch.no_grad():
-        perms = {}
-        for g, z in logits.items():
-            p_soft = log_sinkhorn(z / tau, sinkhorn_iters).exp()
-            perms[g] = assign(p_soft, maximize=True)
+        soft = {g: log_sinkhorn(z / tau, sinkhorn_iters).exp() for g, z in logits.items()}
+        perms = assign_groups(soft, spec.heads)
     perm = Permutation(spec, perms)
     return MatchResult(
         perm=perm,

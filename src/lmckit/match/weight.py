@@ -24,9 +24,9 @@ from scipy.optimize import linear_sum_assignment
 from torch import nn
 
 from lmckit._checks import check_int
-from lmckit.lap import LapDuals
+from lmckit.lap import LapDuals, assign_heads
 from lmckit.match.result import MatchResult, check_duals, check_inputs, matched_names
-from lmckit.match.weight_matcher import WeightMatcher, acceptance_tolerance, improves
+from lmckit.match.weight_matcher import WeightMatcher, acceptance_tolerance, improves_all
 from lmckit.params import Params, detached, params_distance
 from lmckit.perm import Permutation, PermutationSpec, group_cost_matrix
 from lmckit.progress import ProgressCallback, notify
@@ -47,19 +47,30 @@ def weight_matching_reference(
     slow, and meant for tests and for reading. Arguments as in :func:`weight_matching`."""
     params_a, params_b = detached(params_a), detached(params_b)
     names = set(matched_names(params_a, include_running_stats))
-    groups = [g for g in spec.groups if any(k in names for k, _ in spec.group_axes(g))]
+    active = {g for g in spec.groups if any(k in names for k, _ in spec.group_axes(g))}
+    units = [kept for u in spec.update_units() if (kept := tuple(g for g in u if g in active))]
     perm = init or Permutation.identity(spec)
     rel_tol = acceptance_tolerance(params_a[next(iter(names))].dtype) if names else 0.0
     generator = torch.Generator().manual_seed(seed)
     for _ in range(max_iter):
         improved = False
-        for idx in torch.randperm(len(groups), generator=generator).tolist():
-            g = groups[idx]
-            cost = group_cost_matrix(spec, params_a, params_b, perm, g, names=names)
-            gains = cost.detach().to("cpu", torch.float64).numpy()
-            _, new = linear_sum_assignment(gains, maximize=True)
-            if improves(gains, perm[g].numpy(), new, rel_tol):
-                perm = perm.replace(**{g: torch.from_numpy(new.astype(np.int64))})
+        for idx in torch.randperm(len(units), generator=generator).tolist():
+            gains = {
+                g: group_cost_matrix(spec, params_a, params_b, perm, g, names=names)
+                .detach()
+                .to("cpu", torch.float64)
+                .numpy()
+                for g in units[idx]
+            }
+            if len(gains) == 1 and units[idx][0] not in spec.heads:
+                g = units[idx][0]
+                new = {g: linear_sum_assignment(gains[g], maximize=True)[1].astype(np.int64)}
+            else:  # groups tied by a head permutation: the two-level assignment
+                chosen = assign_heads(gains, spec.heads[units[idx][0]][1])
+                new = {g: p.numpy() for g, p in chosen.items()}
+            old = {g: perm[g].numpy() for g in gains}
+            if improves_all(gains, old, new, rel_tol):
+                perm = perm.replace(**{g: torch.from_numpy(p) for g, p in new.items()})
                 improved = True
         if not improved:
             return perm

@@ -31,13 +31,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lmckit.lap import LapDuals, solve_lap
+from lmckit.lap import LapDuals, assign_heads, solve_lap
 from lmckit.match.result import MatchResult, check_inputs, matched_names
 from lmckit.params import Params, detached, params_distance
 from lmckit.perm import Permutation, PermutationSpec, permute_axis, unit_rows
 from lmckit.progress import ProgressCallback, notify
 
-__all__ = ["ProfiledWeightMatcher", "WeightMatcher", "acceptance_tolerance"]
+__all__ = ["ProfiledWeightMatcher", "WeightMatcher", "acceptance_tolerance", "improves_all"]
 
 
 def acceptance_tolerance(dtype: torch.dtype) -> float:
@@ -52,6 +52,30 @@ def improves(gains: np.ndarray, old: np.ndarray, new: np.ndarray, rel_tol: float
     old_gain = float(gains[rows, old].sum())
     new_gain = float(gains[rows, new].sum())
     return new_gain > old_gain + rel_tol * max(abs(old_gain), abs(new_gain), 1e-30)
+
+
+def improves_all(
+    gains: Mapping[str, np.ndarray],
+    old: Mapping[str, np.ndarray],
+    new: Mapping[str, np.ndarray],
+    rel_tol: float,
+) -> bool:
+    """:func:`improves` for groups chosen together: their summed gain decides."""
+    if len(gains) == 1:
+        g = next(iter(gains))
+        return improves(gains[g], old[g], new[g], rel_tol)
+    old_gain = sum(float(c[np.arange(len(old[g])), old[g]].sum()) for g, c in gains.items())
+    new_gain = sum(float(c[np.arange(len(new[g])), new[g]].sum()) for g, c in gains.items())
+    return new_gain > old_gain + rel_tol * max(abs(old_gain), abs(new_gain), 1e-30)
+
+
+def _summed(products: list[Tensor]) -> np.ndarray:
+    """A group's gain matrix from its terms' products, as CPU float64 — summed in the
+    spec's order, as the reference does, so the bits agree."""
+    gains = products[0].clone() if len(products) > 1 else products[0]
+    for product in products[1:]:
+        gains += product
+    return gains.detach().to("cpu", torch.float64).numpy()
 
 
 @dataclass
@@ -124,12 +148,18 @@ class WeightMatcher:
                 )
         self.groups = [g for g in spec.groups if self.terms[g]]
         self.grouped = {t.name for g in self.groups for t in self.terms[g]}
-        # A group's cost matrix depends on its neighbours' permutations only (a self-mapped
+        # Each step chooses one unit: a group, or the groups tied by a head permutation.
+        self.units = [
+            kept
+            for unit in spec.update_units()
+            if (kept := tuple(g for g in unit if self.terms[g]))
+        ]
+        # A unit's cost matrices depend on its neighbours' permutations only (a self-mapped
         # group is its own neighbour); if none moved since its last solve, the solve would
         # repeat itself and is skipped.
         self.neighbours = {
-            g: tuple(sorted({h for t in self.terms[g] for _, h, _, _ in t.others}))
-            for g in self.groups
+            unit: tuple(sorted({h for g in unit for t in self.terms[g] for _, h, _, _ in t.others}))
+            for unit in self.units
         }
 
     # -- the two steps of a coordinate update; ProfiledWeightMatcher wraps them ----------
@@ -140,6 +170,10 @@ class WeightMatcher:
     def solve(self, gains: np.ndarray, duals: LapDuals | None) -> tuple[Tensor, LapDuals]:
         """The LAP maximising ``Σ_i gains[i, p[i]]``, warm-started from ``duals``."""
         return solve_lap(gains, maximize=True, duals=duals, backend=self.lap_backend)
+
+    def solve_heads(self, gains: Mapping[str, np.ndarray], heads: int) -> dict[str, Tensor]:
+        """The two-level assignment of groups tied by a head permutation (no duals)."""
+        return assign_heads(gains, heads)
 
     # -- the algorithm -------------------------------------------------------------------
     def match(
@@ -188,33 +222,37 @@ class WeightMatcher:
         for sweep in range(1, max_iter + 1):
             sweeps = sweep
             improved = False
-            for idx in torch.randperm(len(self.groups), generator=generator).tolist():
-                g = self.groups[idx]
-                neighbours = tuple(perm[h] for h in self.neighbours[g])
-                last = solved_with.get(g)
+            for idx in torch.randperm(len(self.units), generator=generator).tolist():
+                unit = self.units[idx]
+                neighbours = tuple(perm[h] for h in self.neighbours[unit])
+                last = solved_with.get(unit)
                 if last is not None and all(p is q for p, q in zip(neighbours, last, strict=True)):
                     skipped += 1
                     continue
-                products = self.products(g, a2, perm)
-                # summed in the spec's order, as the reference does, so the bits agree
-                gains = products[0].clone() if len(products) > 1 else products[0]
-                for product in products[1:]:
-                    gains += product
-                gains64 = gains.detach().to("cpu", torch.float64).numpy()
-                previous = lap_duals.get(g)
-                if previous is not None and previous.u.shape != (spec.groups[g],):
-                    previous = None
-                new, new_duals = self.solve(gains64, previous)
+                products = {g: self.products(g, a2, perm) for g in unit}
+                gains64 = {g: _summed(products[g]) for g in unit}
                 solves += 1
-                if warm_start:
-                    lap_duals[g] = new_duals
-                if improves(gains64, perm[g].cpu().numpy(), new.numpy(), rel_tol):
-                    perm[g] = new.to(device)
+                if len(unit) == 1 and unit[0] not in spec.heads:
+                    g = unit[0]
+                    previous = lap_duals.get(g)
+                    if previous is not None and previous.u.shape != (spec.groups[g],):
+                        previous = None
+                    new, new_duals = self.solve(gains64[g], previous)
+                    if warm_start:
+                        lap_duals[g] = new_duals
+                    chosen = {g: new}
+                else:
+                    chosen = self.solve_heads(gains64, spec.heads[unit[0]][1])
+                old = {g: perm[g].cpu().numpy() for g in unit}
+                if improves_all(gains64, old, {g: p.numpy() for g, p in chosen.items()}, rel_tol):
+                    for g in unit:
+                        perm[g] = chosen[g].to(device)
                     improved = True
-                solved_with[g] = neighbours  # the permutations this matrix was formed with
-                chosen = perm[g][:, None]
-                for term, product in zip(self.terms[g], products, strict=True):
-                    contributions[term.name] = float(product.gather(1, chosen).double().sum())
+                solved_with[unit] = neighbours  # the permutations these were formed with
+                for g in unit:
+                    at = perm[g][:, None]
+                    for term, product in zip(self.terms[g], products[g], strict=True):
+                        contributions[term.name] = float(product.gather(1, at).double().sum())
             if exact_each_sweep:
                 objective = constant + _inner(spec, params_a, params_b, perm, self.grouped)
             else:
@@ -267,6 +305,12 @@ class ProfiledWeightMatcher(WeightMatcher):
     def solve(self, gains, duals):
         t0 = time.perf_counter()
         out = super().solve(gains, duals)
+        self._lap_seconds += time.perf_counter() - t0
+        return out
+
+    def solve_heads(self, gains, heads):
+        t0 = time.perf_counter()
+        out = super().solve_heads(gains, heads)
         self._lap_seconds += time.perf_counter() - t0
         return out
 

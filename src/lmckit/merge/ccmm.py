@@ -22,7 +22,7 @@ from torch import nn
 
 from lmckit._checks import check_int, check_number
 from lmckit.data import DataSource
-from lmckit.lap import assign
+from lmckit.lap import assign_groups
 from lmckit.match.sinkhorn import soft_apply
 from lmckit.merge.result import MergeResult, canonicalise, check_models, merged_result
 from lmckit.merge.star import star
@@ -97,13 +97,13 @@ def ccmm(
         history.append(float(f.detach()))
         vertices, k, gap = [], 0, 0.0
         for s in soft:
+            grad = dict(zip(s, grads[k : k + len(s)], strict=True))
+            k += len(s)
+            best = assign_groups(grad, spec.heads)  # the oracle: a vertex maximising ⟨grad, ·⟩
             vertex = {}
             for g, m in s.items():
-                grad = grads[k]
-                k += 1
-                p = assign(grad, maximize=True)
-                vertex[g] = torch.eye(m.shape[0], dtype=dtype, device=device)[p.to(device)]
-                gap += float((grad * (vertex[g] - m)).sum())
+                vertex[g] = torch.eye(m.shape[0], dtype=dtype, device=device)[best[g].to(device)]
+                gap += float((grad[g] * (vertex[g] - m)).sum())
             vertices.append(vertex)
         notify(progress, iterations, max_iter, objective=history[-1], gap=gap)
         if gap <= tol * max(abs(history[-1]), 1e-30):
@@ -114,7 +114,7 @@ def ccmm(
         soft = [
             {g: s[g] + step * (v[g] - s[g]) for g in s} for s, v in zip(soft, vertices, strict=True)
         ]
-    perms = [Permutation(spec, {g: assign(m, maximize=True) for g, m in s.items()}) for s in soft]
+    perms = [Permutation(spec, assign_groups(s, spec.heads)) for s in soft]
     return merged_result(
         "ccmm",
         params_list,

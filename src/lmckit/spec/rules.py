@@ -49,6 +49,11 @@ class Axes:
         self._freeze = freeze
         self.op = ""  # the operator whose rule runs, for error messages
         self.units: list[Unit] = []
+        # (merged axis, outer axis, inner axis) of every reshape that split an axis into
+        # two or merged two into one (heads × head dimensions), and the blocked axes of every
+        # other block relation (a grouped convolution's channels), whose insides must stay
+        self.nests: list[tuple[tuple[str, int], tuple[str, int], tuple[str, int]]] = []
+        self.fixed_blocks: list[tuple[str, int]] = []
 
     def unit(self, node: fx.Node, n: int) -> Unit:
         """A new axis of length ``n`` belonging to ``node``'s op (see :class:`Unit`)."""
@@ -89,6 +94,22 @@ class Axes:
                 "wrong; please report it"
             )
         self._same((unit.name, i), (blocked.name, j))
+        self.fixed_blocks.append((blocked.name, j))
+
+    def nest(self, merged: fx.Node, j: int, split: fx.Node, outer: int, inner: int) -> None:
+        """Axis ``j`` of ``merged`` is axes ``outer × inner`` of ``split`` (unit-major):
+        blocks of ``outer`` whose entries are the ``inner`` axis. The tracer may then
+        permute inside each block, per block, as ``inner``'s class allows (heads)."""
+        su, sm = self.shape(split), self.shape(merged)
+        assert su is not None and sm is not None
+        if sm[j] != su[outer] * su[inner]:
+            raise SpecError(
+                f"while tracing {self.op}: a rule nested axes {outer}, {inner} of {split.name} "
+                f"in axis {j} of {merged.name} with mismatched lengths — the rule is wrong; "
+                "please report it"
+            )
+        self._same((split.name, outer), (merged.name, j))
+        self.nests.append(((merged.name, j), (split.name, outer), (split.name, inner)))
 
     def same_segments(self, whole: fx.Node, i: int, part: fx.Node, j: int, count: int) -> None:
         """Axis ``i`` of ``whole`` is ``count`` equal segments, one of which is axis ``j`` of
@@ -489,8 +510,10 @@ def _reshape_map(ax: Axes, x: fx.Node, xs, node: fx.Node, out) -> None:
     (flatten of ``C×H×W``; heads ``H×E`` back into the model width) makes the merged axis
     blocks of its first (outer) axis, and one that splits an axis (the width into heads)
     makes it blocks of the first new axis: the groups then move whole blocks (a convolution's
-    channel with its positions, a head with its dimensions). The inner axes are frozen:
-    permutations inside each block are not expressed."""
+    channel with its positions, a head with its dimensions). Two axes against one are a
+    *nest* (:meth:`Axes.nest`): the inner axis stays free, and the tracer decides afterwards
+    whether permutations inside each block can be expressed (heads); with more than two,
+    the inner axes are frozen."""
     i = j = 0
     while i < len(xs) or j < len(out):
         ins, outs = [], []
@@ -528,6 +551,10 @@ def _reshape_map(ax: Axes, x: fx.Node, xs, node: fx.Node, out) -> None:
         )
         if len(big_in) == 1 and len(big_out) == 1:
             ax.same(x, big_in[0], node, big_out[0])
+        elif len(big_in) == 2 and len(big_out) == 1:  # heads × head dims → width
+            ax.nest(node, big_out[0], x, big_in[0], big_in[1])
+        elif len(big_in) == 1 and len(big_out) == 2:  # width → heads × head dims
+            ax.nest(x, big_in[0], node, big_out[0], big_out[1])
         elif len(big_in) > 1 and len(big_out) == 1:
             ax.same_blocks(x, big_in[0], node, big_out[0])
             for d in big_in[1:]:

@@ -12,8 +12,18 @@ heads) make *block-structured* axes: the group acts on the outer axis and moves 
 (``PermutationSpec.blocks``), so a head permutation is shared by the query, key, value and
 output projections. A split into equal parts (a fused query/key/value projection) makes the
 split axis *segments* that each carry the parts' units (``PermutationSpec.repeats``); the
-union-find tracks each axis's segment count relative to its class. Permutations inside a
-block are not expressed: those axes freeze.
+union-find tracks each axis's segment count relative to its class.
+
+Inside blocks: a reshape that splits the width into heads × head dimensions (or merges
+them back) leaves the head-dimension axis free, and a second union-find
+(:func:`_inside_blocks`) follows which blocked axes must be permuted alike inside their
+blocks. Where that is consistent — the query and key projections through the score
+product, the value and output projections through the weighted sum — each becomes a
+*head-structured* group (``PermutationSpec.heads``: one permutation of the heads shared by
+all, one permutation per head inside each group), as Verma & Elbayad (2024) permute
+attention. Where it is not (a rotary embedding slices the head dimension, grouped-query
+heads share their key/value head, a parameter indexes the head dimension), the blocks move
+whole and the report says why.
 
 Before the spec is returned it is *verified*: a random permutation of every group, applied
 to a float64 copy of the model's ``state_dict``, must leave the outputs unchanged in eval
@@ -43,12 +53,14 @@ from torch.utils import _pytree as pytree
 
 from lmckit.errors import SpecError
 from lmckit.functional import module_mode
-from lmckit.perm import Permutation, PermutationSpec
+from lmckit.perm import Permutation, PermutationSpec, random_index_vectors
 from lmckit.spec.rules import IGNORED, RULES, Axes
 
 __all__ = ["TraceReport", "trace", "trace_report"]
 
 AxisKey = tuple[str, int]
+
+INSIDE = "inside a block (a reshape merged or split it); see the group's whole_blocks"
 
 
 class _UnionFind:
@@ -111,6 +123,8 @@ class TraceReport:
         spec: the verified :class:`~lmckit.perm.PermutationSpec`.
         frozen: ``{state_dict key: (reason or None per axis)}`` — why each axis of length
             > 1 that no group permutes is frozen (``None`` on permuted and length-1 axes).
+        whole_blocks: ``{group: reason}`` for block-structured groups whose blocks could
+            have been permuted inside (they come from a reshape, like heads) but are not.
         unknown_ops: operators without a rule met in the graph (each froze its axes).
         aliases: ``{key: key it aliases}`` for tied ``state_dict`` entries.
         checked_modes: the modes whose outputs were verified unchanged (``"eval"``, and
@@ -121,6 +135,7 @@ class TraceReport:
 
     spec: PermutationSpec
     frozen: Mapping[str, tuple[str | None, ...]]
+    whole_blocks: Mapping[str, str]
     unknown_ops: tuple[str, ...]
     aliases: Mapping[str, str]
     checked_modes: tuple[str, ...]
@@ -150,6 +165,8 @@ class TraceReport:
             "axes": {k: list(v) for k, v in self.spec.axes.items()},
             "blocks": {k: list(v) for k, v in self.spec.blocks.items()},
             "repeats": {k: list(v) for k, v in self.spec.repeats.items()},
+            "heads": {g: list(v) for g, v in self.spec.heads.items()},
+            "whole_blocks": dict(self.whole_blocks),
             "self_maps": sorted(self.spec.self_maps),
             "frozen": {
                 f"{k}[{i}]": why
@@ -178,11 +195,20 @@ class TraceReport:
             f"in permuted tensors (verified in {' and '.join(self.checked_modes)} mode; "
             f"{self.seconds:.2f} s)"
         ]
+        ties = self.spec.head_ties()
         for g, n in self.spec.groups.items():
             members = self.spec.group_axes(g)
             shown = ", ".join(f"{k}[{i}]{self._layout(k, i)}" for k, i in members[:4])
             more = f", … {len(members) - 4} more" if len(members) > 4 else ""
-            lines.append(f"  group {g}: {n} units — {shown}{more}")
+            if g in self.spec.heads:
+                tie, h = self.spec.heads[g]
+                others = [o for o in ties[tie] if o != g]
+                shared = f", heads shared with {', '.join(others)}" if others else ""
+                size = f"{n} units = {h} heads × {n // h}{shared}"
+            else:
+                size = f"{n} units"
+            why = f" [whole blocks: {self.whole_blocks[g]}]" if g in self.whole_blocks else ""
+            lines.append(f"  group {g}: {size} — {shown}{more}{why}")
         reasons: dict[str, list[str]] = {}
         for k, per_axis in self.frozen.items():
             for i, why in enumerate(per_axis):
@@ -248,19 +274,36 @@ def trace_report(
                 f"torch.export could not trace {type(model).__name__}: "
                 f"{type(exc).__name__}: {first}"
             ) from exc
-    uf, unknown, extra_axes = _relate(exported)
+    uf, unknown, found = _relate(exported)
     state = model.state_dict(keep_vars=True)
     aliases, placeholder_of = _state_placeholders(exported, state, uf)
-    spec, frozen = _build_spec(exported, state, aliases, placeholder_of, uf, extra_axes)
     if strict and unknown:
         raise SpecError(
             f"operators without a rule in {type(model).__name__}: {', '.join(unknown)} "
             "(strict=True; without it their axes are frozen)"
         )
-    modes = _verify(model, spec, args, kwargs, seed, _tolerance(exported))
+    built = _build_spec(exported, state, aliases, placeholder_of, uf, found)
+    spec, frozen, inside = built
+    rtol = _tolerance(exported)
+    try:
+        modes = _verify(model, spec, args, kwargs, seed, rtol)
+    except SpecError as exc:
+        if not spec.heads:
+            raise
+        # Permutations inside heads rest on more rules than whole heads do; if they fail
+        # the check, whole heads may still hold — the report then says so.
+        spec, frozen, inside = _build_spec(
+            exported, state, aliases, placeholder_of, uf, found, inner=False
+        )
+        modes = _verify(model, spec, args, kwargs, seed, rtol)
+        why = f"permutations inside its blocks failed the equivalence check ({exc})"
+        inside = {
+            g: why for g in spec.groups if any(spec.block(k, i) > 1 for k, i in spec.group_axes(g))
+        }
     return TraceReport(
         spec=spec,
         frozen=frozen,
+        whole_blocks=inside,
         unknown_ops=tuple(unknown),
         aliases=aliases,
         checked_modes=modes,
@@ -269,11 +312,29 @@ def trace_report(
     )
 
 
-def _relate(exported) -> tuple[_UnionFind, list[str], dict[AxisKey, int]]:
+@dataclass
+class _Found:
+    """What the rules said besides the union-find: the rules' own unit axes, every join
+    (for the classes inside blocks), reshape nests and fixed blocks (see :class:`Axes`)."""
+
+    extra: dict[AxisKey, int]
+    joins: list[tuple[AxisKey, AxisKey]]
+    nests: list[tuple[AxisKey, AxisKey, AxisKey]]
+    fixed_blocks: list[AxisKey]
+    inner_reasons: dict[AxisKey, str | None]  # why a nest's inner axis froze, if it did
+
+
+def _relate(exported) -> tuple[_UnionFind, list[str], _Found]:
     """Run every op's rule over the graph."""
     uf = _UnionFind()
     unknown: list[str] = []
-    ax = Axes(uf.union, uf.freeze)
+    joins: list[tuple[AxisKey, AxisKey]] = []
+
+    def join(x: AxisKey, y: AxisKey, repeat: Fraction | int = 1) -> None:
+        joins.append((x, y))
+        uf.union(x, y, repeat)
+
+    ax = Axes(join, uf.freeze)
     graph: fx.Graph = exported.graph
     sig = exported.graph_signature
     constants = set(sig.inputs_to_lifted_tensor_constants) | set(
@@ -315,7 +376,13 @@ def _relate(exported) -> tuple[_UnionFind, list[str], dict[AxisKey, int]]:
         elif node.op in ("call_module", "call_method", "get_attr"):
             ax.freeze_all(node, f"{node.op} {node.target} has no rule")
     extra = {(u.name, 0): u.shape[0] for u in ax.units}
-    return uf, unknown, extra
+    # An inner axis of a nest cannot carry a permutation of its own (it would move the same
+    # positions in every block): as a whole axis it freezes. Whether it may move per block is
+    # _inside_blocks' question, which needs the reasons it had before this freeze.
+    inner_reasons = {inner: uf.reason(inner) for _, _, inner in ax.nests}
+    for inner in inner_reasons:
+        uf.freeze(inner, INSIDE)
+    return uf, unknown, _Found(extra, joins, ax.nests, ax.fixed_blocks, inner_reasons)
 
 
 def _tensor_inputs(node: fx.Node) -> list[fx.Node]:
@@ -365,6 +432,7 @@ def _layouts(exported, uf: _UnionFind, extra: Mapping[AxisKey, int]):
     are what is left (``extra`` holds the rules' own unit axes). A class whose members are
     not whole segments of whole blocks is frozen."""
     members: dict[AxisKey, list[tuple[int, Fraction]]] = {}
+    lengths: dict[AxisKey, int] = {}
     axes = [
         ((node.name, i), n)
         for node in exported.graph.nodes
@@ -372,6 +440,7 @@ def _layouts(exported, uf: _UnionFind, extra: Mapping[AxisKey, int]):
     ]
     for key, n in [*axes, *extra.items()]:
         members.setdefault(uf.find(key), []).append((n, uf.repeat(key)))
+        lengths[key] = n
     units: dict[AxisKey, int] = {}
     lowest: dict[AxisKey, Fraction] = {}
     for root, sizes in members.items():
@@ -391,13 +460,77 @@ def _layouts(exported, uf: _UnionFind, extra: Mapping[AxisKey, int]):
         repeat = uf.repeat(key) / lowest[root]
         return int(repeat), n // (int(repeat) * units[root])
 
-    return units, layout
+    return units, layout, lengths
 
 
-def _build_spec(exported, state, aliases, placeholder_of, uf: _UnionFind, extra_axes):
-    units, layout = _layouts(exported, uf, extra_axes)
+def _inside_blocks(uf: _UnionFind, units, layout, lengths, found: _Found, param_axes):
+    """Which block-structured axes may be permuted inside their blocks, and alike with
+    which others: ``({axis: label}, {root: reason})``.
+
+    A second union-find over the axes that are blocks of their class: a reshape nest joins
+    the merged axis to the class of its inner axis (a head's dimensions), every join
+    between two blocked axes joins their insides (an elementwise op, a linear layer's
+    units), and the insides of a class freeze when its inner axis is frozen (a rotary
+    embedding slices it), when a parameter has the inner axis (it would need one
+    permutation for every head), when the outer axis is itself blocked (grouped-query
+    attention: query heads share their key/value head's dimensions) or when another op
+    fixed the blocks (a grouped convolution). Axes whose insides meet no nest stay whole
+    blocks."""
+
+    def blocked(key: AxisKey) -> bool:
+        root = uf.find(key)
+        if uf.reason(key) is not None or root not in units or key not in lengths:
+            return False
+        return layout(key, lengths[key])[1] > 1
+
+    inside = _UnionFind()
+    inner_nodes = []
+    for merged, outer, inner in found.nests:
+        if not blocked(merged):
+            continue
+        node = ("#inside", uf.find(inner))
+        inner_nodes.append(node)
+        inside.union(merged, node)
+        if (why := found.inner_reasons[inner]) is not None:
+            inside.freeze(merged, why)
+        elif uf.find(outer) in units and layout(outer, lengths[outer]) != (1, 1):
+            inside.freeze(merged, "heads that share a key/value head (grouped-query attention)")
+    for key in found.fixed_blocks:
+        if blocked(key):
+            inside.freeze(key, "blocks fixed by a grouped operator")
+    for x, y in found.joins:
+        if blocked(x) and blocked(y):
+            inside.union(x, y)
+    roots_with_params = {uf.find(k) for k in param_axes}
+    for node in inner_nodes:
+        if node[1] in roots_with_params:
+            inside.freeze(node, "a parameter indexes the dimensions inside each block")
+    nested = {inside.find(node) for node in inner_nodes}
+    labels, reasons = {}, {}
+    for key in param_axes:
+        if not blocked(key) or key not in inside.parent:
+            continue
+        label = inside.find(key)
+        if label not in nested:
+            continue
+        if (why := inside.reason(key)) is not None:
+            reasons[uf.find(key)] = why
+        else:
+            labels[key] = label
+    return labels, reasons
+
+
+def _build_spec(
+    exported, state, aliases, placeholder_of, uf: _UnionFind, found: _Found, inner: bool = True
+):
+    units, layout, lengths = _layouts(exported, uf, found.extra)
+    param_axes = [(ph, i) for key, ph in placeholder_of.items() for i in range(state[key].ndim)]
+    labels, inside_reasons = (
+        _inside_blocks(uf, units, layout, lengths, found, param_axes) if inner else ({}, {})
+    )
     groups: dict[str, int] = {}
-    names: dict[AxisKey, str] = {}
+    names: dict[tuple[AxisKey, Any], str] = {}
+    tie: dict[AxisKey, str] = {}
     axes: dict[str, tuple[str | None, ...]] = {}
     blocks: dict[str, tuple[int, ...]] = {}
     repeats: dict[str, tuple[int, ...]] = {}
@@ -423,11 +556,15 @@ def _build_spec(exported, state, aliases, placeholder_of, uf: _UnionFind, extra_
                 per_axis.append(None)
                 reasons.append(why if n > 1 else None)
                 continue
-            if root not in names:
-                names[root] = f"{aliases.get(key, key)}[{i}]"
-                groups[names[root]] = int(unit)
-            per_axis.append(names[root])
+            label = labels.get((ph, i))
             per_repeat[-1], per_block[-1] = layout((ph, i), int(n))
+            if (root, label) not in names:
+                name = names[(root, label)] = f"{aliases.get(key, key)}[{i}]"
+                groups[name] = int(unit) * (per_block[-1] if label is not None else 1)
+                tie.setdefault(root, name)
+            if label is not None:  # the group's units are the block entries themselves
+                per_block[-1] = 1
+            per_axis.append(names[(root, label)])
             reasons.append(None)
         if len({g for g in per_axis if g is not None}) < sum(g is not None for g in per_axis):
             self_maps.add(key)
@@ -437,6 +574,15 @@ def _build_spec(exported, state, aliases, placeholder_of, uf: _UnionFind, extra_
         if any(r > 1 for r in per_repeat):
             repeats[key] = tuple(per_repeat)
         frozen[key] = tuple(reasons)
+    tied_roots = {root for root, label in names if label is not None}
+    heads = {
+        name: (tie[root], units[root]) for (root, _), name in names.items() if root in tied_roots
+    }
+    inside = {
+        name: inside_reasons[root]
+        for (root, label), name in names.items()
+        if label is None and root in inside_reasons
+    }
     try:
         spec = PermutationSpec(
             groups=groups,
@@ -444,10 +590,11 @@ def _build_spec(exported, state, aliases, placeholder_of, uf: _UnionFind, extra_
             self_maps=frozenset(self_maps),
             blocks=blocks,
             repeats=repeats,
+            heads=heads,
         )
     except SpecError as exc:  # pragma: no cover - the rules guarantee a valid spec
         raise SpecError(f"the traced spec is invalid: {exc}") from None
-    return spec, frozen
+    return spec, frozen, inside
 
 
 def _tolerance(exported) -> float:
@@ -508,13 +655,7 @@ def _moving_permutation(spec: PermutationSpec, seed: int) -> Permutation:
     """A seeded random permutation that moves every group (a group of 2 units would stay
     put half the time, and a check of it would then test nothing)."""
     generator = torch.Generator().manual_seed(seed)
-    perms = {}
-    for g, n in spec.groups.items():
-        p = torch.randperm(n, generator=generator)
-        while n > 1 and torch.equal(p, torch.arange(n)):
-            p = torch.randperm(n, generator=generator)
-        perms[g] = p
-    return Permutation(spec, perms)
+    return Permutation(spec, random_index_vectors(spec, generator, moving=True))
 
 
 def _to_double(tree):
