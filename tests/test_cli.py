@@ -711,3 +711,53 @@ def test_match_and_interpolate_take_a_users_state_dicts(tmp_path, capsys):
     bad = [str(tmp_path / "wrong.safetensors"), pair[1]]
     assert main(["match", *bad, *user, "--out", str(out)]) == 1
     assert "['fc1.weight'] has shape (3, 3), DigitsCNN expects (12, 96)" in capsys.readouterr().err
+
+
+def test_train_on_one_part_of_a_split_records_it_and_keeps_to_it(tmp_path, capsys):
+    """A class-imbalanced part a with fraction 0 holds only the upper classes: a model
+    trained on it predicts (almost) only those, the sidecar names the split and the hash of
+    its indices, and another split into the same folder is refused with the difference."""
+    from lmckit.checkpoint import load_checkpoint
+    from lmckit.data import Split, indices_digest, load_dataset
+
+    split = ["--split", "class-imbalanced", "--fraction", "0", "--part", "a"]
+    args = digits_mlp_args(tmp_path, seeds=[0], epochs=3, hidden=[32, 32]) + split
+    assert main(args) == 0
+    assert "class-imbalanced(0) part a" in capsys.readouterr().out
+    ckpt = load_checkpoint(tmp_path / "mlp-digits-seed0-class-imbalanced-parta.safetensors")
+    data = load_dataset("digits")
+    part = Split("class-imbalanced", 0, fraction=0.0).indices(data.train_y)
+    recorded = ckpt.meta["split"]
+    assert recorded["examples"] == len(part) and set(data.train_y[part].tolist()) == {5, 6, 7, 8, 9}
+    assert recorded["indices_sha256"] == indices_digest(part)
+    assert recorded["kind"] == "class-imbalanced" and recorded["part"] == 0
+    predicted = ckpt.model.eval()(data.test_x).argmax(1)
+    assert (predicted >= 5).double().mean() > 0.95
+    other = [*args[:-4], "--fraction", "0.3", "--part", "a"]
+    assert main(other) == 1  # a checkpoint error, not a usage error
+    err = capsys.readouterr().err
+    assert "trained otherwise" in err and "split.fraction: found 0.0, wanted 0.3" in err
+
+
+def test_dirichlet_clients_and_a_shared_initialisation(tmp_path, capsys):
+    from lmckit.checkpoint import load_checkpoint
+
+    base = [*digits_mlp_args(tmp_path, seeds=[0, 1], epochs=1, hidden=[16]), "--lr", "1e-9"]
+    fed = ["--split", "dirichlet", "--clients", "3", "--alpha", "0.5"]
+    for part in ("0", "2"):
+        assert main(base + fed + ["--part", part, "--init-seed", "4"]) == 0
+    capsys.readouterr()
+    stems = [f"mlp-digits-seed{s}-dirichlet-part{p}" for s in (0, 1) for p in (0, 2)]
+    ckpts = [load_checkpoint(tmp_path / f"{stem}.safetensors") for stem in stems]
+    first = ckpts[0].params["layers.0.weight"]
+    # one initialisation for every seed and client; a learning rate of 1e-9 keeps it there
+    assert all(torch.allclose(c.params["layers.0.weight"], first, atol=1e-6) for c in ckpts)
+    assert ckpts[0].meta["split"]["examples"] + ckpts[1].meta["split"]["examples"] < 1797
+    assert main([*base, "--out", str(tmp_path / "own")]) == 0  # no --init-seed: seeds differ
+    own = [load_checkpoint(tmp_path / "own" / f"mlp-digits-seed{s}.safetensors") for s in (0, 1)]
+    assert not torch.allclose(own[0].params["layers.0.weight"], own[1].params["layers.0.weight"])
+    assert "split" not in own[0].meta["train"] and own[0].meta["split"] is None
+    assert main([*base, "--split", "dirichlet", "--out", str(tmp_path / "x")]) == 2
+    assert "--split dirichlet needs --part" in capsys.readouterr().err
+    assert main(base + fed + ["--part", "3", "--out", str(tmp_path / "x")]) == 2
+    assert "split part must be 0 … 2, got 3" in capsys.readouterr().err

@@ -334,6 +334,30 @@ def cmd_spec(args: argparse.Namespace) -> int:
     return 0
 
 
+def _split_option(args: argparse.Namespace) -> dict | None:
+    """``--split`` and its settings as a split table (None without ``--split``)."""
+    if args.split is None:
+        if args.part is not None:
+            raise UsageError("--part needs --split")
+        return None
+    if args.part is None:
+        raise UsageError(f"--split {args.split} needs --part")
+    part: int | str = args.part
+    if args.split != "class-imbalanced":
+        try:
+            part = int(args.part)
+        except ValueError:
+            raise UsageError(f"--part must be a client number, got {args.part!r}") from None
+    settings = {"kind": args.split, "part": part, "seed": args.split_seed}
+    if args.split == "class-imbalanced":
+        settings["fraction"] = args.fraction
+    else:
+        settings["clients"] = args.clients
+    if args.split == "dirichlet":
+        settings["alpha"] = args.alpha
+    return settings
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
@@ -360,6 +384,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         "momentum": args.momentum,
         "label_smoothing": args.label_smoothing,
         "augment": args.augment,
+        "init_seed": args.init_seed,
+        "split": _split_option(args),
     }
     with _as_usage():
         model_cfg = model_config_for(
@@ -377,8 +403,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     def report(outcome) -> None:
         m = outcome.metrics
         state = "exists, skipped" if outcome.skipped else f"trained in {outcome.seconds:.1f}s"
+        on = f" on {config.split.describe()}" if config.split is not None else ""
         print(
-            f"seed {outcome.seed}: train acc {m.get('train_accuracy', float('nan')):.4f}, "
+            f"seed {outcome.seed}{on}: train acc {m.get('train_accuracy', float('nan')):.4f}, "
             f"test acc {m.get('test_accuracy', float('nan')):.4f}, test loss "
             f"{m.get('test_loss', float('nan')):.4f} ({state}) -> {outcome.path}",
             flush=True,
@@ -861,6 +888,7 @@ def _methods_help(methods) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``lmckit`` argument parser (method choices come from the registries)."""
+    from lmckit.data.splits import SPLIT_KINDS
     from lmckit.match import METHODS as MATCHERS
     from lmckit.merge import METHODS as MERGERS
     from lmckit.train import OPTIMIZERS
@@ -920,6 +948,26 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="random crop + flip (default: on for CIFAR)",
+    )
+    split = p.add_argument_group(
+        "training on a part of the data",
+        "Train on one part of a partition of the training set (the test set stays whole): "
+        "Git Re-Basin's class-imbalanced halves (--split class-imbalanced --fraction 0.2 "
+        "--part a|b), a label-skewed Dirichlet client (--split dirichlet --clients N "
+        "--alpha A --part k) or a random client (--split random --clients N --part k). "
+        "The partition depends on --split-seed only, so every part of one partition "
+        "comes from the same cut; the checkpoint records the split and its indices' hash.",
+    )
+    split.add_argument("--split", choices=list(SPLIT_KINDS))
+    split.add_argument("--part", help="a or b (class-imbalanced), else 0 … clients − 1")
+    split.add_argument("--fraction", type=_float_in(0.0, 1.0), default=0.2)
+    split.add_argument("--clients", type=_int_at_least(1), default=2)
+    split.add_argument("--alpha", type=_positive, default=1.0, help="Dirichlet concentration")
+    split.add_argument("--split-seed", type=_seed, default=0)
+    split.add_argument(
+        "--init-seed",
+        type=_seed,
+        help="one initialisation for every seed (clients from a shared start)",
     )
     p.add_argument("--data-dir", type=_existing_dir, help="where the dataset files are")
     p.add_argument("--no-download", action="store_true", help="never download datasets")

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmckit.data.datasets import Dataset
-from lmckit.errors import TrainConfigError
+from lmckit.data.splits import Split, indices_digest
+from lmckit.errors import DataError, TrainConfigError
 from lmckit.functional import forward
 from lmckit.metrics import Metrics, evaluate
 from lmckit.models import build_model
@@ -51,7 +52,14 @@ class TrainConfig:
             when that is shorter.
         label_smoothing: cross-entropy label smoothing (off by default).
         augment: random crop + horizontal flip (image datasets only).
-        seed: data order and augmentation; :func:`init_model` uses it for the initialisation.
+        seed: data order and augmentation; :func:`init_model` uses it for the initialisation
+            unless ``init_seed`` is given.
+        init_seed: the initialisation's seed when it differs from ``seed`` — clients of a
+            federated run that start from one shared initialisation.
+        split: train on one part of the training set (:class:`~lmckit.data.splits.Split`,
+            or its dict): a class-imbalanced half, a Dirichlet client, a random client.
+            Metrics are still computed on the full test set; ``train_*`` metrics are on the
+            part trained on.
     """
 
     epochs: int = 10
@@ -66,8 +74,21 @@ class TrainConfig:
     label_smoothing: float = 0.0
     augment: bool = False
     seed: int = 0
+    init_seed: int | None = None
+    split: Split | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.split, Mapping):
+            try:
+                object.__setattr__(self, "split", Split.from_dict(self.split))
+            except DataError as exc:
+                raise TrainConfigError(str(exc)) from None
+        elif self.split is not None and not isinstance(self.split, Split):
+            raise TrainConfigError(f"split must be a Split or a table, got {self.split!r}")
+        if self.init_seed is not None and (
+            isinstance(self.init_seed, bool) or not isinstance(self.init_seed, int)
+        ):
+            raise TrainConfigError(f"init_seed must be an integer, got {self.init_seed!r}")
         if self.epochs < 1:
             raise TrainConfigError(f"epochs must be ≥ 1, got {self.epochs}")
         if self.batch_size < 1:
@@ -92,8 +113,20 @@ class TrainConfig:
         return min(5.0, self.epochs / 5)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return asdict(self)
+        """JSON-ready fields; ``init_seed`` and ``split`` only when set (so the keys of
+        runs without them are what they were before these options existed)."""
+        out = asdict(self)
+        for optional in ("init_seed", "split"):
+            if out[optional] is None:
+                del out[optional]
+        if self.split is not None:
+            out["split"] = self.split.to_dict()
+        return out
+
+    @property
+    def model_seed(self) -> int:
+        """The seed of the model's initialisation (``init_seed``, else ``seed``)."""
+        return self.seed if self.init_seed is None else self.init_seed
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
@@ -124,6 +157,21 @@ class TrainConfig:
                 augment=dataset.startswith("cifar"),
             )
         return cls(**{**base, **overrides})
+
+
+def split_record(config: TrainConfig, data: Dataset) -> dict[str, Any] | None:
+    """What a checkpoint's sidecar records of ``config.split``: the split's settings, its
+    description, how many examples the part holds and the SHA-256 of their indices (None
+    without a split)."""
+    if config.split is None:
+        return None
+    part = config.split.indices(data.train_y, data.num_classes)
+    return {
+        **config.split.to_dict(),
+        "description": config.split.describe(),
+        "examples": len(part),
+        "indices_sha256": indices_digest(part),
+    }
 
 
 def lr_factor(config: TrainConfig, step: int, steps_per_epoch: int) -> float:
@@ -223,8 +271,9 @@ def train(
 ) -> TrainResult:
     """Train ``model`` in place on ``data.train_*``; returns history and final metrics.
 
-    Final metrics are computed in eval mode on the full train and test sets. Training stops
-    with an error if the loss becomes non-finite (diverged learning rate).
+    Final metrics are computed in eval mode on the full train and test sets (with
+    ``config.split``: on the part trained on, and the full test set). Training stops with an
+    error if the loss becomes non-finite (diverged learning rate).
 
     ``snapshots``: epochs (1 … ``epochs − 1``) after which ``on_snapshot(epoch, result)``
     is called with the model as it is then and the :class:`TrainResult` a run ending there
@@ -238,6 +287,12 @@ def train(
     ``epoch_done=True`` and the epoch's :class:`EpochStats` fields.
     """
     device = next(model.parameters()).device
+    if config.split is not None:
+        try:
+            part = config.split.indices(data.train_y, data.num_classes)
+        except DataError as exc:
+            raise TrainConfigError(str(exc)) from None
+        data = data.subset(train_idx=part)
     loader = data.loader(
         "train",
         batch_size=config.batch_size,

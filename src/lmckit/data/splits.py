@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -70,3 +75,165 @@ def holdout_split(n: int, fraction: float = 0.2, *, seed: int = 0) -> tuple[Tens
     a temperature is fitted, and the remainder on which calibrated metrics are reported."""
     held, rest = random_partition(n, [fraction, 1.0 - fraction], seed=seed)
     return held, rest
+
+
+def dirichlet_split(
+    labels: Tensor,
+    *,
+    clients: int,
+    alpha: float,
+    num_classes: int | None = None,
+    seed: int = 0,
+) -> list[Tensor]:
+    """A label-skewed non-IID partition over ``clients`` (Hsu et al. 2019, the usual
+    federated-learning benchmark split): for every class, proportions over the clients are
+    drawn from ``Dirichlet(α·1)`` and the class's examples, shuffled, are cut at those
+    proportions. Large ``α`` gives every client about the same class mix; small ``α`` gives
+    each class (almost) to one client. Disjoint, covering every example once, seeded.
+
+    A client may get no example at all when ``α`` is small; :meth:`Split.indices` refuses
+    to train on an empty part.
+    """
+    if isinstance(clients, bool) or not isinstance(clients, int) or clients < 1:
+        raise DataError(f"clients must be a positive integer, got {clients!r}")
+    if not (isinstance(alpha, int | float) and math.isfinite(alpha) and alpha > 0):
+        raise DataError(f"alpha must be a positive number, got {alpha!r}")
+    labels = torch.as_tensor(labels).long().cpu()
+    num_classes = int(num_classes or int(labels.max()) + 1)
+    shuffle = _generator(seed)
+    rng = np.random.default_rng([int(seed), 0xD1])
+    parts: list[list[Tensor]] = [[] for _ in range(clients)]
+    for c in range(num_classes):
+        idx = torch.nonzero(labels == c).flatten()
+        idx = idx[torch.randperm(len(idx), generator=shuffle)]
+        shares = rng.dirichlet(np.full(clients, float(alpha)))
+        if not np.all(np.isfinite(shares)):  # every gamma draw underflowed: α is tiny
+            shares = np.eye(clients)[rng.integers(clients)]
+        cuts = np.rint(np.cumsum(shares) * len(idx)).astype(np.int64)
+        cuts[-1] = len(idx)
+        start = 0
+        for k, end in enumerate(cuts):
+            parts[k].append(idx[start:end])
+            start = max(start, int(end))
+    return [torch.cat(p).sort().values for p in parts]
+
+
+SPLIT_KINDS = ("class-imbalanced", "dirichlet", "random")
+
+
+@dataclass(frozen=True)
+class Split:
+    """The part of a training set one model trains on.
+
+    Attributes:
+        kind: ``"class-imbalanced"`` (Git Re-Basin §5.4: part 0 = "a" has ``fraction`` of
+            each lower-half class and ``1 − fraction`` of each upper-half class, part 1 = "b"
+            the rest), ``"dirichlet"`` (:func:`dirichlet_split` over ``clients`` with
+            ``alpha``) or ``"random"`` (``clients`` random parts of equal size).
+        part: which part, ``0 … parts − 1``.
+        fraction, clients, alpha: the kind's parameters (others are ignored and not
+            recorded).
+        seed: the partition's seed — shared by every part, independent of the training
+            seed, so that the clients of one partition train on disjoint data.
+    """
+
+    kind: str
+    part: int
+    fraction: float = 0.2
+    clients: int = 2
+    alpha: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in SPLIT_KINDS:
+            raise DataError(f"split kind must be one of {SPLIT_KINDS}, got {self.kind!r}")
+        if self.kind == "class-imbalanced":
+            if not 0.0 <= self.fraction <= 1.0:
+                raise DataError(f"split fraction must be in [0, 1], got {self.fraction}")
+        elif isinstance(self.clients, bool) or not isinstance(self.clients, int):
+            raise DataError(f"split clients must be an integer, got {self.clients!r}")
+        elif self.clients < 1:
+            raise DataError(f"split clients must be ≥ 1, got {self.clients}")
+        if self.kind == "dirichlet" and not (math.isfinite(self.alpha) and self.alpha > 0):
+            raise DataError(f"split alpha must be a positive number, got {self.alpha}")
+        if isinstance(self.part, bool) or not isinstance(self.part, int):
+            raise DataError(f"split part must be an integer, got {self.part!r}")
+        if not 0 <= self.part < self.parts_count:
+            names = (
+                "0 (a) or 1 (b)"
+                if self.kind == "class-imbalanced"
+                else f"0 … {self.parts_count - 1}"
+            )
+            raise DataError(f"split part must be {names}, got {self.part}")
+
+    @property
+    def parts_count(self) -> int:
+        """How many parts the partition has."""
+        return 2 if self.kind == "class-imbalanced" else self.clients
+
+    def parts(self, labels: Tensor, num_classes: int | None = None) -> list[Tensor]:
+        """Every part's sorted indices into ``labels`` (the training labels)."""
+        if self.kind == "class-imbalanced":
+            return list(
+                class_imbalanced_split(
+                    labels, fraction=self.fraction, num_classes=num_classes, seed=self.seed
+                )
+            )
+        if self.kind == "dirichlet":
+            return dirichlet_split(
+                labels, clients=self.clients, alpha=self.alpha, num_classes=num_classes,
+                seed=self.seed,
+            )  # fmt: skip
+        return random_partition(len(labels), [1.0 / self.clients] * self.clients, seed=self.seed)
+
+    def indices(self, labels: Tensor, num_classes: int | None = None) -> Tensor:
+        """This part's sorted indices.
+
+        Raises:
+            DataError: the part is empty (a small Dirichlet ``alpha`` can leave a client
+                without data).
+        """
+        idx = self.parts(labels, num_classes)[self.part]
+        if len(idx) == 0:
+            raise DataError(f"{self.describe()} holds no training example")
+        return idx
+
+    def to_dict(self) -> dict[str, Any]:
+        """The kind, the part, the seed and the kind's own parameters (JSON-ready)."""
+        out: dict[str, Any] = {"kind": self.kind, "part": self.part, "seed": self.seed}
+        if self.kind == "class-imbalanced":
+            out["fraction"] = self.fraction
+        else:
+            out["clients"] = self.clients
+        if self.kind == "dirichlet":
+            out["alpha"] = self.alpha
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Split:
+        """Inverse of :meth:`to_dict`; ``part`` may be ``"a"``/``"b"`` for the
+        class-imbalanced split. Unknown keys are an error."""
+        if not isinstance(data, Mapping):
+            raise DataError(f"a split must be a table of settings, got {data!r}")
+        known = {"kind", "part", "fraction", "clients", "alpha", "seed"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise DataError(f"unknown split setting(s) {unknown}; known: {sorted(known)}")
+        if "kind" not in data or "part" not in data:
+            raise DataError(f"a split needs a kind and a part, got {dict(data)}")
+        fields = dict(data)
+        if fields["part"] in ("a", "b"):
+            fields["part"] = "ab".index(fields["part"])
+        return cls(**fields)
+
+    def describe(self) -> str:
+        """A short human label, e.g. ``"dirichlet(α=0.1) part 2 of 4"``."""
+        if self.kind == "class-imbalanced":
+            return f"class-imbalanced({self.fraction:g}) part {'ab'[self.part]}"
+        params = f"α={self.alpha:g}" if self.kind == "dirichlet" else ""
+        return f"{self.kind}({params}) part {self.part} of {self.clients}"
+
+
+def indices_digest(indices: Tensor) -> str:
+    """SHA-256 of an index vector (as int64), for records of which examples were used."""
+    return hashlib.sha256(indices.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()

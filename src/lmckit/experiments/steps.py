@@ -38,7 +38,7 @@ from lmckit.experiments.store import Store, content_hash, make_key
 from lmckit.experiments.training import load_for_model
 from lmckit.perm import Permutation
 from lmckit.progress import ProgressCallback
-from lmckit.train import TrainConfig, init_model, train
+from lmckit.train import TrainConfig, init_model, split_record, train
 
 __all__ = ["STEPS", "Job", "StepKind", "execute", "job_key"]
 
@@ -120,6 +120,7 @@ def _train_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
                 "key_document": document,
                 "train": config.to_dict(),
                 "seed": config.seed,
+                "split": split_record(config, data),
                 "dataset": data.name,
                 "metrics": result.metrics_dict(),
                 "train_seconds": result.seconds,
@@ -145,7 +146,7 @@ def _train_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
 
     def write(folder: Path) -> tuple[str, dict[str, Any]]:
         nonlocal model
-        model = init_model(settings["model_name"], settings["model_config"], config.seed)
+        model = init_model(settings["model_name"], settings["model_config"], config.model_seed)
         model.to(payload.get("device", "cpu"))
         result = train(
             model,

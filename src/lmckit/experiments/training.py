@@ -17,14 +17,14 @@ import torch
 
 from lmckit._io import prepare_output_dir, writes_folder
 from lmckit.checkpoint import checkpoint_paths, save_checkpoint, verify_checkpoint
-from lmckit.data import Dataset, canonical_name, load_dataset
+from lmckit.data import Dataset, Split, canonical_name, load_dataset
 from lmckit.data.datasets import INPUT_SHAPES
 from lmckit.errors import CheckpointError, ModelConfigError
 from lmckit.experiments.store import make_key
 from lmckit.models import ALIASES, MODELS, build_model
 from lmckit.models import model_config as config_of
 from lmckit.progress import ProgressCallback
-from lmckit.train import TrainConfig, init_model, train
+from lmckit.train import TrainConfig, init_model, split_record, train
 
 CONV_MIN_SIZE = 32
 
@@ -124,9 +124,17 @@ class SeedOutcome:
     seconds: float
 
 
-def checkpoint_stem(out: Path, model_name: str, dataset: str, seed: int) -> Path:
-    """``out/<model>-<dataset>-seed<N>`` (no suffix)."""
-    return out / f"{model_name_key(model_name)}-{dataset}-seed{seed}"
+def checkpoint_stem(
+    out: Path, model_name: str, dataset: str, seed: int, split: Split | None = None
+) -> Path:
+    """``out/<model>-<dataset>-seed<N>`` (no suffix), and ``-<kind>-part<k>`` after it for
+    a model trained on one part of a split (``parta``/``partb`` for the class-imbalanced
+    halves)."""
+    stem = f"{model_name_key(model_name)}-{dataset}-seed{seed}"
+    if split is not None:
+        part = "ab"[split.part] if split.kind == "class-imbalanced" else str(split.part)
+        stem += f"-{split.kind}-part{part}"
+    return out / stem
 
 
 def _differences(found: Any, wanted: Any, prefix: str = "") -> list[str]:
@@ -182,13 +190,14 @@ def train_checkpoint(
                 + "); use another --out folder or remove it"
             )
         return SeedOutcome(config.seed, weights, True, meta.get("metrics", {}), 0.0)
-    model = init_model(model_name, model_config, config.seed).to(device)
+    model = init_model(model_name, model_config, config.model_seed).to(device)
     result = train(model, data, config, progress=progress)
     meta = {
         "key": key,
         "key_document": document,
         "train": config.to_dict(),
         "seed": int(config.seed),
+        "split": split_record(config, data),
         "dataset": data.name,
         "dataset_source": data.source,
         "metrics": result.metrics_dict(),
@@ -233,7 +242,7 @@ def train_seeds(
             model_config,
             data,
             replace(config, seed=int(seed)),
-            checkpoint_stem(out, model_name, data.name, seed),
+            checkpoint_stem(out, model_name, data.name, seed, config.split),
             progress=progress(seed) if progress else None,
             device=device,
         )
