@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from lmckit.experiments.spec import Experiment
+from lmckit.data.splits import Split
+from lmckit.experiments.spec import Experiment, train_options
 from lmckit.experiments.steps import Job
 from lmckit.models import build_model, model_config
 from lmckit.params import has_batchnorm
@@ -87,7 +88,7 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
     jobs: list[Job] = []
     cells = list(zip(experiment.cells(), configs, strict=True))
     bases = [
-        TrainConfig.paper_defaults(name, experiment.dataset, **cell["train"])
+        TrainConfig.paper_defaults(name, experiment.dataset, **train_options(cell["train"], 0))
         for cell, (name, _) in cells
     ]
     source, snapshots = _snapshot_sources(cells, bases)
@@ -97,11 +98,17 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
         cell, (name, config) = cells[c]
         common = {"model_name": name, "model_config": config}
         full = _full_config(name, config)
-        for seed in experiment.seeds:
+        for index, seed in enumerate(experiment.seeds):
+            config = replace(bases[c], seed=int(seed))
+            labels = {"cell": c, **cell["values"], "seed": seed}
+            if config.split is not None:
+                split = train_options(cell["train"], index)["split"]
+                config = replace(config, split=Split.from_dict(split))
+                labels["part"] = config.split.part
             settings = {
                 **common,
                 "model_config_full": full,
-                "train_config": replace(bases[c], seed=int(seed)).to_dict(),
+                "train_config": config.to_dict(),
             }
             if c in snapshots:
                 settings["snapshots"] = snapshots[c]
@@ -111,7 +118,7 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
                     kind="train",
                     settings=settings,
                     deps=(f"train/c{source[c]}/seed{seed}",) if c in source else (),
-                    labels={"cell": c, **cell["values"], "seed": seed},
+                    labels=labels,
                 )
             )
     for c, (cell, (name, config)) in enumerate(cells):

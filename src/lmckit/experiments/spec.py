@@ -25,6 +25,12 @@ An experiment is a TOML file::
 
     [train]                        # training options over the paper's recipe
     epochs = 5
+    init_seed = 0                  # optional: one initialisation for every seed
+    [train.split]                  # optional: the k-th seed's model trains on part k
+    kind = "dirichlet"             # (mod the parts) of one partition of the training
+    clients = 4                    # set: "class-imbalanced" (fraction), "dirichlet"
+    alpha = 0.1                    # (clients, alpha) or "random" (clients); a grid
+                                   # key "train.split.alpha" varies one setting
 
     [grid]                         # every combination is a cell; dotted keys
     "model.width_multiplier" = [0.25, 0.5, 1, 2]
@@ -222,7 +228,10 @@ class Experiment:
                 settings = [(k, v) for k, v in (variant or {}).items() if k != "name"]
                 for key, value in [*settings, *zip(keys, combo, strict=True)]:
                     section, option = key.split(".", 1)
-                    (model if section == "model" else train)[option] = value
+                    if section == "train" and option.startswith("split."):
+                        train.setdefault("split", {})[option.split(".", 1)[1]] = value
+                    else:
+                        (model if section == "model" else train)[option] = value
                 values = dict(zip(keys, combo, strict=True))
                 if variant is not None:
                     values = {VARIANT_KEY: variant["name"], **values}
@@ -485,11 +494,40 @@ def _check_configurations(experiment: Experiment) -> None:
             raise ExperimentError(
                 f"{where}: unknown model option(s) {unknown}; known: {sorted(MODEL_KEYS)}"
             )
+        if "part" in cell["train"].get("split", {}):
+            raise ExperimentError(
+                f"{where}: train.split takes no part — the model of the k-th seed trains on "
+                "part k (modulo the number of parts)"
+            )
         try:
             model_name_key(cell["model"]["name"])
-            TrainConfig.paper_defaults(cell["model"]["name"], experiment.dataset, **cell["train"])
+            TrainConfig.paper_defaults(
+                cell["model"]["name"], experiment.dataset, **train_options(cell["train"], 0)
+            )
         except (LmcError, TypeError) as exc:
             raise ExperimentError(f"{where}: {exc}") from None
+
+
+def train_options(train: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """A cell's training options for the model of its ``index``-th seed: with a
+    ``train.split`` table, that model trains on part ``index`` modulo the number of parts
+    (the class-imbalanced halves alternate a, b, a, …; the k-th Dirichlet client is the
+    k-th seed's model)."""
+    from lmckit.data.splits import Split
+    from lmckit.errors import DataError
+
+    options = dict(train)
+    if "split" not in options:
+        return options
+    table = options["split"]
+    if not isinstance(table, Mapping):
+        raise ExperimentError(f"train.split must be a table, got {table!r}")
+    try:
+        parts = Split.from_dict({**table, "part": 0}).parts_count
+    except DataError as exc:
+        raise ExperimentError(f"train.split: {exc}") from None
+    options["split"] = {**table, "part": index % parts}
+    return options
 
 
 def model_configs(experiment: Experiment, data_for) -> list[tuple[str, dict[str, Any]]]:

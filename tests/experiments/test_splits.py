@@ -1,0 +1,103 @@
+"""Experiments over parts of the data: ``[train.split]`` gives the k-th seed's model part k
+(mod the number of parts) of one partition, recorded in each checkpoint; a changed split
+is another key, so it trains again."""
+
+import pytest
+
+from lmckit.checkpoint import load_checkpoint
+from lmckit.data import Split
+from lmckit.experiments.dag import build_jobs
+from lmckit.experiments.ledger import Ledger
+from lmckit.experiments.runner import run_experiment
+from lmckit.experiments.spec import ExperimentError, load_experiment, model_configs
+from lmckit.experiments.store import Store
+
+TOML = """
+name = "halves"
+description = "split test"
+seeds = [0, 1, 2]
+threads = 1
+[data]
+dataset = "digits"
+[model]
+name = "mlp"
+hidden = [16]
+[train]
+epochs = 1
+batch_size = 128
+init_seed = 9
+[train.split]
+{split}
+[grid]
+{grid}
+"""
+
+
+def _experiment(tmp_path, split, grid='"train.lr" = [1e-3]'):
+    path = tmp_path / "e.toml"
+    path.write_text(TOML.format(split=split, grid=grid))
+    return load_experiment(path)
+
+
+def _train_jobs(exp, digits):
+    return [
+        j for j in build_jobs(exp, model_configs(exp, lambda _name: digits)) if j.kind == "train"
+    ]
+
+
+def test_the_kth_seed_trains_on_part_k_modulo_the_parts(tmp_path, digits):
+    exp = _experiment(tmp_path, 'kind = "class-imbalanced"\nfraction = 0.2')
+    jobs = _train_jobs(exp, digits)
+    assert [j.labels["part"] for j in jobs] == [0, 1, 0]
+    configs = [j.settings["train_config"] for j in jobs]
+    assert [c["split"]["part"] for c in configs] == [0, 1, 0]
+    assert all(c["init_seed"] == 9 and c["split"]["fraction"] == 0.2 for c in configs)
+    fed = _experiment(
+        tmp_path, 'kind = "dirichlet"\nclients = 3', '"train.split.alpha" = [0.1, 10]'
+    )
+    jobs = _train_jobs(fed, digits)
+    assert [(j.labels["train.split.alpha"], j.labels["part"]) for j in jobs] == [
+        (0.1, 0), (0.1, 1), (0.1, 2), (10, 0), (10, 1), (10, 2)
+    ]  # fmt: skip
+    assert jobs[4].settings["train_config"]["split"] == {
+        "kind": "dirichlet", "part": 1, "seed": 0, "clients": 3, "alpha": 10
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("split", "message"),
+    [
+        ('kind = "dirichlet"\nclients = 3\npart = 1', "train.split takes no part"),
+        ('kind = "shards"', "split kind must be one of"),
+        ('kind = "random"\nclients = 0', "clients must be ≥ 1"),
+    ],
+)
+def test_bad_splits_in_a_file_are_named(tmp_path, split, message):
+    with pytest.raises(ExperimentError, match=message):
+        _experiment(tmp_path, split)
+
+
+def test_checkpoints_record_their_part_and_a_changed_split_trains_again(tmp_path, digits):
+    exp = _experiment(tmp_path, 'kind = "random"\nclients = 2')
+    out = tmp_path / "run"
+    assert run_experiment(exp, out, log=lambda _: None).complete
+    ledger = Ledger(out / "ledger.sqlite")
+    try:
+        first = {j["name"]: j["key"] for j in ledger.jobs()}
+    finally:
+        ledger.close()
+    store = Store(out / "store")
+    for seed, part in ((0, 0), (1, 1), (2, 0)):
+        ckpt = load_checkpoint(store.folder("checkpoint", first[f"train/c0/seed{seed}"]) / "model")
+        recorded = ckpt.meta["split"]
+        assert recorded["part"] == part and recorded["kind"] == "random"
+        expected = Split("random", part, clients=2).indices(digits.train_y)
+        assert recorded["examples"] == len(expected)
+    again = _experiment(tmp_path, 'kind = "random"\nclients = 2\nseed = 1')
+    summary = run_experiment(again, tmp_path / "run2", log=lambda _: None)
+    ledger = Ledger(tmp_path / "run2" / "ledger.sqlite")
+    try:
+        second = {j["name"]: j["key"] for j in ledger.jobs()}
+    finally:
+        ledger.close()
+    assert summary.complete and all(first[k] != second[k] for k in first)
