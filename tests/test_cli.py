@@ -761,3 +761,23 @@ def test_dirichlet_clients_and_a_shared_initialisation(tmp_path, capsys):
     assert "--split dirichlet needs --part" in capsys.readouterr().err
     assert main(base + fed + ["--part", "3", "--out", str(tmp_path / "x")]) == 2
     assert "split part must be 0 … 2, got 3" in capsys.readouterr().err
+
+
+def test_merge_of_models_trained_on_the_two_halves_reports_each_half(tmp_path, capsys):
+    import json
+
+    for part in ("a", "b"):
+        split = ["--split", "class-imbalanced", "--fraction", "0.2", "--part", part]
+        args = digits_mlp_args(tmp_path, seeds=[0], epochs=5, hidden=[24])
+        assert main([*args, *split, "--batch-size", "64"]) == 0
+    ckpts = [str(tmp_path / f"mlp-digits-seed0-class-imbalanced-part{p}.safetensors") for p in "ab"]
+    out = tmp_path / "merged"
+    assert main(["merge", *ckpts, "--method", "average", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "accuracy % on each part's majority classes" in printed and "ensemble" in printed
+    report = json.loads((out / "metrics.json").read_text())
+    assert report["groups"] == {"part a": [5, 6, 7, 8, 9], "part b": [0, 1, 2, 3, 4]}
+    a, b = report["models"]["input 0"]["groups"], report["models"]["input 1"]["groups"]
+    # each input is better on the classes it saw most of
+    assert a["part a"] > a["part b"] and b["part b"] > b["part a"]
+    assert report["merged_accuracy_part_a"] == report["models"]["merged"]["groups"]["part a"]

@@ -28,6 +28,7 @@ def test_every_public_matcher_and_merger_is_registered_with_one_signature():
         lmckit.match.weight_matching_reference
     }
     assert {m.fn for m in MERGERS.values()} == {
+        lmckit.merge.average,
         lmckit.merge.star,
         lmckit.merge.merge_many,
         lmckit.merge.ste_mm,

@@ -738,6 +738,20 @@ def cmd_merge(args: argparse.Namespace) -> int:
         f"{100 * report['mean_accuracy']:.2f} %), loss {report['merged_loss']:.4f} "
         f"(gap {report['loss_gap']:+.4f}, pairwise gap {report['pairwise_gap']:+.4f})"
     )
+    print(
+        f"merged ECE {report['merged_ece']:.4f}; logit ensemble of the inputs: accuracy "
+        f"{100 * report['ensemble_accuracy']:.2f} %, loss {report['ensemble_loss']:.4f}, "
+        f"ECE {report['ensemble_ece']:.4f}"
+    )
+    if report["groups"]:
+        groups = list(report["groups"])
+        print("accuracy % on each part's majority classes (inputs trained on parts):")
+        print(f"{'':>10} {'test':>7} " + " ".join(f"{g:>8}" for g in groups))
+        for name, row in report["models"].items():
+            cells = " ".join(
+                f"{100 * v:8.2f}" if v is not None else f"{'-':>8}" for v in row["groups"].values()
+            )
+            print(f"{name:>10} {100 * row['accuracy']:7.2f} {cells}")
     if "sharpness_merged" in report:
         print(
             f"sharpness tr(H⊙θθᵀ): merged {report['sharpness_merged']['value']:.4g} ± "

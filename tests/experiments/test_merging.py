@@ -24,7 +24,7 @@ def test_a_checkpoint_given_twice_is_refused(tmp_path):
     with pytest.raises(UsageError, match="at least two"):
         check_checkpoints([a])
     with pytest.raises(UsageError, match="unknown merging method"):
-        merge_checkpoints([a, b], "average", None)
+        merge_checkpoints([a, b], "mean-of-everything", None)
 
 
 def test_model_count_ranges():

@@ -12,6 +12,7 @@ from lmckit.perm import Permutation
 from tests.merge.common import planted_copies, random_models
 
 FAST = {"epochs": 1}  # one epoch is enough for planted copies
+ALIGNING = [m for m in METHODS if m != "average"]  # the average aligns nothing, by design
 
 
 def run(method, model, spec, params, data, **kwargs):
@@ -19,7 +20,7 @@ def run(method, model, spec, params, data, **kwargs):
     return METHODS[method](spec, params, model=model, data=data, **options, **kwargs)
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", ALIGNING)
 def test_planted_copies_are_merged_back_into_the_original(method, digits):
     model, spec, _, copies = planted_copies()
     result = run(method, model, spec, copies, digits)
@@ -30,7 +31,7 @@ def test_planted_copies_are_merged_back_into_the_original(method, digits):
     assert params_distance(result.merged, reference) < 1e-6
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", ALIGNING)
 def test_reference_picks_the_frame(method, digits):
     model, spec, _, copies = planted_copies(3)
     result = run(method, model, spec, copies, digits, reference=1)

@@ -20,8 +20,9 @@ from lmckit._io import (
 )
 from lmckit.analysis import multi_model_metrics, plane_landscape, sharpness
 from lmckit.checkpoint import Checkpoint, checkpoint_paths, save_checkpoint
-from lmckit.data import Dataset
+from lmckit.data import Dataset, Split, indices_digest
 from lmckit.errors import UsageError
+from lmckit.evaluate.parts import ENSEMBLE, part_groups, parts_report
 from lmckit.experiments.matching import check_data_fits, check_same_architecture
 from lmckit.experiments.store import Store, content_hash, make_key
 from lmckit.merge import METHODS, MergeResult
@@ -144,6 +145,7 @@ def run_merge(
         "seconds": result.seconds,
         "checkpoints": [str(c.path) for c in ckpts],
         **metrics.to_dict(),
+        **models_report(ckpts, result.merged, data, test),
     }
     if sharpness_probes:
         s_merged = sharpness(model, result.merged, test, probes=sharpness_probes, seed=seed)
@@ -191,6 +193,55 @@ def run_merge(
     return report
 
 
+def checkpoint_split(ckpt: Checkpoint, data: Dataset) -> Split | None:
+    """The split ``ckpt`` was trained on (None: all the data), checked against ``data``:
+    the recorded hash of its indices must be that of the same part of ``data``'s training
+    set, else per-part numbers would describe other examples."""
+    recorded = ckpt.meta.get("split")
+    if not recorded:
+        return None
+    split = Split.from_dict({k: v for k, v in recorded.items() if k in SPLIT_FIELDS})
+    digest = indices_digest(split.indices(data.train_y, data.num_classes))
+    if recorded.get("indices_sha256") not in (None, digest):
+        raise UsageError(
+            f"{ckpt.path} was trained on {split.describe()} of another training set than "
+            f"{data.name}'s here (the indices differ); per-part accuracy would be wrong"
+        )
+    return split
+
+
+SPLIT_FIELDS = ("kind", "part", "fraction", "clients", "alpha", "seed")
+
+
+def models_report(
+    ckpts: Sequence[Checkpoint], merged: Mapping[str, Any], data: Dataset, test
+) -> dict[str, Any]:
+    """The merged model, every input and their logit ensemble on the test set — loss,
+    accuracy, ECE and, for inputs trained on parts of the data, accuracy on each part's
+    majority classes (:mod:`lmckit.evaluate.parts`) — as ``{"groups": {part: classes},
+    "models": {name: ...}}`` plus flat ``merged_ece`` and ``ensemble_*`` numbers."""
+    splits = [checkpoint_split(c, data) for c in ckpts]
+    groups = part_groups(splits, data.train_y, data.num_classes)
+    inputs = {f"input {i}": c.params for i, c in enumerate(ckpts)}
+    models = parts_report(
+        ckpts[0].model,
+        {"merged": merged, **inputs},
+        test,
+        groups=groups,
+        ensemble_of=list(inputs),
+    )
+    flat = {"merged_ece": models["merged"]["ece"]}
+    flat.update({f"ensemble_{k}": models[ENSEMBLE][k] for k in ("loss", "accuracy", "ece")})
+    for group, acc in models["merged"]["groups"].items():
+        flat[f"merged_accuracy_{group.replace(' ', '_')}"] = acc
+    return {"groups": groups, "models": models, **flat}
+
+
+MERGE_REPORT_VERSION = 2
+"""Part of every merge's key: 2 added ECE, the ensemble and per-part accuracy to the
+stored metrics, so results stored without them are recomputed rather than shown blank."""
+
+
 def merge_key(
     method: str,
     seed: int,
@@ -207,7 +258,13 @@ def merge_key(
     used = {k: v for k, v in options.items() if k in accepted and v is not None}
     return make_key(
         "merge-metrics",
-        {"method": method, "seed": seed, "options": used, "evaluation": {"test": "all"}},
+        {
+            "method": method,
+            "seed": seed,
+            "options": used,
+            "evaluation": {"test": "all"},
+            "report": MERGE_REPORT_VERSION,
+        },
         {f"model{i}": c for i, c in enumerate(contents)},
         data.fingerprint,
     )
@@ -240,7 +297,12 @@ def stored_merge_metrics(
             bn_reset_data=_bn_data(ckpts[0], data),
             merged=result.merged,
         )
-        entry = {**metrics.to_dict(), "seconds": result.seconds}
+        test = data.loader("test", batch_size=1000)
+        entry = {
+            **metrics.to_dict(),
+            **models_report(ckpts, result.merged, data, test),
+            "seconds": result.seconds,
+        }
         atomic_write_json(folder / "metrics.json", entry)
         atomic_write_json(folder / "permutations.json", [p.to_dict() for p in result.perms])
         return content_hash(entry), {}

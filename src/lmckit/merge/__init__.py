@@ -9,6 +9,7 @@ All mergers share one signature::
 :data:`METHODS` lists them by name, with what each needs.
 """
 
+from lmckit.merge.average import average
 from lmckit.merge.ccmm import ccmm
 from lmckit.merge.many import merge_many
 from lmckit.merge.result import MergeResult, merge_with
@@ -19,6 +20,13 @@ from lmckit.registry import Method
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
+        Method(
+            "average",
+            average,
+            needs_model=False,
+            needs_data=False,
+            summary="plain average without alignment (one-shot FedAvg)",
+        ),
         Method(
             "star-wm",
             star,
@@ -76,4 +84,13 @@ METHODS: dict[str, Method] = {
 }
 """Mergers by name."""
 
-__all__ = ["METHODS", "MergeResult", "ccmm", "merge_many", "merge_with", "star", "ste_mm"]
+__all__ = [
+    "METHODS",
+    "MergeResult",
+    "average",
+    "ccmm",
+    "merge_many",
+    "merge_with",
+    "star",
+    "ste_mm",
+]
