@@ -1,6 +1,8 @@
 """Interpolation curves and barriers: exact endpoints, zero self-barrier, closed-form
 barriers, REPAIR and BN reset at every interior λ, curve files."""
 
+import json
+
 import pytest
 import torch
 
@@ -55,6 +57,32 @@ def test_every_point_is_the_model_at_that_lambda(digits_pair, digits):
             assert curve.splits[split]["loss"][i] == pytest.approx(m.loss, rel=1e-6)
             assert curve.splits[split]["accuracy"][i] == m.accuracy
         assert curve.splits[split]["ensemble_accuracy"][0] == curve.splits[split]["accuracy"][0]
+
+
+def test_class_group_accuracy_is_the_accuracy_on_those_examples(digits_pair, digits):
+    from lmckit.data import TensorLoader
+    from lmckit.evaluate import calibration_metrics
+    from lmckit.metrics import predict
+
+    model, a, b = digits_pair
+    groups = {"low": [0, 1, 2, 3, 4], "nine": [9]}
+    test = {"test": digits.loader("test", batch_size=500)}
+    curve = interpolate(model, a, b, test, lambdas=5, ensemble=True, class_groups=groups)
+    y = digits.test_y
+    for i, lam in enumerate(curve.lambdas):
+        for group, classes in groups.items():
+            mask = torch.isin(y, torch.tensor(classes))
+            sub = TensorLoader(digits.test_x[mask], y[mask], batch_size=500)
+            m = evaluate(model, lerp_params(a, b, lam), sub)
+            assert curve.splits["test"][f"accuracy[{group}]"][i] == pytest.approx(m.accuracy)
+    ends = curve.splits["test"]
+    assert ends["ensemble_accuracy[low]"][0] == ends["accuracy[low]"][0]
+    best = min(range(5), key=lambda i: ends["loss"][i])
+    diagrams = curve.info["reliability"]["test"]
+    assert set(diagrams) == {str(curve.lambdas[i]) for i in {0, 4, best}}
+    logits, labels = predict(model, a, test["test"])
+    expected = calibration_metrics(logits, labels)["bins"]
+    assert json.dumps(diagrams["0.0"]) == json.dumps(expected)  # NaN in empty bins
 
 
 def test_matching_lowers_the_barrier(digits_pair, digits):

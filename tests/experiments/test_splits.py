@@ -30,6 +30,14 @@ init_seed = 9
 {split}
 [grid]
 {grid}
+[[compare]]
+pairs = [[0, 1]]
+methods = ["none", "wm-fast"]
+lambdas = 3
+ensemble = true
+[[merge]]
+methods = ["average", "star-wm"]
+n = [2]
 """
 
 
@@ -93,6 +101,11 @@ def test_checkpoints_record_their_part_and_a_changed_split_trains_again(tmp_path
         assert recorded["part"] == part and recorded["kind"] == "random"
         expected = Split("random", part, clients=2).indices(digits.train_y)
         assert recorded["examples"] == len(expected)
+    metrics = _ledger_metrics(out)
+    curve = metrics["curve/b0/c0/0-1/none"]
+    assert {"test.accuracy[part 0].midpoint", "test.accuracy[part 1].midpoint"} <= set(curve)
+    merged = metrics["merge/b0/c0/average/n2"]
+    assert {"merged_ece", "ensemble_accuracy", "merged_accuracy_part_0"} <= set(merged)
     again = _experiment(tmp_path, 'kind = "random"\nclients = 2\nseed = 1')
     summary = run_experiment(again, tmp_path / "run2", log=lambda _: None)
     ledger = Ledger(tmp_path / "run2" / "ledger.sqlite")
@@ -101,3 +114,16 @@ def test_checkpoints_record_their_part_and_a_changed_split_trains_again(tmp_path
     finally:
         ledger.close()
     assert summary.complete and all(first[k] != second[k] for k in first)
+
+
+def _ledger_metrics(out):
+    """``{job name: {metric: value}}`` from a run's ledger."""
+    ledger = Ledger(out / "ledger.sqlite")
+    try:
+        rows = ledger.metrics()
+    finally:
+        ledger.close()
+    found = {}
+    for row in rows:
+        found.setdefault(row["name"], {})[row["metric"]] = row["value"]
+    return found

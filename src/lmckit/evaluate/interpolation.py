@@ -53,8 +53,12 @@ class Curve:
     ``splits[split]`` holds ``loss``, ``accuracy`` and ``ece`` and, when requested,
     ``temperature`` and ``calibrated_loss`` (temperature fitted on a held-out part of that
     split at each λ), ``ensemble_loss`` and ``ensemble_accuracy`` (logit ensemble
-    ``(1−λ)·f_A + λ·f_B`` of the endpoints). ``barriers[split][metric]`` has both barrier
-    definitions (see the module docstring).
+    ``(1−λ)·f_A + λ·f_B`` of the endpoints), and per class group ``g``
+    ``accuracy[g]`` (and ``ensemble_accuracy[g]``): accuracy on the examples whose label is
+    in the group. ``barriers[split][metric]`` has both barrier definitions (see the module
+    docstring). With class groups, ``info["reliability"][split]`` holds the reliability
+    diagrams (:func:`calibration_metrics` bins) at λ = 0, at λ = 1 and at the λ of least
+    loss.
     """
 
     lambdas: list[float]
@@ -176,6 +180,7 @@ def interpolate(
     calibrated: bool = False,
     calibration_fraction: float = 0.2,
     ensemble: bool = False,
+    class_groups: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
     progress: ProgressCallback | None = None,
 ) -> Curve:
@@ -196,6 +201,9 @@ def interpolate(
         calibrated: also report the temperature-calibrated loss: per λ, fit β on a seeded
             ``calibration_fraction`` of the split's examples and evaluate on the rest.
         ensemble: also report the logit ensemble ``(1−λ)·f_A + λ·f_B``.
+        class_groups: ``{name: classes}`` — also report the accuracy on each group's
+            examples (Git Re-Basin §5.4: the classes each half of the data favours), and
+            reliability diagrams at the endpoints and the best λ.
         seed: fixes the calibration split and the BN-reset batch order.
         progress: a :class:`~lmckit.progress.Progress` after each λ.
     """
@@ -229,6 +237,7 @@ def interpolate(
         notify(progress, i + 1, len(lams), lam=lam)
     splits: dict[str, dict[str, list[float]]] = {}
     curve_barriers: dict[str, dict[str, dict[str, float]]] = {}
+    reliability: dict[str, dict[str, Any]] = {}
     for split in loaders:
         y = labels[split]
         stack = torch.stack(collected[split])  # (λ, N, C)
@@ -249,6 +258,17 @@ def interpolate(
             metrics["ensemble_accuracy"] = [
                 (lg.argmax(-1) == y).double().mean().item() for lg in ens
             ]
+        if class_groups:
+            for group, classes in class_groups.items():
+                mask = torch.isin(y, torch.as_tensor(list(classes), dtype=y.dtype))
+                metrics[f"accuracy[{group}]"] = _masked_accuracy(stack, y, mask)
+                if ensemble:
+                    metrics[f"ensemble_accuracy[{group}]"] = _masked_accuracy(ens, y, mask)
+            best = int(np.argmin(metrics["loss"]))
+            reliability[split] = {
+                str(lams[i]): calibration_metrics(stack[i], y)["bins"]
+                for i in sorted({0, len(lams) - 1, best})
+            }
         splits[split] = metrics
         curve_barriers[split] = {
             "loss": barriers(lams, metrics["loss"], higher_is_better=False),
@@ -264,4 +284,14 @@ def interpolate(
         "calibrated": calibrated,
         "ensemble": ensemble,
     }
+    if class_groups:
+        info["class_groups"] = {g: list(c) for g, c in class_groups.items()}
+        info["reliability"] = reliability
     return Curve(lams, splits, curve_barriers, info)
+
+
+def _masked_accuracy(logits: Sequence[Tensor], y: Tensor, mask: Tensor) -> list[float | None]:
+    """Accuracy of each ``(N, C)`` logits on the examples in ``mask`` (None if empty)."""
+    if not mask.any():
+        return [None] * len(logits)
+    return [(lg[mask].argmax(-1) == y[mask]).double().mean().item() for lg in logits]

@@ -82,6 +82,14 @@ def _match_job(
     return name
 
 
+def _parts_of(train: dict[str, Any], indices: tuple[int, ...]) -> dict[str, Any]:
+    """``{"parts": [split of each model]}`` for a cell trained on parts of the data (the
+    curve then reports accuracy on each part's majority classes), else nothing."""
+    if "split" not in train:
+        return {}
+    return {"parts": [train_options(train, i)["split"] for i in indices]}
+
+
 def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]) -> list[Job]:
     """The jobs of ``experiment``, dependencies first. ``configs`` holds each grid cell's
     ``(model name, zoo configuration)`` (:func:`lmckit.experiments.spec.model_configs`)."""
@@ -149,6 +157,7 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
                                 "ensemble": block.ensemble,
                                 "batchnorm": batchnorm,
                                 "seed": 0,
+                                **_parts_of(cell["train"], (i, j)),
                             },
                             deps=deps,
                             labels=labels,

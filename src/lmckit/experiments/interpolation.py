@@ -43,10 +43,12 @@ def curve_key(
     calibrated: bool,
     ensemble: bool,
     seed: int,
+    class_groups: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """``(key, document)`` of an interpolation curve from A to π(B): the weight hashes of A
     and B, π's content (:func:`~lmckit.experiments.matching.permutation_content`), the
-    dataset's fingerprint, what each split covers and every setting of the curve."""
+    dataset's fingerprint, what each split covers and every setting of the curve (class
+    groups only when given, so that keys without them stay as they were)."""
     settings = {
         "evaluation": dict(evaluation),
         "lambdas": lambda_grid(lambdas),
@@ -56,6 +58,8 @@ def curve_key(
         "ensemble": ensemble,
         "seed": seed,
     }
+    if class_groups:
+        settings["class_groups"] = {g: list(c) for g, c in class_groups.items()}
     inputs = {"a": a_content, "b": b_content, "perm": perm_content}
     return make_key("curve", settings, inputs, data.fingerprint)
 
@@ -76,6 +80,7 @@ def stored_curve(
     calibrated: bool = False,
     ensemble: bool = False,
     seed: int = 0,
+    class_groups: Mapping[str, Sequence[int]] | None = None,
     progress: ProgressCallback | None = None,
 ) -> tuple[Curve, Artifact, bool]:
     """:func:`~lmckit.evaluate.interpolate` from A to π(B) through the result store:
@@ -94,6 +99,7 @@ def stored_curve(
         calibrated=calibrated,
         ensemble=ensemble,
         seed=seed,
+        class_groups=class_groups,
     )
 
     def write(folder: Path) -> tuple[str, dict[str, Any]]:
@@ -109,6 +115,7 @@ def stored_curve(
             repair_data=repair_data,
             calibrated=calibrated,
             ensemble=ensemble,
+            class_groups=class_groups,
             seed=seed,
             progress=progress,
         )

@@ -30,7 +30,8 @@ import torch
 
 from lmckit._io import atomic_write_json
 from lmckit.checkpoint import load_checkpoint, save_checkpoint
-from lmckit.data import Dataset
+from lmckit.data import Dataset, Split
+from lmckit.evaluate.parts import part_groups
 from lmckit.experiments.interpolation import curve_key, stored_curve
 from lmckit.experiments.matching import load_permutation, match_key, stored_match
 from lmckit.experiments.merging import merge_key, stored_merge_metrics
@@ -198,13 +199,17 @@ def _loaders(data: Dataset, splits: Mapping[str, Any]) -> tuple[dict[str, Any], 
 
 
 def _curve_options(s: Mapping[str, Any], data: Dataset) -> dict[str, Any]:
-    return {
+    options = {
         "lambdas": s["lambdas"],
         "calibrated": s["calibrated"],
         "ensemble": s["ensemble"],
         "seed": s["seed"],
         "bn_reset_batches": 20 if s["batchnorm"] else None,
     }
+    if s.get("parts"):  # A and B trained on parts of the data: accuracy on each part's classes
+        splits = [Split.from_dict(p) for p in s["parts"]]
+        options["class_groups"] = part_groups(splits, data.train_y, data.num_classes)
+    return options
 
 
 def _curve_key(job: Job, deps, data: Dataset) -> tuple[str, dict[str, Any]]:
@@ -251,6 +256,9 @@ def _curve_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
                 record[f"{split}.{metric}.barrier.{definition}"] = value
         for metric in ("loss", "accuracy"):
             record[f"{split}.{metric}.midpoint"] = curve.midpoint(split, metric)
+        for metric in curve.splits[split]:
+            if metric.startswith(("accuracy[", "ensemble_accuracy[")):
+                record[f"{split}.{metric}.midpoint"] = curve.midpoint(split, metric)
     return {"content": artifact.content, "record": record, "reused": reused}
 
 
