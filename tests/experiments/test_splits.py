@@ -3,6 +3,7 @@
 is another key, so it trains again."""
 
 import pytest
+import torch
 
 from lmckit.checkpoint import load_checkpoint
 from lmckit.data import Split
@@ -127,3 +128,37 @@ def _ledger_metrics(out):
     for row in rows:
         found.setdefault(row["name"], {})[row["metric"]] = row["value"]
     return found
+
+
+def test_merge_n_parts_takes_one_model_per_client_and_the_server_sees_a_subset(tmp_path, digits):
+    path = tmp_path / "fed.toml"
+    text = TOML.format(split='kind = "random"\nclients = 2', grid='"train.split.clients" = [2, 3]')
+    path.write_text(
+        text.replace("n = [2]", 'n = ["parts"]\nserver_examples = 100').replace(
+            'methods = ["average", "star-wm"]', 'methods = ["average", "ste-mm"]'
+        )
+        + "[merge.options]\nste-mm = { epochs = 1 }\n"
+    )
+    exp = load_experiment(path)
+    jobs = {j.name: j for j in build_jobs(exp, model_configs(exp, lambda _name: digits))}
+    assert jobs["merge/b0/c0/average/n2"].deps == ("train/c0/seed0", "train/c0/seed1")
+    assert len(jobs["merge/b0/c1/ste-mm/n3"].deps) == 3
+    assert jobs["merge/b0/c1/ste-mm/n3"].settings["server_examples"] == 100
+    out = tmp_path / "run"
+    assert run_experiment(exp, out, log=lambda _: None).complete
+    assert "ensemble_accuracy" in _ledger_metrics(out)["merge/b0/c1/ste-mm/n3"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        path.read_text().replace('"train.split.clients" = [2, 3]', '"train.split.clients" = [2, 4]')
+    )
+    with pytest.raises(ExperimentError, match="asks for 4 models \\(one per part\\); 3 seeds"):
+        load_experiment(bad)
+
+
+def test_the_server_subset_is_seeded_and_sized(digits):
+    from lmckit.experiments.merging import server_subset
+
+    one, again = server_subset(digits, 100, seed=3), server_subset(digits, 100, seed=3)
+    assert len(one.train_y) == 100 and torch.equal(one.train_x, again.train_x)
+    assert len(one.test_y) == len(digits.test_y)
+    assert not torch.equal(server_subset(digits, 100, seed=4).train_x, one.train_x)

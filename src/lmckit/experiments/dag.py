@@ -214,9 +214,10 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
                     labels=dict(where),
                 )
             )
+        parts = bases[c].split.parts_count if bases[c].split is not None else None
         for b, block in enumerate(experiment.merge):
             for method in block.methods:
-                for n in block.n:
+                for n in block.counts(parts):
                     jobs.append(
                         Job(
                             name=f"merge/b{b}/c{c}/{method}/n{n}",
@@ -227,6 +228,7 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
                                 "n": n,
                                 "seed": 0,
                                 "options": dict(block.options.get(method, {})),
+                                "server_examples": block.server_examples,
                             },
                             deps=tuple(train_names[:n]),
                             labels={**where, "method": method, "n": n, "block": b},

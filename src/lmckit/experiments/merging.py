@@ -248,26 +248,40 @@ def merge_key(
     options: Mapping[str, Any],
     contents: Sequence[str],
     data: Dataset,
+    server_examples: int | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """``(key, document)`` of a merge and its test-set metrics: the method, the options it
-    takes, the seed, every model's weight hash in order (the last is the reference) and the
-    dataset's fingerprint."""
+    takes, the seed, every model's weight hash in order (the last is the reference), the
+    dataset's fingerprint and — when set — the size of the server's subset."""
     if method not in METHODS:
         raise UsageError(f"unknown merging method {method!r}; choose from {sorted(METHODS)}")
     accepted = set(METHODS[method].options())
     used = {k: v for k, v in options.items() if k in accepted and v is not None}
+    settings = {
+        "method": method,
+        "seed": seed,
+        "options": used,
+        "evaluation": {"test": "all"},
+        "report": MERGE_REPORT_VERSION,
+    }
+    if server_examples is not None:
+        settings["server_examples"] = int(server_examples)
     return make_key(
         "merge-metrics",
-        {
-            "method": method,
-            "seed": seed,
-            "options": used,
-            "evaluation": {"test": "all"},
-            "report": MERGE_REPORT_VERSION,
-        },
+        settings,
         {f"model{i}": c for i, c in enumerate(contents)},
         data.fingerprint,
     )
+
+
+def server_subset(data: Dataset, examples: int, seed: int = 0) -> Dataset:
+    """``data`` with its training set cut to a seeded random ``examples`` of it (the test
+    set whole): what a federated server holds for data-driven merging and BN resets."""
+    n = len(data.train_y)
+    if not 1 <= examples <= n:
+        raise UsageError(f"server_examples must be in [1, {n}], got {examples}")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
+    return data.subset(train_idx=order[:examples].sort().values)
 
 
 def stored_merge_metrics(
@@ -278,23 +292,27 @@ def stored_merge_metrics(
     *,
     seed: int = 0,
     progress: ProgressCallback | None = None,
+    server_examples: int | None = None,
     **options: Any,
 ) -> tuple[dict[str, Any], bool]:
     """Merge ``ckpts`` with ``method`` and measure the merged model on the test split,
     through the result store: ``(multi-model metrics and seconds, reused)``. The key holds
     the method, its options and seed, every checkpoint's weight hash (in order: the last is
-    the reference) and the dataset's fingerprint."""
-    key, document = merge_key(method, seed, options, [c.content_hash for c in ckpts], data)
+    the reference), the dataset's fingerprint and ``server_examples``: if set, the merger
+    and BN resets see only that many training examples (:func:`server_subset`)."""
+    contents = [c.content_hash for c in ckpts]
+    key, document = merge_key(method, seed, options, contents, data, server_examples)
     used = document["settings"]["options"]
+    server = data if server_examples is None else server_subset(data, server_examples, seed)
 
     def write(folder: Path) -> tuple[str, dict[str, Any]]:
-        result = merge_checkpoints(ckpts, method, data, seed=seed, progress=progress, **used)
+        result = merge_checkpoints(ckpts, method, server, seed=seed, progress=progress, **used)
         metrics = multi_model_metrics(
             ckpts[0].model,
             [c.params for c in ckpts],
             result.perms,
             data.loader("test", batch_size=1000),
-            bn_reset_data=_bn_data(ckpts[0], data),
+            bn_reset_data=_bn_data(ckpts[0], server),
             merged=result.merged,
         )
         test = data.loader("test", batch_size=1000)

@@ -56,7 +56,9 @@ An experiment is a TOML file::
 
     [[merge]]                      # merge the first n seeds' models
     methods = ["star-wm", "merge-many"]
-    n = [2, 3]
+    n = [2, 3]                     # or "parts": one model per part of train.split
+    server_examples = 1000         # optional: data-driven mergers see only this many
+                                   # training examples (a seeded subset)
     [merge.options]
     ste-mm = { epochs = 10 }
 
@@ -123,7 +125,7 @@ COMPARE_KEYS = {
     "options",
     "analyses",
 }
-MERGE_KEYS = {"methods", "n", "options"}
+MERGE_KEYS = {"methods", "n", "options", "server_examples"}
 TRIPLET_KEYS = {"methods", "triples", "gamma", "splits", "options"}
 ANALYSES = {"spectral", "taylor", "layerwise"}
 TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "a list"}
@@ -172,11 +174,30 @@ class Compare:
 
 @dataclass(frozen=True)
 class MergeBlock:
-    """One ``[[merge]]`` block: methods and numbers of models."""
+    """One ``[[merge]]`` block: methods and numbers of models (``"parts"``: as many as the
+    cell's split has parts — one model per client), and ``server_examples``: the size of the
+    seeded subset of the training set that data-driven mergers (STE-MM, star-STE, BN resets)
+    may look at — a federated server's small held set — instead of all of it."""
 
     methods: tuple[str, ...]
-    n: tuple[int, ...]
+    n: tuple[int | str, ...]
     options: Mapping[str, Mapping[str, Any]]
+    server_examples: int | None = None
+
+    def counts(self, parts: int | None) -> tuple[int, ...]:
+        """``n`` with ``"parts"`` resolved to ``parts`` (distinct, in order)."""
+        out: list[int] = []
+        for n in self.n:
+            if n == PARTS:
+                if parts is None:
+                    raise ExperimentError('merge n = "parts" needs a train.split')
+                n = parts
+            if n not in out:
+                out.append(int(n))
+        return tuple(out)
+
+
+PARTS = "parts"
 
 
 @dataclass(frozen=True)
@@ -375,10 +396,17 @@ def _parse_merge(raw: Any, where: str) -> MergeBlock:
 
     block = _table(raw, where, MERGE_KEYS)
     methods = _methods(block.get("methods"), f"{where}.methods", set(MERGERS))
-    ns = tuple(_expect(n, int, f"{where}.n[]") for n in _expect(block.get("n"), list, f"{where}.n"))
-    if not ns or min(ns) < 2:
-        raise ExperimentError(f"{where}.n must list model counts of at least 2")
-    return MergeBlock(methods, ns, _options(block.get("options", {}), f"{where}.options", methods))
+    ns = tuple(
+        n if n == PARTS else _expect(n, int, f'{where}.n[] (a count or "parts")')
+        for n in _expect(block.get("n"), list, f"{where}.n")
+    )
+    if not ns or min((n for n in ns if n != PARTS), default=2) < 2:
+        raise ExperimentError(f'{where}.n must list model counts of at least 2 (or "parts")')
+    server = block.get("server_examples")
+    if server is not None and (_expect(server, int, f"{where}.server_examples") < 1):
+        raise ExperimentError(f"{where}.server_examples must be at least 1, got {server}")
+    options = _options(block.get("options", {}), f"{where}.options", methods)
+    return MergeBlock(methods, ns, options, server)
 
 
 def parse_experiment(
@@ -448,10 +476,9 @@ def parse_experiment(
         if top >= len(seeds):
             raise ExperimentError(f"compare[{i}].pairs index {top} but only {len(seeds)} seeds")
     for i, block in enumerate(merge):
-        if max(block.n) > len(seeds):
-            raise ExperimentError(
-                f"merge[{i}].n asks for {max(block.n)} models; {len(seeds)} seeds"
-            )
+        counts = [n for n in block.n if n != PARTS]
+        if counts and max(counts) > len(seeds):
+            raise ExperimentError(f"merge[{i}].n asks for {max(counts)} models; {len(seeds)} seeds")
     experiment = Experiment(
         name=name,
         description=_expect(raw.get("description", ""), str, "description"),
@@ -501,11 +528,22 @@ def _check_configurations(experiment: Experiment) -> None:
             )
         try:
             model_name_key(cell["model"]["name"])
-            TrainConfig.paper_defaults(
+            config = TrainConfig.paper_defaults(
                 cell["model"]["name"], experiment.dataset, **train_options(cell["train"], 0)
             )
         except (LmcError, TypeError) as exc:
             raise ExperimentError(f"{where}: {exc}") from None
+        parts = config.split.parts_count if config.split is not None else None
+        for i, block in enumerate(experiment.merge):
+            try:
+                counts = block.counts(parts)
+            except ExperimentError as exc:
+                raise ExperimentError(f"{where}: merge[{i}]: {exc}") from None
+            if max(counts) > len(experiment.seeds):
+                raise ExperimentError(
+                    f"{where}: merge[{i}] asks for {max(counts)} models (one per part); "
+                    f"{len(experiment.seeds)} seeds"
+                )
 
 
 def train_options(train: Mapping[str, Any], index: int) -> dict[str, Any]:

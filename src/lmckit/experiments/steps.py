@@ -266,7 +266,7 @@ def _curve_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
 def _merge_key(job: Job, deps, data: Dataset) -> tuple[str, dict[str, Any]]:
     s = job.settings
     contents = [deps[name]["content"] for name in job.deps]
-    return merge_key(s["method"], s["seed"], s["options"], contents, data)
+    return merge_key(s["method"], s["seed"], s["options"], contents, data, s.get("server_examples"))
 
 
 def _merge_run(payload: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
@@ -279,6 +279,7 @@ def _merge_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
         _data(payload),
         seed=s["seed"],
         progress=progress,
+        server_examples=s.get("server_examples"),
         **s["options"],
     )
     record = {k: v for k, v in entry.items() if isinstance(v, int | float) and v is not None}
