@@ -32,7 +32,7 @@ init_seed = 9
 [grid]
 {grid}
 [[compare]]
-pairs = [[0, 1]]
+pairs = [[0, 1], [0, 2]]
 methods = ["none", "wm-fast"]
 lambdas = 3
 ensemble = true
@@ -134,9 +134,9 @@ def test_merge_n_parts_takes_one_model_per_client_and_the_server_sees_a_subset(t
     path = tmp_path / "fed.toml"
     text = TOML.format(split='kind = "random"\nclients = 2', grid='"train.split.clients" = [2, 3]')
     path.write_text(
-        text.replace("n = [2]", 'n = ["parts"]\nserver_examples = 100').replace(
-            'methods = ["average", "star-wm"]', 'methods = ["average", "ste-mm"]'
-        )
+        text.replace("pairs = [[0, 1], [0, 2]]", "pairs = [[0, 1]]")
+        .replace("n = [2]", 'n = ["parts"]\nserver_examples = 100')
+        .replace('methods = ["average", "star-wm"]', 'methods = ["average", "ste-mm"]')
         + "[merge.options]\nste-mm = { epochs = 1 }\n"
     )
     exp = load_experiment(path)
@@ -144,6 +144,9 @@ def test_merge_n_parts_takes_one_model_per_client_and_the_server_sees_a_subset(t
     assert jobs["merge/b0/c0/average/n2"].deps == ("train/c0/seed0", "train/c0/seed1")
     assert len(jobs["merge/b0/c1/ste-mm/n3"].deps) == 3
     assert jobs["merge/b0/c1/ste-mm/n3"].settings["server_examples"] == 100
+    # the 2-client cell trains the two models it uses (pairs [0, 1], merges of 2), not 3
+    trained = sorted(n for n in jobs if n.startswith("train/"))
+    assert trained == ["train/c0/seed0", "train/c0/seed1", *(f"train/c1/seed{s}" for s in range(3))]
     out = tmp_path / "run"
     assert run_experiment(exp, out, log=lambda _: None).complete
     assert "ensemble_accuracy" in _ledger_metrics(out)["merge/b0/c1/ste-mm/n3"]

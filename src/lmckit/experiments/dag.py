@@ -82,6 +82,23 @@ def _match_job(
     return name
 
 
+def _used_seed_indices(experiment: Experiment, base: TrainConfig) -> set[int]:
+    """The seeds whose models a cell needs: all of them, except in a cell trained on parts
+    of the data, where only those some pair, triple, spectrum or merge uses are trained —
+    a federated cell with 2 clients need not train the 8 models of its 8-client twin."""
+    count = len(experiment.seeds)
+    if base.split is None or experiment.spectra:
+        return set(range(count))
+    used: set[int] = set()
+    for block in experiment.compare:
+        used.update(i for pair in block.pair_list(count) for i in pair)
+    for block in experiment.triplets:
+        used.update(i for triple in block.triple_list(count) for i in triple)
+    for block in experiment.merge:
+        used.update(range(max(block.counts(base.split.parts_count))))
+    return used
+
+
 def _parts_of(train: dict[str, Any], indices: tuple[int, ...]) -> dict[str, Any]:
     """``{"parts": [split of each model]}`` for a cell trained on parts of the data (the
     curve then reports accuracy on each part's majority classes), else nothing."""
@@ -106,7 +123,10 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
         cell, (name, config) = cells[c]
         common = {"model_name": name, "model_config": config}
         full = _full_config(name, config)
+        used = _used_seed_indices(experiment, bases[c])
         for index, seed in enumerate(experiment.seeds):
+            if index not in used:
+                continue
             config = replace(bases[c], seed=int(seed))
             labels = {"cell": c, **cell["values"], "seed": seed}
             if config.split is not None:
