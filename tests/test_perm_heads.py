@@ -184,34 +184,26 @@ def test_every_method_returns_head_structured_permutations(transformer):
 
 def test_inner_permutations_lower_the_weight_matching_distance(transformer):
     """The inner permutations are extra freedom: with them WM ends at least as close as with
-    whole heads only (the same spec with the heads' insides frozen), and here closer."""
-    _, spec, (a, b, _), _ = transformer
-    whole = whole_heads(spec)
+    whole heads only (the same model traced with inside_blocks=False), and here closer."""
+    from lmckit.spec import trace
+
+    model, spec, (a, b, _), _ = transformer
+    whole = trace(model, torch.randn(2, 8, 8), inside_blocks=False)
+    assert not whole.heads and len(whole.groups) == len(spec.groups) - 2  # one tie per layer
     inner = min(weight_matching(spec, a, b, seed=s).distance_after for s in range(3))
     outer = min(weight_matching(whole, a, b, seed=s).distance_after for s in range(3))
     assert inner < outer
 
 
-def whole_heads(spec: PermutationSpec) -> PermutationSpec:
-    """``spec`` with every head-structured group replaced by its heads moving whole blocks
-    (the tracer's answer without inner permutations)."""
-    groups, axes, blocks = dict(spec.groups), {}, dict(spec.blocks)
-    for g, (_, h) in spec.heads.items():
-        groups[g] = h
-    for name, per_axis in spec.axes.items():
-        axes[name] = per_axis
-        if any(g in spec.heads for g in per_axis):
-            blocks[name] = tuple(
-                spec.groups[g] // spec.heads[g][1] if g in spec.heads else spec.block(name, i)
-                for i, g in enumerate(per_axis)
-            )
-    ties = {}
-    for g, (tie, _) in spec.heads.items():
-        ties.setdefault(tie, []).append(g)
-    # the groups of one tie are one permutation of the heads now: keep the first
-    rename = {g: members[0] for members in ties.values() for g in members}
-    axes = {k: tuple(rename.get(g, g) if g else g for g in v) for k, v in axes.items()}
-    groups = {g: n for g, n in groups.items() if rename.get(g, g) == g}
-    return PermutationSpec(
-        groups=groups, axes=axes, self_maps=spec.self_maps, blocks=blocks, repeats=spec.repeats
-    )
+def test_tracing_without_inside_blocks_moves_whole_heads():
+    from lmckit.spec import trace_report
+
+    torch.manual_seed(0)
+    model = build_model("transformer", in_dim=8, length=8, dim=12, depth=1, heads=3)
+    report = trace_report(model, torch.randn(2, 8, 8), inside_blocks=False)
+    spec = report.spec
+    heads = spec.axes["blocks.0.attn.q.weight"][0]
+    assert not spec.heads and spec.groups[heads] == 3
+    assert spec.axes["blocks.0.attn.v.weight"][0] == heads
+    assert spec.blocks["blocks.0.attn.q.weight"] == (4, 1)
+    assert report.whole_blocks[heads] == "inside_blocks=False"

@@ -231,6 +231,7 @@ def trace(
     example_kwargs: Mapping[str, Any] | None = None,
     strict: bool = False,
     seed: int = 0,
+    inside_blocks: bool = True,
 ) -> PermutationSpec:
     """The :class:`~lmckit.perm.PermutationSpec` of ``model``, traced and verified.
 
@@ -241,13 +242,20 @@ def trace(
         example_kwargs: keyword inputs, if the model takes some.
         strict: raise instead of freezing when an operator has no rule.
         seed: seeds the verification's random permutations.
+        inside_blocks: permute inside heads where the trace proves it (head-structured
+            groups); ``False`` moves heads only as whole blocks.
 
     Raises:
         SpecError: the model cannot be exported; ``strict`` and an operator has no rule;
             or the verification fails (naming the group).
     """
     return trace_report(
-        model, example_inputs, example_kwargs=example_kwargs, strict=strict, seed=seed
+        model,
+        example_inputs,
+        example_kwargs=example_kwargs,
+        strict=strict,
+        seed=seed,
+        inside_blocks=inside_blocks,
     ).spec
 
 
@@ -258,6 +266,7 @@ def trace_report(
     example_kwargs: Mapping[str, Any] | None = None,
     strict: bool = False,
     seed: int = 0,
+    inside_blocks: bool = True,
 ) -> TraceReport:
     """:func:`trace` with its coverage report (:class:`TraceReport`)."""
     if not isinstance(model, nn.Module):
@@ -282,9 +291,12 @@ def trace_report(
             f"operators without a rule in {type(model).__name__}: {', '.join(unknown)} "
             "(strict=True; without it their axes are frozen)"
         )
-    built = _build_spec(exported, state, aliases, placeholder_of, uf, found)
-    spec, frozen, inside = built
+    spec, frozen, inside = _build_spec(
+        exported, state, aliases, placeholder_of, uf, found, inner=inside_blocks
+    )
     rtol = _tolerance(exported)
+    if not inside_blocks:
+        inside = dict.fromkeys(_blocked_groups(spec), "inside_blocks=False")
     try:
         modes = _verify(model, spec, args, kwargs, seed, rtol)
     except SpecError as exc:
@@ -297,9 +309,7 @@ def trace_report(
         )
         modes = _verify(model, spec, args, kwargs, seed, rtol)
         why = f"permutations inside its blocks failed the equivalence check ({exc})"
-        inside = {
-            g: why for g in spec.groups if any(spec.block(k, i) > 1 for k, i in spec.group_axes(g))
-        }
+        inside = dict.fromkeys(_blocked_groups(spec), why)
     return TraceReport(
         spec=spec,
         frozen=frozen,
@@ -322,6 +332,11 @@ class _Found:
     nests: list[tuple[AxisKey, AxisKey, AxisKey]]
     fixed_blocks: list[AxisKey]
     inner_reasons: dict[AxisKey, str | None]  # why a nest's inner axis froze, if it did
+
+
+def _blocked_groups(spec: PermutationSpec) -> list[str]:
+    """The groups acting on at least one block-structured axis."""
+    return [g for g in spec.groups if any(spec.block(k, i) > 1 for k, i in spec.group_axes(g))]
 
 
 def _relate(exported) -> tuple[_UnionFind, list[str], _Found]:
