@@ -207,6 +207,18 @@ class PermutationSpec:
             heads={g: v for g, v in self.heads.items() if g in used},
         )
 
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready fields (groups, axes, self maps, blocks, repeats, heads): everything
+        that decides what a permutation of this spec does."""
+        return {
+            "groups": dict(self.groups),
+            "axes": {k: list(v) for k, v in self.axes.items()},
+            "self_maps": sorted(self.self_maps),
+            "blocks": {k: list(v) for k, v in self.blocks.items()},
+            "repeats": {k: list(v) for k, v in self.repeats.items()},
+            "heads": {g: list(v) for g, v in self.heads.items()},
+        }
+
     def validate(self, params: Params, *, what: str = "params") -> None:
         """Check that ``params`` has exactly the spec's tensors with matching shapes.
 

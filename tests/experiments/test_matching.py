@@ -73,3 +73,25 @@ def test_data_and_architectures_that_do_not_fit_are_usage_errors(pair, tmp_path)
     save_checkpoint(tmp_path / "c3", build_model("mlp", in_dim=64, hidden=[8], out_dim=3))
     with pytest.raises(UsageError, match=r"the model has \(3,\) outputs"):
         check_data_fits(load_checkpoint(tmp_path / "c3"), load_dataset("digits"))
+
+
+def test_a_changed_spec_is_another_permutation_key(pair, tmp_path):
+    """A stored permutation is keyed on the spec it was found over: the same checkpoints
+    under a spec that changed (here: heads as whole blocks instead of head-structured
+    groups) must not reuse it."""
+    import torch
+
+    from lmckit.experiments.matching import match_key, spec_digest, stored_match
+    from lmckit.experiments.store import Store
+    from lmckit.spec import trace
+
+    torch.manual_seed(0)
+    model = build_model("transformer", in_dim=8, length=8, dim=12, depth=1, heads=3)
+    x = torch.randn(2, 8, 8)
+    inner, whole = trace(model, x), trace(model, x, inside_blocks=False)
+    assert spec_digest(inner) == spec_digest(trace(model, x)) != spec_digest(whole)
+    keys = {match_key("wm-fast", 0, {}, "a", "b", None, spec_digest(s))[0] for s in (inner, whole)}
+    assert len(keys) == 2
+    a, b = pair
+    _, stored, _ = stored_match(Store(tmp_path / "store"), a, b, "wm-fast")
+    assert stored.meta["document"]["settings"]["spec"] == spec_digest(a.spec)

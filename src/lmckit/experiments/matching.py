@@ -145,8 +145,11 @@ def stored_match(
 ) -> tuple[Permutation, Artifact, bool]:
     """:func:`match_checkpoints` through the result store: ``(permutation, artifact,
     reused)``. The key holds the method, its options and seed, both checkpoints' weight
-    hashes and — for methods that look at data — the dataset's fingerprint."""
-    key, document = match_key(method, seed, options, a.content_hash, b.content_hash, data)
+    hashes, the digest of A's spec and — for methods that look at data — the dataset's
+    fingerprint."""
+    key, document = match_key(
+        method, seed, options, a.content_hash, b.content_hash, data, spec_digest(a.spec)
+    )
     used = document["settings"]["options"]
 
     def write(folder: Path) -> tuple[str, dict[str, Any]]:
@@ -171,6 +174,13 @@ def permutation_content(perm: Permutation) -> str:
     return "identity" if perm.is_identity() else content_hash(perm.to_dict())
 
 
+def spec_digest(spec: PermutationSpec) -> str:
+    """The content hash of a spec: part of every stored permutation's key, so a spec that
+    changes — a traced model whose rules grew, a zoo spec fixed — never reuses a
+    permutation found over the old one."""
+    return content_hash(spec.to_dict())
+
+
 def match_key(
     method: str,
     seed: int,
@@ -178,18 +188,23 @@ def match_key(
     a_content: str,
     b_content: str,
     data: Dataset | None,
+    spec: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """``(key, document)`` of the permutation ``method`` finds for B onto A: the method,
-    the options it takes (others are dropped), the seed, both checkpoints' weight hashes
-    and — for methods that look at data — the dataset's fingerprint."""
+    the options it takes (others are dropped), the seed, both checkpoints' weight hashes,
+    the spec's digest (:func:`spec_digest`) and — for methods that look at data — the
+    dataset's fingerprint."""
     if method not in METHODS:
         raise UsageError(f"unknown matching method {method!r}; choose from {sorted(METHODS)}")
     matcher = METHODS[method]
     accepted = set(matcher.options())
     used = {k: v for k, v in options.items() if k in accepted and v is not None}
+    settings: dict[str, Any] = {"method": method, "seed": seed, "options": used}
+    if spec is not None:
+        settings["spec"] = spec
     return make_key(
         "permutation",
-        {"method": method, "seed": seed, "options": used},
+        settings,
         {"a": a_content, "b": b_content},
         data.fingerprint if matcher.needs_data and data is not None else None,
     )

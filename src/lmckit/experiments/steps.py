@@ -18,6 +18,7 @@ to a scheduler (``num_cpus``, ``num_gpus``).
 
 from __future__ import annotations
 
+import json
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -33,10 +34,11 @@ from lmckit.checkpoint import load_checkpoint, save_checkpoint
 from lmckit.data import Dataset, Split
 from lmckit.evaluate.parts import part_groups
 from lmckit.experiments.interpolation import curve_key, stored_curve
-from lmckit.experiments.matching import load_permutation, match_key, stored_match
+from lmckit.experiments.matching import load_permutation, match_key, spec_digest, stored_match
 from lmckit.experiments.merging import merge_key, stored_merge_metrics
 from lmckit.experiments.store import Store, content_hash, make_key
 from lmckit.experiments.training import load_for_model
+from lmckit.models import build_model, permutation_spec
 from lmckit.perm import Permutation
 from lmckit.progress import ProgressCallback
 from lmckit.train import TrainConfig, init_model, split_record, train
@@ -167,7 +169,14 @@ def _train_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
 def _match_key(job: Job, deps, data: Dataset) -> tuple[str, dict[str, Any]]:
     s = job.settings
     a, b = (deps[name]["content"] for name in job.deps)
-    return match_key(s["method"], s["seed"], s["options"], a, b, data)
+    spec = _zoo_spec_digest(s["model_name"], json.dumps(s["model_config"], sort_keys=True))
+    return match_key(s["method"], s["seed"], s["options"], a, b, data, spec)
+
+
+@lru_cache(maxsize=64)
+def _zoo_spec_digest(model_name: str, config: str) -> str:
+    """The digest of a zoo model's spec, once per configuration (transformers trace it)."""
+    return spec_digest(permutation_spec(build_model(model_name, **json.loads(config))))
 
 
 def _match_run(payload: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
