@@ -107,6 +107,10 @@ def test_checkpoints_record_their_part_and_a_changed_split_trains_again(tmp_path
     assert {"test.accuracy[part 0].midpoint", "test.accuracy[part 1].midpoint"} <= set(curve)
     merged = metrics["merge/b0/c0/average/n2"]
     assert {"merged_ece", "ensemble_accuracy", "merged_accuracy_part_0"} <= set(merged)
+    from lmckit.experiments.report import write_report
+
+    page = write_report(out).read_text()
+    assert "models trained on parts: block 0" in page  # loss, per-part accuracy, ECE
     again = _experiment(tmp_path, 'kind = "random"\nclients = 2\nseed = 1')
     summary = run_experiment(again, tmp_path / "run2", log=lambda _: None)
     ledger = Ledger(tmp_path / "run2" / "ledger.sqlite")

@@ -151,10 +151,9 @@ CURVE_PANELS = (
 )
 
 
-def _curve_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
-    """Test accuracy, loss and (when computed) calibrated loss along λ, means over pairs:
-    per compare block and method one line per grid cell (the width study's Figs. 1–2) when
-    the block has several cells, else one line per method."""
+def _stored_curves(out: Path, jobs: Sequence[Mapping]):
+    """Every finished curve's test metrics: ``({(block, grid JSON): {method: {metric:
+    [values per pair]}}}, {(block, grid JSON): λ grid})``."""
     store = Store(out / "store")
     curves: dict[tuple, dict[str, dict[str, list]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list))
@@ -170,10 +169,71 @@ def _curve_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
         labels = _labels(job)
         grid = json.dumps({k: v for k, v in labels.items() if "." in k}, sort_keys=True)
         where = (labels.get("block"), grid)
-        for metric, _, _ in CURVE_PANELS:
-            if metric in data["splits"]["test"]:
-                curves[where][labels.get("method")][metric].append(data["splits"]["test"][metric])
+        for metric, values in data["splits"]["test"].items():
+            curves[where][labels.get("method")][metric].append(values)
         lambdas[where] = data["lambdas"]
+    return curves, lambdas
+
+
+def _mean_line(runs: list[list[float | None]], scale: float = 1.0) -> list[float]:
+    """The mean over pairs at every λ (NaN where a pair has no value)."""
+    return [
+        scale * statistics.fmean(v) if all(x is not None for x in v) else math.nan
+        for v in zip(*runs, strict=True)
+    ]
+
+
+def _part_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
+    """Pairs trained on parts of the data (Git Re-Basin Figs. 5, 10): per compare block and
+    grid cell, test loss (with the logit ensemble), accuracy on each part's majority
+    classes (one line style per part) and ECE along λ, one colour per method."""
+    curves, lambdas = _stored_curves(out, jobs)
+    figures = []
+    for where, methods in curves.items():
+        groups = sorted(
+            {
+                m[len("accuracy[") : -1]
+                for per in methods.values()
+                for m in per
+                if m.startswith("accuracy[")
+            }
+        )
+        if not groups:
+            continue
+        fig, axes = plt.subplots(1, 3, figsize=(13.2, 3.4))
+        lam = lambdas[where]
+        for index, (method, per) in enumerate(sorted(methods.items())):
+            name = "naive" if method == "none" else method
+            colour = f"C{index}"
+            axes[0].plot(lam, _mean_line(per["loss"]), color=colour, marker=".", label=name)
+            for style, group in zip(("-", "--", ":", "-."), groups, strict=False):
+                runs = per.get(f"accuracy[{group}]")
+                if runs:
+                    axes[1].plot(
+                        lam, _mean_line(runs, 100), color=colour, ls=style, label=f"{name}, {group}"
+                    )
+            axes[2].plot(lam, _mean_line(per["ece"]), color=colour, marker=".", label=name)
+            if index == 0 and "ensemble_loss" in per:
+                axes[0].plot(
+                    lam, _mean_line(per["ensemble_loss"]), color="k", ls=":", label="ensemble"
+                )
+        labels = ("test loss", "accuracy on the part's majority classes (%)", "ECE (test)")
+        for ax, ylabel in zip(axes, labels, strict=True):
+            ax.set_xlabel("λ")
+            ax.set_ylabel(ylabel + " (mean over pairs)", fontsize=8)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6)
+        fig.tight_layout()
+        cell = _cell_label(json.loads(where[1]))
+        figures.append((f"models trained on parts: block {where[0]}, {cell}", _png(fig)))
+    return figures
+
+
+def _curve_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
+    """Test accuracy, loss and (when computed) calibrated loss along λ, means over pairs:
+    per compare block and method one line per grid cell (the width study's Figs. 1–2) when
+    the block has several cells, else one line per method."""
+    curves, lambdas = _stored_curves(out, jobs)
     figures = []
     blocks = sorted({b for b, _ in curves}, key=str)
     for block in blocks:
@@ -661,6 +721,7 @@ def write_report(out: str | Path) -> Path:
     figures = (
         _barrier_figures(rows)
         + _curve_figures(out, jobs)
+        + _part_figures(out, jobs)
         + _merge_figures(rows)
         + _analysis_figures(rows)
         + _layerwise_figures(rows)
