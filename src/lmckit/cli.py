@@ -348,14 +348,15 @@ def _split_option(args: argparse.Namespace) -> dict | None:
             part = int(args.part)
         except ValueError:
             raise UsageError(f"--part must be a client number, got {args.part!r}") from None
-    settings = {"kind": args.split, "part": part, "seed": args.split_seed}
-    if args.split == "class-imbalanced":
-        settings["fraction"] = args.fraction
-    else:
-        settings["clients"] = args.clients
-    if args.split == "dirichlet":
-        settings["alpha"] = args.alpha
-    return settings
+    from lmckit.data.splits import Split
+    from lmckit.errors import DataError
+
+    settings = {"kind": args.split, "part": part, "fraction": args.fraction}
+    settings.update(clients=args.clients, alpha=args.alpha, seed=args.split_seed)
+    try:  # the split keeps the settings of its kind
+        return Split.from_dict(settings).to_dict()
+    except DataError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def cmd_train(args: argparse.Namespace) -> int:
