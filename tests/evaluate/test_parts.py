@@ -36,6 +36,9 @@ def test_part_groups_name_each_part_once_and_refuse_two_partitions():
         "part b": [0, 1, 2, 3, 4],
     }
     assert part_groups([None, None], labels) == {}
+    # a random split favours no class by construction: no groups, whatever the seeds
+    halves = [Split("random", 0, seed=1), Split("random", 1, seed=2)]
+    assert part_groups(halves, labels) == {}
     with pytest.raises(ParamsError, match="different partitions"):
         part_groups([a, Split("class-imbalanced", 1, fraction=0.3)], labels)
 

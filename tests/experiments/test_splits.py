@@ -87,7 +87,7 @@ def test_bad_splits_in_a_file_are_named(tmp_path, split, message):
 
 
 def test_checkpoints_record_their_part_and_a_changed_split_trains_again(tmp_path, digits):
-    exp = _experiment(tmp_path, 'kind = "random"\nclients = 2')
+    exp = _experiment(tmp_path, 'kind = "dirichlet"\nclients = 2\nalpha = 0.5')
     out = tmp_path / "run"
     assert run_experiment(exp, out, log=lambda _: None).complete
     ledger = Ledger(out / "ledger.sqlite")
@@ -99,8 +99,8 @@ def test_checkpoints_record_their_part_and_a_changed_split_trains_again(tmp_path
     for seed, part in ((0, 0), (1, 1), (2, 0)):
         ckpt = load_checkpoint(store.folder("checkpoint", first[f"train/c0/seed{seed}"]) / "model")
         recorded = ckpt.meta["split"]
-        assert recorded["part"] == part and recorded["kind"] == "random"
-        expected = Split("random", part, clients=2).indices(digits.train_y)
+        assert recorded["part"] == part and recorded["kind"] == "dirichlet"
+        expected = Split("dirichlet", part, clients=2, alpha=0.5).indices(digits.train_y)
         assert recorded["examples"] == len(expected)
     metrics = _ledger_metrics(out)
     curve = metrics["curve/b0/c0/0-1/none"]
@@ -111,7 +111,7 @@ def test_checkpoints_record_their_part_and_a_changed_split_trains_again(tmp_path
 
     page = write_report(out).read_text()
     assert "models trained on parts: block 0" in page  # loss, per-part accuracy, ECE
-    again = _experiment(tmp_path, 'kind = "random"\nclients = 2\nseed = 1')
+    again = _experiment(tmp_path, 'kind = "dirichlet"\nclients = 2\nalpha = 0.5\nseed = 1')
     summary = run_experiment(again, tmp_path / "run2", log=lambda _: None)
     ledger = Ledger(tmp_path / "run2" / "ledger.sqlite")
     try:
@@ -169,3 +169,48 @@ def test_the_server_subset_is_seeded_and_sized(digits):
     assert len(one.train_y) == 100 and torch.equal(one.train_x, again.train_x)
     assert len(one.test_y) == len(digits.test_y)
     assert not torch.equal(server_subset(digits, 100, seed=4).train_x, one.train_x)
+
+
+def test_per_model_partitions_give_each_model_its_own_random_half(tmp_path, digits):
+    exp = _experiment(tmp_path, 'kind = "random"\nclients = 2\nper_model = true\nseed = 5')
+    assert not exp.merge[0].train_metrics
+    configs = [j.settings["train_config"]["split"] for j in _train_jobs(exp, digits)]
+    assert [(c["seed"], c["part"]) for c in configs] == [(5, 0), (6, 1), (7, 0)]
+    halves = [Split.from_dict(c).indices(digits.train_y) for c in configs]
+    assert all(abs(len(h) - len(digits.train_y) / 2) <= 1 for h in halves)
+    assert not torch.equal(halves[0], halves[2])  # same part index, another partition
+    with pytest.raises(ExperimentError, match="per_model must be true or false"):
+        _experiment(tmp_path, 'kind = "random"\nclients = 2\nper_model = 1')
+
+
+def test_train_metrics_measure_the_merge_on_the_training_set(tmp_path, digits):
+    """With train_metrics the merge record holds train loss/accuracy/ECE of the merge, the
+    inputs' mean and their ensemble — equal to a direct evaluation on the training set."""
+    from lmckit.evaluate import evaluate
+
+    path = tmp_path / "t.toml"
+    path.write_text(
+        TOML.format(
+            split='kind = "random"\nclients = 2\nper_model = true', grid='"train.lr" = [1e-3]'
+        )
+        .replace('methods = ["average", "star-wm"]', 'methods = ["average"]')
+        .replace("n = [2]", "n = [2]\ntrain_metrics = true")
+    )
+    out = tmp_path / "run"
+    assert run_experiment(load_experiment(path), out, log=lambda _: None).complete
+    merged = _ledger_metrics(out)["merge/b0/c0/average/n2"]
+    ledger = Ledger(out / "ledger.sqlite")
+    try:
+        keys = {j["name"]: j["key"] for j in ledger.jobs()}
+    finally:
+        ledger.close()
+    store = Store(out / "store")
+    ckpts = [
+        load_checkpoint(store.folder("checkpoint", keys[f"train/c0/seed{s}"]) / "model")
+        for s in (0, 1)
+    ]
+    mean = {k: (ckpts[0].params[k] + ckpts[1].params[k]) / 2 for k in ckpts[0].params}
+    direct = evaluate(ckpts[0].model, mean, digits.loader("train", batch_size=500, shuffle=False))
+    assert merged["merged_train_accuracy"] == pytest.approx(direct.accuracy)
+    assert merged["merged_train_loss"] == pytest.approx(direct.loss, rel=1e-5)
+    assert {"mean_train_ece", "ensemble_train_accuracy"} <= set(merged)

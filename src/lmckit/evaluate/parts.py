@@ -45,18 +45,18 @@ def part_groups(
     splits: Sequence[Split | None], labels: Tensor, num_classes: int | None = None
 ) -> dict[str, list[int]]:
     """``{"part a": [classes], "part 2": [...]}`` for each distinct part among ``splits``
-    (``None`` entries — models trained on all the data — add nothing), in first-seen
-    order. Parts of different partitions are an error: their classes are not comparable."""
+    (``None`` entries — models trained on all the data — and random splits, which favour no
+    class by construction, add nothing), in first-seen order. Parts of different partitions
+    are an error: their classes are not comparable."""
     groups: dict[str, list[int]] = {}
-    partitions = {repr({**s.to_dict(), "part": None}) for s in splits if s is not None}
+    splits = [s for s in splits if s is not None and s.kind != "random"]
+    partitions = {repr({**s.to_dict(), "part": None}) for s in splits}
     if len(partitions) > 1:
         raise ParamsError(
             "the models were trained on parts of different partitions "
             f"({len(partitions)} distinct); per-part accuracy needs one partition"
         )
     for split in splits:
-        if split is None:
-            continue
         name = f"part {'ab'[split.part] if split.kind == 'class-imbalanced' else split.part}"
         if name not in groups:
             groups[name] = majority_classes(split, labels, num_classes)

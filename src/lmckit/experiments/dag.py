@@ -249,6 +249,7 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
                                 "seed": 0,
                                 "options": dict(block.options.get(method, {})),
                                 "server_examples": block.server_examples,
+                                "train_metrics": block.train_metrics,
                             },
                             deps=tuple(train_names[:n]),
                             labels={**where, "method": method, "n": n, "block": b},

@@ -242,6 +242,25 @@ MERGE_REPORT_VERSION = 2
 stored metrics, so results stored without them are recomputed rather than shown blank."""
 
 
+def train_report(ckpts: Sequence[Checkpoint], merged: Mapping[str, Any], data: Dataset):
+    """The merged model, the inputs' mean and their logit ensemble on the whole *training*
+    set (Git Re-Basin Table 2: a merge's train and test metrics): flat ``merged_train_*``,
+    ``mean_train_*`` and ``ensemble_train_*`` loss, accuracy and ECE."""
+    inputs = {f"input {i}": c.params for i, c in enumerate(ckpts)}
+    rows = parts_report(
+        ckpts[0].model,
+        {"merged": merged, **inputs},
+        data.loader("train", batch_size=1000, shuffle=False),
+        ensemble_of=list(inputs),
+    )
+    flat: dict[str, float] = {}
+    for metric in ("loss", "accuracy", "ece"):
+        flat[f"merged_train_{metric}"] = rows["merged"][metric]
+        flat[f"ensemble_train_{metric}"] = rows[ENSEMBLE][metric]
+        flat[f"mean_train_{metric}"] = sum(rows[n][metric] for n in inputs) / len(inputs)
+    return flat
+
+
 def merge_key(
     method: str,
     seed: int,
@@ -249,6 +268,7 @@ def merge_key(
     contents: Sequence[str],
     data: Dataset,
     server_examples: int | None = None,
+    train_metrics: bool = False,
 ) -> tuple[str, dict[str, Any]]:
     """``(key, document)`` of a merge and its test-set metrics: the method, the options it
     takes, the seed, every model's weight hash in order (the last is the reference), the
@@ -266,6 +286,8 @@ def merge_key(
     }
     if server_examples is not None:
         settings["server_examples"] = int(server_examples)
+    if train_metrics:
+        settings["train_metrics"] = True
     return make_key(
         "merge-metrics",
         settings,
@@ -293,15 +315,17 @@ def stored_merge_metrics(
     seed: int = 0,
     progress: ProgressCallback | None = None,
     server_examples: int | None = None,
+    train_metrics: bool = False,
     **options: Any,
 ) -> tuple[dict[str, Any], bool]:
     """Merge ``ckpts`` with ``method`` and measure the merged model on the test split,
     through the result store: ``(multi-model metrics and seconds, reused)``. The key holds
     the method, its options and seed, every checkpoint's weight hash (in order: the last is
     the reference), the dataset's fingerprint and ``server_examples``: if set, the merger
-    and BN resets see only that many training examples (:func:`server_subset`)."""
+    and BN resets see only that many training examples (:func:`server_subset`).
+    ``train_metrics`` adds the training set's metrics (:func:`train_report`)."""
     contents = [c.content_hash for c in ckpts]
-    key, document = merge_key(method, seed, options, contents, data, server_examples)
+    key, document = merge_key(method, seed, options, contents, data, server_examples, train_metrics)
     used = document["settings"]["options"]
     server = data if server_examples is None else server_subset(data, server_examples, seed)
 
@@ -319,6 +343,7 @@ def stored_merge_metrics(
         entry = {
             **metrics.to_dict(),
             **models_report(ckpts, result.merged, data, test),
+            **(train_report(ckpts, result.merged, data) if train_metrics else {}),
             "seconds": result.seconds,
         }
         atomic_write_json(folder / "metrics.json", entry)

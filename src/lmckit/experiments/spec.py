@@ -59,6 +59,7 @@ An experiment is a TOML file::
     n = [2, 3]                     # or "parts": one model per part of train.split
     server_examples = 1000         # optional: data-driven mergers see only this many
                                    # training examples (a seeded subset)
+    train_metrics = true           # optional: the training set's loss/acc/ECE as well
     [merge.options]
     ste-mm = { epochs = 10 }
 
@@ -125,7 +126,7 @@ COMPARE_KEYS = {
     "options",
     "analyses",
 }
-MERGE_KEYS = {"methods", "n", "options", "server_examples"}
+MERGE_KEYS = {"methods", "n", "options", "server_examples", "train_metrics"}
 TRIPLET_KEYS = {"methods", "triples", "gamma", "splits", "options"}
 ANALYSES = {"spectral", "taylor", "layerwise"}
 TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "a list"}
@@ -177,12 +178,15 @@ class MergeBlock:
     """One ``[[merge]]`` block: methods and numbers of models (``"parts"``: as many as the
     cell's split has parts — one model per client), and ``server_examples``: the size of the
     seeded subset of the training set that data-driven mergers (STE-MM, star-STE, BN resets)
-    may look at — a federated server's small held set — instead of all of it."""
+    may look at — a federated server's small held set — instead of all of it;
+    ``train_metrics``: also measure the merge, the inputs and their ensemble on the
+    training set."""
 
     methods: tuple[str, ...]
     n: tuple[int | str, ...]
     options: Mapping[str, Mapping[str, Any]]
     server_examples: int | None = None
+    train_metrics: bool = False
 
     def counts(self, parts: int | None) -> tuple[int, ...]:
         """``n`` with ``"parts"`` resolved to ``parts`` (distinct, in order)."""
@@ -406,7 +410,8 @@ def _parse_merge(raw: Any, where: str) -> MergeBlock:
     if server is not None and (_expect(server, int, f"{where}.server_examples") < 1):
         raise ExperimentError(f"{where}.server_examples must be at least 1, got {server}")
     options = _options(block.get("options", {}), f"{where}.options", methods)
-    return MergeBlock(methods, ns, options, server)
+    train = _expect(block.get("train_metrics", False), bool, f"{where}.train_metrics")
+    return MergeBlock(methods, ns, options, server, train)
 
 
 def parse_experiment(
@@ -521,7 +526,7 @@ def _check_configurations(experiment: Experiment) -> None:
             raise ExperimentError(
                 f"{where}: unknown model option(s) {unknown}; known: {sorted(MODEL_KEYS)}"
             )
-        if "part" in cell["train"].get("split", {}):
+        if "part" in (cell["train"].get("split") or {}):
             raise ExperimentError(
                 f"{where}: train.split takes no part — the model of the k-th seed trains on "
                 "part k (modulo the number of parts)"
@@ -550,21 +555,27 @@ def train_options(train: Mapping[str, Any], index: int) -> dict[str, Any]:
     """A cell's training options for the model of its ``index``-th seed: with a
     ``train.split`` table, that model trains on part ``index`` modulo the number of parts
     (the class-imbalanced halves alternate a, b, a, …; the k-th Dirichlet client is the
-    k-th seed's model)."""
+    k-th seed's model). With ``per_model = true`` in the table every model cuts its own
+    partition (seed ``seed + index``): each its own random half (Git Re-Basin App. A.6)."""
     from lmckit.data.splits import Split
     from lmckit.errors import DataError
 
     options = dict(train)
     if "split" not in options:
         return options
-    table = options["split"]
-    if not isinstance(table, Mapping):
-        raise ExperimentError(f"train.split must be a table, got {table!r}")
+    table = dict(options["split"]) if isinstance(options["split"], Mapping) else None
+    if table is None:
+        raise ExperimentError(f"train.split must be a table, got {options['split']!r}")
+    per_model = table.pop("per_model", False)
+    if not isinstance(per_model, bool):
+        raise ExperimentError(f"train.split.per_model must be true or false, got {per_model!r}")
     try:
         parts = Split.from_dict({**table, "part": 0}).parts_count
     except DataError as exc:
         raise ExperimentError(f"train.split: {exc}") from None
     options["split"] = {**table, "part": index % parts}
+    if per_model:
+        options["split"]["seed"] = int(table.get("seed", 0)) + index
     return options
 
 

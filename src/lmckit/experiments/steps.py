@@ -275,7 +275,15 @@ def _curve_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
 def _merge_key(job: Job, deps, data: Dataset) -> tuple[str, dict[str, Any]]:
     s = job.settings
     contents = [deps[name]["content"] for name in job.deps]
-    return merge_key(s["method"], s["seed"], s["options"], contents, data, s.get("server_examples"))
+    return merge_key(
+        s["method"],
+        s["seed"],
+        s["options"],
+        contents,
+        data,
+        s.get("server_examples"),
+        bool(s.get("train_metrics")),
+    )
 
 
 def _merge_run(payload: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
@@ -289,6 +297,7 @@ def _merge_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
         seed=s["seed"],
         progress=progress,
         server_examples=s.get("server_examples"),
+        train_metrics=bool(s.get("train_metrics")),
         **s["options"],
     )
     record = {k: v for k, v in entry.items() if isinstance(v, int | float) and v is not None}
