@@ -486,12 +486,10 @@ MUTATIONS = [
     ),
     M(
         "trace-split-heads-inner-axis",
-        "a split into heads makes blocks of the inner (head-dimension) axis",
+        "a split into heads takes the head dimension for the heads (outer and inner swapped)",
         "src/lmckit/spec/rules.py",
-        "            ax.same_blocks(node, big_out[0], x, big_in[0])\n"
-        "            for d in big_out[1:]:",
-        "            ax.same_blocks(node, big_out[-1], x, big_in[0])\n"
-        "            for d in big_out[:-1]:",
+        "            ax.nest(x, big_in[0], node, big_out[0], big_out[1])",
+        "            ax.nest(x, big_in[0], node, big_out[1], big_out[0])",
         ("tests/spec/test_trace.py",),
     ),
     M(
