@@ -98,6 +98,7 @@ def test_a_split_names_its_part_and_round_trips():
     fed = Split("dirichlet", 2, clients=4, alpha=0.1, seed=3)
     assert fed.to_dict() == {"kind": "dirichlet", "part": 2, "seed": 3, "clients": 4, "alpha": 0.1}
     assert fed.describe() == "dirichlet(α=0.1) part 2 of 4"
+    assert Split("random", 1, clients=3).describe() == "random part 1 of 3"
     labels = _labels()
     assert torch.equal(fed.indices(labels), fed.parts(labels)[2])
     assert indices_digest(fed.indices(labels)) == indices_digest(fed.parts(labels)[2].clone())

@@ -230,8 +230,8 @@ class Split:
         """A short human label, e.g. ``"dirichlet(α=0.1) part 2 of 4"``."""
         if self.kind == "class-imbalanced":
             return f"class-imbalanced({self.fraction:g}) part {'ab'[self.part]}"
-        params = f"α={self.alpha:g}" if self.kind == "dirichlet" else ""
-        return f"{self.kind}({params}) part {self.part} of {self.clients}"
+        params = f"(α={self.alpha:g})" if self.kind == "dirichlet" else ""
+        return f"{self.kind}{params} part {self.part} of {self.clients}"
 
 
 def indices_digest(indices: Tensor) -> str:
