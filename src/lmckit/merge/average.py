@@ -14,7 +14,7 @@ from lmckit.data import DataSource
 from lmckit.merge.result import MergeResult, check_models, merged_result
 from lmckit.params import Params
 from lmckit.perm import Permutation, PermutationSpec
-from lmckit.progress import ProgressCallback
+from lmckit.progress import ProgressCallback, notify
 
 
 def average(
@@ -33,10 +33,13 @@ def average(
     Args:
         spec, params_list: the models (at least two, fitting the spec).
         model, data: used only to BN-reset the merged model.
-        reference, seed, progress: accepted for a uniform merger signature; the average
-            has no reference, draws nothing at random and finishes at once.
+        reference, seed: accepted for a uniform merger signature; the average has no
+            reference and draws nothing at random.
+        progress: one :class:`~lmckit.progress.Progress` (step 1 of 1) once averaged.
     """
     start = time.perf_counter()
     check_models(spec, params_list, reference, seed=seed)
     perms = [Permutation.identity(spec) for _ in params_list]
-    return merged_result("average", params_list, perms, start, model=model, data=data, seed=seed)
+    result = merged_result("average", params_list, perms, start, model=model, data=data, seed=seed)
+    notify(progress, 1, 1)
+    return result
