@@ -90,11 +90,7 @@ def test_checkpoints_record_their_part_and_a_changed_split_trains_again(tmp_path
     exp = _experiment(tmp_path, 'kind = "dirichlet"\nclients = 2\nalpha = 0.5')
     out = tmp_path / "run"
     assert run_experiment(exp, out, log=lambda _: None).complete
-    ledger = Ledger(out / "ledger.sqlite")
-    try:
-        first = {j["name"]: j["key"] for j in ledger.jobs()}
-    finally:
-        ledger.close()
+    first = _ledger_keys(out / "ledger.sqlite")
     store = Store(out / "store")
     for seed, part in ((0, 0), (1, 1), (2, 0)):
         ckpt = load_checkpoint(store.folder("checkpoint", first[f"train/c0/seed{seed}"]) / "model")
@@ -113,11 +109,7 @@ def test_checkpoints_record_their_part_and_a_changed_split_trains_again(tmp_path
     assert "models trained on parts: block 0" in page  # loss, per-part accuracy, ECE
     again = _experiment(tmp_path, 'kind = "dirichlet"\nclients = 2\nalpha = 0.5\nseed = 1')
     summary = run_experiment(again, tmp_path / "run2", log=lambda _: None)
-    ledger = Ledger(tmp_path / "run2" / "ledger.sqlite")
-    try:
-        second = {j["name"]: j["key"] for j in ledger.jobs()}
-    finally:
-        ledger.close()
+    second = _ledger_keys(tmp_path / "run2" / "ledger.sqlite")
     assert summary.complete and all(first[k] != second[k] for k in first)
 
 
@@ -199,11 +191,7 @@ def test_train_metrics_measure_the_merge_on_the_training_set(tmp_path, digits):
     out = tmp_path / "run"
     assert run_experiment(load_experiment(path), out, log=lambda _: None).complete
     merged = _ledger_metrics(out)["merge/b0/c0/average/n2"]
-    ledger = Ledger(out / "ledger.sqlite")
-    try:
-        keys = {j["name"]: j["key"] for j in ledger.jobs()}
-    finally:
-        ledger.close()
+    keys = _ledger_keys(out / "ledger.sqlite")
     store = Store(out / "store")
     ckpts = [
         load_checkpoint(store.folder("checkpoint", keys[f"train/c0/seed{s}"]) / "model")
@@ -214,3 +202,12 @@ def test_train_metrics_measure_the_merge_on_the_training_set(tmp_path, digits):
     assert merged["merged_train_accuracy"] == pytest.approx(direct.accuracy)
     assert merged["merged_train_loss"] == pytest.approx(direct.loss, rel=1e-5)
     assert {"mean_train_ece", "ensemble_train_accuracy"} <= set(merged)
+
+
+def _ledger_keys(path):
+    """``{job name: key}`` from the ledger at ``path``."""
+    ledger = Ledger(path)
+    try:
+        return {j["name"]: j["key"] for j in ledger.jobs()}
+    finally:
+        ledger.close()
