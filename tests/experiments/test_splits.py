@@ -211,3 +211,26 @@ def _ledger_keys(path):
         return {j["name"]: j["key"] for j in ledger.jobs()}
     finally:
         ledger.close()
+
+
+def test_compare_server_examples_limit_what_data_driven_matchers_see(tmp_path, digits):
+    """A data-driven matcher's permutation is keyed on (and computed from) the server's
+    subset; a data-free one is untouched."""
+    from lmckit.experiments.merging import server_subset
+
+    path = tmp_path / "s.toml"
+    path.write_text(
+        TOML.format(split='kind = "dirichlet"\nclients = 2', grid='"train.lr" = [1e-3]')
+        .replace('methods = ["none", "wm-fast"]', 'methods = ["none", "wm-fast", "am"]')
+        .replace("ensemble = true", "ensemble = true\nserver_examples = 100")
+    )
+    exp = load_experiment(path)
+    assert exp.compare[0].server_examples == 100
+    out = tmp_path / "run"
+    assert run_experiment(exp, out, log=lambda _: None).complete
+    keys = _ledger_keys(out / "ledger.sqlite")
+    store = Store(out / "store")
+    am = store.get("permutation", keys["match/c0/0-1/am"], verify=False)
+    wm = store.get("permutation", keys["match/c0/0-1/wm-fast"], verify=False)
+    assert am.meta["document"]["dataset"] == server_subset(digits, 100).fingerprint
+    assert wm.meta["document"]["dataset"] is None

@@ -66,12 +66,15 @@ def _match_job(
     options: Any,
     suffix: str,
     labels: dict[str, Any],
+    server_examples: int | None = None,
 ) -> str:
     """The name of the job matching seed index ``j`` onto ``i`` with ``method`` and
     ``options`` in grid cell ``cell``: an earlier job with the same settings, else a new
     one appended to ``jobs``."""
     pair = (seeds[i], seeds[j])
     settings = {**common, "method": method, "seed": 0, "options": dict(options)}
+    if server_examples is not None:  # absent otherwise: earlier files keep their settings
+        settings["server_examples"] = server_examples
     name = f"match/c{cell}/{pair[0]}-{pair[1]}/{method}"
     earlier = next((job for job in jobs if job.name == name), None)
     if earlier is not None and earlier.settings != settings:
@@ -164,7 +167,10 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
                     deps = (train_names[i], train_names[j])
                     if method != "none":
                         options = block.options.get(method, {})
-                        deps = (*deps, match_job(i, j, method, options, f"b{b}", labels))
+                        match = match_job(
+                            i, j, method, options, f"b{b}", labels, block.server_examples
+                        )
+                        deps = (*deps, match)
                     jobs.append(
                         Job(
                             name=f"curve/b{b}/c{c}/{pair[0]}-{pair[1]}/{method}",

@@ -46,6 +46,8 @@ An experiment is a TOML file::
     splits = { test = "all" }      # "all" or a number of examples (seeded subset)
     calibrated = false
     ensemble = false
+    server_examples = 1000         # optional: data-driven matchers (AM, STE, Sinkhorn's
+                                   # mid loss) see only this many training examples
     [compare.options]              # per-method options
     ste = { epochs = 1 }
 
@@ -125,6 +127,7 @@ COMPARE_KEYS = {
     "ensemble",
     "options",
     "analyses",
+    "server_examples",
 }
 MERGE_KEYS = {"methods", "n", "options", "server_examples", "train_metrics"}
 TRIPLET_KEYS = {"methods", "triples", "gamma", "splits", "options"}
@@ -163,6 +166,7 @@ class Compare:
     ensemble: bool
     options: Mapping[str, Mapping[str, Any]]
     analyses: tuple[str, ...] = ()
+    server_examples: int | None = None  # data-driven matchers see a seeded subset this big
 
     def pair_list(self, seeds: int) -> list[tuple[int, int]]:
         """Index pairs ``(i, j)`` into the seed list."""
@@ -350,7 +354,14 @@ def _parse_compare(raw: Any, where: str) -> Compare:
         ensemble=_expect(block.get("ensemble", False), bool, f"{where}.ensemble"),
         options=_options(block.get("options", {}), f"{where}.options", methods),
         analyses=analyses,
+        server_examples=_server_examples(block.get("server_examples"), where),
     )
+
+
+def _server_examples(value: Any, where: str) -> int | None:
+    if value is not None and _expect(value, int, f"{where}.server_examples") < 1:
+        raise ExperimentError(f"{where}.server_examples must be at least 1, got {value}")
+    return value
 
 
 def _splits(value: Any, where: str) -> dict[str, int | str]:
@@ -406,9 +417,7 @@ def _parse_merge(raw: Any, where: str) -> MergeBlock:
     )
     if not ns or min((n for n in ns if n != PARTS), default=2) < 2:
         raise ExperimentError(f'{where}.n must list model counts of at least 2 (or "parts")')
-    server = block.get("server_examples")
-    if server is not None and (_expect(server, int, f"{where}.server_examples") < 1):
-        raise ExperimentError(f"{where}.server_examples must be at least 1, got {server}")
+    server = _server_examples(block.get("server_examples"), where)
     options = _options(block.get("options", {}), f"{where}.options", methods)
     train = _expect(block.get("train_metrics", False), bool, f"{where}.train_metrics")
     return MergeBlock(methods, ns, options, server, train)

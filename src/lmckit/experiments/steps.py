@@ -35,7 +35,7 @@ from lmckit.data import Dataset, Split
 from lmckit.evaluate.parts import part_groups
 from lmckit.experiments.interpolation import curve_key, stored_curve
 from lmckit.experiments.matching import load_permutation, match_key, spec_digest, stored_match
-from lmckit.experiments.merging import merge_key, stored_merge_metrics
+from lmckit.experiments.merging import merge_key, server_subset, stored_merge_metrics
 from lmckit.experiments.store import Store, content_hash, make_key
 from lmckit.experiments.training import load_for_model
 from lmckit.models import build_model, permutation_spec
@@ -166,8 +166,16 @@ def _train_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
 
 
 # -- match -----------------------------------------------------------------------------------
+def _server_data(data: Dataset, settings: Mapping[str, Any]) -> Dataset:
+    """The training data a data-driven matcher may see: all of it, or the seeded subset a
+    compare block's ``server_examples`` names (its fingerprint keys the match)."""
+    n = settings.get("server_examples")
+    return data if n is None else server_subset(data, n)
+
+
 def _match_key(job: Job, deps, data: Dataset) -> tuple[str, dict[str, Any]]:
     s = job.settings
+    data = _server_data(data, s)
     a, b = (deps[name]["content"] for name in job.deps)
     spec = _zoo_spec_digest(s["model_name"], json.dumps(s["model_config"], sort_keys=True))
     return match_key(s["method"], s["seed"], s["options"], a, b, data, spec)
@@ -183,8 +191,9 @@ def _match_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
     s = payload["settings"]
     a, b = (_checkpoint(payload, name) for name in payload["dep_order"])
     store = Store(payload["store"])
+    data = _server_data(_data(payload), s)
     _, artifact, reused = stored_match(
-        store, a, b, s["method"], _data(payload), seed=s["seed"], progress=progress, **s["options"]
+        store, a, b, s["method"], data, seed=s["seed"], progress=progress, **s["options"]
     )
     assert artifact.key == payload["key"], "the worker computed another key than the driver"
     return {"content": artifact.content, "record": artifact.record, "reused": reused}
