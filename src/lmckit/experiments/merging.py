@@ -145,7 +145,7 @@ def run_merge(
         "seconds": result.seconds,
         "checkpoints": [str(c.path) for c in ckpts],
         **metrics.to_dict(),
-        **models_report(ckpts, result.merged, data, test),
+        **models_report(ckpts, result.merged, data),
     }
     if sharpness_probes:
         s_merged = sharpness(model, result.merged, test, probes=sharpness_probes, seed=seed)
@@ -214,7 +214,7 @@ SPLIT_FIELDS = ("kind", "part", "fraction", "clients", "alpha", "seed")
 
 
 def models_report(
-    ckpts: Sequence[Checkpoint], merged: Mapping[str, Any], data: Dataset, test
+    ckpts: Sequence[Checkpoint], merged: Mapping[str, Any], data: Dataset
 ) -> dict[str, Any]:
     """The merged model, every input and their logit ensemble on the test set — loss,
     accuracy, ECE and, for inputs trained on parts of the data, accuracy on each part's
@@ -226,7 +226,7 @@ def models_report(
     models = parts_report(
         ckpts[0].model,
         {"merged": merged, **inputs},
-        test,
+        data.loader("test", batch_size=1000),
         groups=groups,
         ensemble_of=list(inputs),
     )
@@ -339,10 +339,9 @@ def stored_merge_metrics(
             bn_reset_data=_bn_data(ckpts[0], server),
             merged=result.merged,
         )
-        test = data.loader("test", batch_size=1000)
         entry = {
             **metrics.to_dict(),
-            **models_report(ckpts, result.merged, data, test),
+            **models_report(ckpts, result.merged, data),
             **(train_report(ckpts, result.merged, data) if train_metrics else {}),
             "seconds": result.seconds,
         }
