@@ -33,17 +33,24 @@ __all__ = [
     "Params",
     "Permutation",
     "PermutationSpec",
+    "axis_index",
     "block_index",
     "from_unit_rows",
     "group_cost_matrix",
+    "group_rows",
     "join_heads",
     "permute_axis",
+    "permute_spec_axis",
+    "put_group_rows",
     "random_index_vectors",
     "split_heads",
     "unit_rows",
 ]
 
-Axes = tuple[str | None, ...]
+# One entry per tensor axis: a group name, None (no group acts on it), or a direct sum —
+# a tuple of consecutive segments, each a group name or the length of a fixed segment.
+AxisEntry = str | None | tuple[str | int, ...]
+Axes = tuple[AxisEntry, ...]
 
 
 @dataclass(frozen=True)
@@ -53,9 +60,15 @@ class PermutationSpec:
     Args:
         groups: group name -> number of units it permutes (``n``).
         axes: parameter name -> one entry per tensor axis: a group name, or ``None`` for an
-            axis no group permutes. Scalars (``num_batches_tracked``) have ``()``. Every
-            tensor of the state_dict must be listed, permuted or not, so that validation can
-            catch a spec that drifted from its model.
+            axis no group permutes, or a *direct sum*: a tuple of consecutive segments, each
+            a group name (``n_g · block`` entries that group moves) or an integer (that many
+            entries nothing moves) — the input of a layer after a ``cat`` of two branches'
+            outputs, ``("left", "right")``, or a fused query/key/value projection whose query
+            and key move with one group and value with another, ``("qk", "qk", "vo")``. A
+            group may appear in several segments of one axis; each moves alike. Scalars
+            (``num_batches_tracked``) have ``()``. Every tensor of the state_dict must be
+            listed, permuted or not, so that validation can catch a spec that drifted from
+            its model.
         self_maps: names of tensors allowed to carry one group on two axes: a layer mapping a
             residual stream onto itself (``h ← h + σ(W h)``, W of shape ``(n, n)`` permuted
             as ``P W Pᵀ``). Anywhere else a repeated group is almost always a typo, so it is
@@ -69,7 +82,8 @@ class PermutationSpec:
         repeats: parameter name -> one repeat count per axis (default 1). An axis with
             repeat ``r`` is ``r`` consecutive segments, each laid out as above, and the group
             acts alike in every segment: a fused query/key/value projection (``r = 3``).
-            The axis length is ``r · n · b``.
+            The axis length is ``r · n · b``. (A direct sum of one group repeated says the
+            same; a direct-sum axis takes no repeat.)
         heads: group name -> ``(head permutation name, number of heads h)``: a
             *head-structured* group. Its ``n = h·d`` units are ``h`` contiguous heads of
             ``d`` (unit-major), and it moves them by one permutation of the heads and one
@@ -109,9 +123,7 @@ class PermutationSpec:
                     f"axes[{k!r}] must be a tuple with one group name or None per tensor axis, "
                     f"got {v!r}"
                 )
-            if not all(g is None or isinstance(g, str) for g in v):
-                raise SpecError(f"axes[{k!r}] holds something other than group names: {v!r}")
-            axes[k] = tuple(v)
+            axes[k] = tuple(_axis_entry(k, g) for g in v)
         self_maps = frozenset(self.self_maps)
         if not self_maps <= set(axes):
             raise SpecError(f"self_maps names unknown parameters {sorted(self_maps - set(axes))}")
@@ -123,22 +135,26 @@ class PermutationSpec:
         group_axes: dict[str, list[tuple[str, int]]] = {g: [] for g in groups}
         for name, ax in axes.items():
             seen: dict[str, int] = {}
-            for i, g in enumerate(ax):
-                if g is None:
-                    continue
-                if g not in groups:
+            for i, entry in enumerate(ax):
+                if isinstance(entry, tuple) and repeats.get(name, (1,) * len(ax))[i] > 1:
                     raise SpecError(
-                        f"parameter {name!r} axis {i} names group {g!r}, which is not declared "
-                        f"in groups (declared: {sorted(groups)})"
+                        f"parameter {name!r} axis {i} is a direct sum and has a repeat; write "
+                        "the repeated segments into the sum instead"
                     )
-                if g in seen and name not in self_maps:
-                    raise SpecError(
-                        f"parameter {name!r} uses group {g!r} twice (axes {seen[g]} and {i}); a "
-                        "group may act on at most one axis of a tensor unless the tensor is "
-                        "declared in self_maps"
-                    )
-                seen[g] = i
-                group_axes[g].append((name, i))
+                for g in axis_groups(entry):
+                    if g not in groups:
+                        raise SpecError(
+                            f"parameter {name!r} axis {i} names group {g!r}, which is not "
+                            f"declared in groups (declared: {sorted(groups)})"
+                        )
+                    if g in seen and name not in self_maps:
+                        raise SpecError(
+                            f"parameter {name!r} uses group {g!r} twice (axes {seen[g]} and "
+                            f"{i}); a group may act on at most one axis of a tensor unless the "
+                            "tensor is declared in self_maps"
+                        )
+                    seen[g] = i
+                    group_axes[g].append((name, i))
         heads = _check_heads(self.heads, groups)
         unused = [g for g, lst in group_axes.items() if not lst]
         if unused:
@@ -170,6 +186,23 @@ class PermutationSpec:
         per_axis = self.repeats.get(name)
         return per_axis[axis] if per_axis is not None else 1
 
+    def segments(self, name: str, axis: int) -> tuple[tuple[str | None, int, int], ...]:
+        """``(group or None, start, length)`` of each segment of ``name``'s ``axis``, in
+        entries along the axis: one segment for a plain axis (None for an axis no group
+        acts on: its length is not known here and is reported as 0), one per part of a
+        direct sum."""
+        entry = self.axes[name][axis]
+        block = self.block(name, axis)
+        if not isinstance(entry, tuple):
+            n = 0 if entry is None else self.groups[entry] * block * self.repeat(name, axis)
+            return ((entry, 0, n),)
+        out, start = [], 0
+        for part in entry:
+            length = self.groups[part] * block if isinstance(part, str) else part
+            out.append((part if isinstance(part, str) else None, start, length))
+            start += length
+        return tuple(out)
+
     def head_ties(self) -> dict[str, tuple[str, ...]]:
         """``{head permutation name: (its head-structured groups, in spec order)}``."""
         ties: dict[str, list[str]] = {}
@@ -197,7 +230,7 @@ class PermutationSpec:
         """The spec of only these tensors (groups that then act on nothing are dropped)."""
         names = set(names)
         axes = {k: v for k, v in self.axes.items() if k in names}
-        used = {g for v in axes.values() for g in v if g is not None}
+        used = {g for v in axes.values() for entry in v for g in axis_groups(entry)}
         return PermutationSpec(
             groups={g: n for g, n in self.groups.items() if g in used},
             axes=axes,
@@ -212,7 +245,9 @@ class PermutationSpec:
         that decides what a permutation of this spec does."""
         return {
             "groups": dict(self.groups),
-            "axes": {k: list(v) for k, v in self.axes.items()},
+            "axes": {
+                k: [list(e) if isinstance(e, tuple) else e for e in v] for k, v in self.axes.items()
+            },
             "self_maps": sorted(self.self_maps),
             "blocks": {k: list(v) for k, v in self.blocks.items()},
             "repeats": {k: list(v) for k, v in self.repeats.items()},
@@ -250,6 +285,14 @@ class PermutationSpec:
                 )
             for i, g in enumerate(ax):
                 if g is None:
+                    continue
+                if isinstance(g, tuple):
+                    length = sum(seg[2] for seg in self.segments(name, i))
+                    if t.shape[i] != length:
+                        raise SpecError(
+                            f"{what}[{name!r}] axis {i} has length {t.shape[i]} but its direct "
+                            f"sum {g} has {length} entries"
+                        )
                     continue
                 block, repeat = self.block(name, i), self.repeat(name, i)
                 if t.shape[i] != repeat * self.groups[g] * block:
@@ -418,15 +461,8 @@ class Permutation:
         self.spec.validate(params)
         out: dict[str, Tensor] = {}
         for name, t in params.items():
-            for axis, g in enumerate(self.spec.axes[name]):
-                if g is not None:
-                    t = permute_axis(
-                        t,
-                        axis,
-                        self._perms[g],
-                        self.spec.block(name, axis),
-                        self.spec.repeat(name, axis),
-                    )
+            for axis in range(t.ndim):
+                t = permute_spec_axis(t, self.spec, name, axis, self._perms)
             out[name] = t if t is not params[name] else t.clone()
         return out
 
@@ -504,6 +540,113 @@ def _check_heads(given, groups: Mapping[str, int]) -> dict[str, tuple[str, int]]
             )
         out[g] = (tie, h)
     return out
+
+
+def _axis_entry(name: str, entry) -> AxisEntry:
+    """One validated entry of ``axes`` (a direct sum as a tuple)."""
+    if entry is None or isinstance(entry, str):
+        return entry
+    if isinstance(entry, tuple | list):
+        parts = tuple(entry)
+        fixed_ok = all(
+            isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool) and p >= 1)
+            for p in parts
+        )
+        if len(parts) >= 2 and fixed_ok and any(isinstance(p, str) for p in parts):
+            return parts
+        raise SpecError(
+            f"axes[{name!r}]: a direct sum must list at least two segments — group names, or "
+            f"positive lengths of fixed segments — with at least one group, got {entry!r}"
+        )
+    raise SpecError(f"axes[{name!r}] holds something other than group names: {entry!r}")
+
+
+def axis_groups(entry: AxisEntry) -> tuple[str, ...]:
+    """The groups acting on an axis with this ``axes`` entry (each once, in order)."""
+    if entry is None:
+        return ()
+    if isinstance(entry, str):
+        return (entry,)
+    return tuple(dict.fromkeys(p for p in entry if isinstance(p, str)))
+
+
+def axis_index(
+    spec: PermutationSpec, name: str, axis: int, perms: Mapping[str, Tensor] | Permutation
+) -> Tensor | None:
+    """The index vector that permutes ``name``'s ``axis`` as ``perms`` say
+    (``aligned = t.index_select(axis, index)``), or None where no group acts on it. A
+    direct sum moves each segment by its group and leaves fixed segments where they are."""
+    entry = spec.axes[name][axis]
+    if entry is None:
+        return None
+    if isinstance(entry, str):
+        return block_index(perms[entry], spec.block(name, axis), spec.repeat(name, axis))
+    block = spec.block(name, axis)
+    device = perms[axis_groups(entry)[0]].device
+    pieces = [
+        torch.arange(start, start + length, device=device)
+        if g is None
+        else start + block_index(perms[g], block)
+        for g, start, length in spec.segments(name, axis)
+    ]
+    return torch.cat(pieces)
+
+
+def permute_spec_axis(
+    t: Tensor,
+    spec: PermutationSpec,
+    name: str,
+    axis: int,
+    perms: Mapping[str, Tensor] | Permutation,
+) -> Tensor:
+    """``t`` (the tensor ``name``) with ``axis`` permuted as ``perms`` say; ``t`` itself
+    where no group acts on that axis."""
+    index = axis_index(spec, name, axis, perms)
+    return t if index is None else t.index_select(axis, index.to(t.device))
+
+
+def group_rows(
+    spec: PermutationSpec,
+    name: str,
+    axis: int,
+    group: str,
+    t: Tensor,
+    position: int | None = None,
+) -> Tensor:
+    """:func:`unit_rows` of ``group`` on the tensor ``name``: an ``(n, -1)`` matrix whose
+    row ``u`` holds every entry unit ``u`` carries — its blocks, its segments of a direct
+    sum side by side, across the other axes. ``t`` has ``name``'s axis ``axis`` at
+    ``position`` (default ``axis``), its other axes in any layout shared by the two
+    tensors compared."""
+    position = axis if position is None else position
+    n = spec.groups[group]
+    if not isinstance(spec.axes[name][axis], tuple):
+        return unit_rows(t, position, n, spec.repeat(name, axis))
+    parts = [
+        unit_rows(t.narrow(position, start, length), position, n)
+        for g, start, length in spec.segments(name, axis)
+        if g == group
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def put_group_rows(
+    spec: PermutationSpec, name: str, axis: int, group: str, t: Tensor, rows: Tensor
+) -> Tensor:
+    """Inverse of :func:`group_rows`: ``t`` with the entries of ``group`` on ``axis``
+    replaced by ``rows`` (``(n, -1)``, laid out as :func:`group_rows` gives them). Out of
+    place and differentiable."""
+    if not isinstance(spec.axes[name][axis], tuple):
+        return from_unit_rows(rows, axis, tuple(t.shape), spec.repeat(name, axis))
+    pieces, used = [], 0
+    for g, start, length in spec.segments(name, axis):
+        piece = t.narrow(axis, start, length)
+        if g == group:
+            width = piece.numel() // rows.shape[0]
+            piece = from_unit_rows(rows[:, used : used + width], axis, tuple(piece.shape))
+            used += width
+        pieces.append(piece)
+    return torch.cat(pieces, dim=axis)
 
 
 def _per_axis_counts(what: str, given, axes) -> dict[str, tuple[int, ...]]:
@@ -599,17 +742,11 @@ def group_cost_matrix(
     for name, axis in axes:
         a = params_a[name]
         b = params_b[name]
-        for other_axis, g in enumerate(spec.axes[name]):
-            if g is not None and other_axis != axis:
-                b = permute_axis(
-                    b,
-                    other_axis,
-                    perm[g],
-                    spec.block(name, other_axis),
-                    spec.repeat(name, other_axis),
-                )
-        a2 = unit_rows(a, axis, n, spec.repeat(name, axis))
-        b2 = unit_rows(b, axis, n, spec.repeat(name, axis))
+        for other_axis in range(b.ndim):
+            if other_axis != axis:
+                b = permute_spec_axis(b, spec, name, other_axis, perm)
+        a2 = group_rows(spec, name, axis, group, a)
+        b2 = group_rows(spec, name, axis, group, b)
         term = a2 @ b2.T
         cost = term if cost is None else cost + term
     assert cost is not None

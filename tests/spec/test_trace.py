@@ -197,7 +197,8 @@ def test_a_wrong_rule_is_caught_by_the_verification(monkeypatch):
 def test_a_rule_joining_axes_of_different_lengths_is_caught(monkeypatch):
     """``cat`` treated as elementwise joins a part's axis (6) to the joined axis (12)."""
     spec = trace(Concatenated(), torch.randn(4, 5))
-    assert spec.axes["c.weight"] == (None, None)  # the real rule freezes the joined axis
+    # the real rule makes the joined axis the direct sum of the branches' groups
+    assert spec.axes["c.weight"] == (None, ("a.weight[0]", "b.weight[0]"))
 
     def cat_as_elementwise(node, ax):
         for part in node.args[0]:
@@ -283,10 +284,35 @@ class DigitsCNN(nn.Module):
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
 
-@pytest.fixture(scope="module")
-def blocked_copies():
-    model = nontrivial(DigitsCNN())
-    spec = trace(model, torch.randn(4, 1, 8, 8))
+class DigitsSums(nn.Module):
+    """For 8×8 digits: two conv branches concatenated → BN → pool → flatten (a direct sum
+    of blocked axes) → linear → split unequally, rejoined → linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv_a, self.conv_b = nn.Conv2d(1, 4, 3, padding=1), nn.Conv2d(1, 2, 3, padding=1)
+        self.norm = nn.BatchNorm2d(6)
+        self.fc1, self.fc2 = nn.Linear(6 * 16, 12), nn.Linear(12, 10)
+
+    def forward(self, x):
+        x = torch.cat([self.conv_a(x), self.conv_b(x)], 1)
+        x = nn.functional.max_pool2d(torch.relu(self.norm(x)), 2)
+        left, right = self.fc1(x.flatten(1)).split([5, 7], dim=1)
+        return self.fc2(torch.cat([torch.relu(left), torch.tanh(right)], 1))
+
+
+@pytest.fixture(scope="module", params=["blocked", "direct sums"])
+def blocked_copies(request):
+    if request.param == "blocked":
+        model = nontrivial(DigitsCNN())
+        spec = trace(model, torch.randn(4, 1, 8, 8))
+    else:
+        model = nontrivial(DigitsSums())
+        spec = trace(model, torch.randn(4, 1, 8, 8))
+        a, b = spec.axes["conv_a.weight"][0], spec.axes["conv_b.weight"][0]
+        left, right = spec.axes["fc2.weight"][1]
+        assert spec.axes["fc1.weight"] == ((left, right), (a, b))
+        assert spec.axes["norm.running_var"] == ((a, b),)
     assert spec.blocks["fc1.weight"] == (1, 16)
     a = {k: v.detach().clone() for k, v in model.state_dict().items()}
     copies = [Permutation.random(spec, s).apply(a) for s in (11, 12)] + [a]
@@ -379,32 +405,140 @@ class FusedQKV(nn.Module):
         return self.out((x + self.o(y.transpose(1, 2).reshape(b, n, d))).mean(1))
 
 
-def test_a_fused_projection_split_in_three_carries_the_heads_in_three_segments():
+def test_a_fused_projection_split_in_three_is_a_direct_sum_of_its_head_groups():
+    """The split makes the fused axis query ⊕ key ⊕ value: query and key move with one
+    head-structured group (through the scores), value with another (with the output
+    projection), both under one permutation of the heads."""
     model = FusedQKV()
     report = trace_report(model, torch.randn(2, 4, 5))
     spec = report.spec
-    heads = spec.axes["qkv.weight"][0]
-    # one axis carries Q, K and V, so one permutation inside each head serves all three
-    assert spec.groups[heads] == 12 and spec.heads[heads][1] == 3
-    assert spec.repeats["qkv.weight"] == (3, 1) and "qkv.weight" not in spec.blocks
-    assert spec.axes["o.weight"] == (spec.axes["o.weight"][0], heads)
-    assert "qkv.weight[0] (3 segments)" in str(report)
+    qk, qk_again, vo = spec.axes["qkv.weight"][0]
+    assert qk == qk_again != vo
+    assert spec.groups[qk] == spec.groups[vo] == 12
+    assert spec.heads[qk] == spec.heads[vo] and spec.heads[qk][1] == 3
+    assert spec.axes["qkv.bias"] == ((qk, qk, vo),)
+    assert spec.axes["o.weight"][1] == vo and "qkv.weight" not in spec.blocks
+    assert f"direct sum {qk} ⊕ {qk} ⊕ {vo}" in str(report)
     planted_recovery(model, spec)
 
 
-def test_unequal_splits_freeze_the_axis():
-    class Unequal(nn.Module):
+class Unequal(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 7), nn.Linear(3, 2), nn.Linear(4, 2)
+
+    def forward(self, x):
+        left, right = self.a(x).split([3, 4], dim=-1)
+        return self.b(torch.relu(left)) + self.c(torch.relu(right))
+
+
+def test_an_unequal_split_is_a_direct_sum_of_two_groups():
+    spec = trace(Unequal(), torch.randn(3, 4))
+    left, right = spec.groups.keys()
+    assert (spec.groups[left], spec.groups[right]) == (3, 4)
+    assert spec.axes["a.weight"] == ((left, right), None)
+    assert spec.axes["a.bias"] == ((left, right),)
+    assert spec.axes["b.weight"] == (None, left) and spec.axes["c.weight"] == (None, right)
+    planted_recovery(Unequal(), spec)
+
+
+class Branches(nn.Module):
+    """Two branches of different widths concatenated with a fixed input slice between
+    them, a norm over the concatenation; concatenated conv channels flattened."""
+
+    def __init__(self, mixed: bool = False):
+        super().__init__()
+        self.mixed = mixed
+        self.a, self.b = nn.Linear(5, 3), nn.Linear(5, 4)
+        self.norm = nn.LayerNorm(9)
+        self.c = nn.Linear(9, 6)
+        self.conv_a, self.conv_b = nn.Conv2d(2, 3, 3, padding=1), nn.Conv2d(2, 2, 3, padding=1)
+        self.d = nn.Linear(5 * 4 * 4 + (6 if mixed else 0), 2)
+        self.e = nn.Linear(6, 2)
+
+    def forward(self, x, image):
+        h = torch.cat([torch.relu(self.a(x)), x[:, :2], torch.tanh(self.b(x))], dim=-1)
+        h = torch.relu(self.c(self.norm(h)))
+        maps = torch.cat([torch.relu(self.conv_a(image)), torch.relu(self.conv_b(image))], 1)
+        if self.mixed:  # conv channels (blocks of 16) beside linear units (blocks of 1)
+            return self.d(torch.cat([maps.flatten(1), h], dim=1)) + self.e(h)
+        return self.d(maps.flatten(1)) + self.e(h)
+
+
+INPUTS = (torch.randn(3, 5), torch.randn(3, 2, 4, 4))
+
+
+def test_concatenations_are_direct_sums_with_fixed_parts_norms_and_flatten():
+    torch.manual_seed(0)
+    model = Branches()
+    report = trace_report(model, INPUTS)
+    spec = report.spec
+    a, b, c = (spec.axes[f"{k}.weight"][0] for k in "abc")
+    conv_a, conv_b = spec.axes["conv_a.weight"][0], spec.axes["conv_b.weight"][0]
+    assert len({a, b, c, conv_a, conv_b}) == 5 and None not in {a, b, c, conv_a, conv_b}
+    # the input slice is a fixed segment of 2 entries; the norm's weight is the same sum
+    assert spec.axes["c.weight"] == (c, (a, 2, b))
+    assert spec.axes["norm.weight"] == spec.axes["norm.bias"] == ((a, 2, b),)
+    # the concatenated conv channels flattened: 16 positions per channel
+    assert spec.axes["d.weight"] == (None, (conv_a, conv_b))
+    assert spec.blocks["d.weight"] == (1, 16)
+    assert report.checked_modes == ("eval", "train")
+    planted_recovery(model, spec)
+
+
+def test_a_direct_sum_needing_two_block_lengths_freezes_with_its_parts():
+    """One axis holding conv channels (blocks of 16) and linear units (blocks of 1): the
+    spec has one block length per axis, so that sum freezes, and its parts with it."""
+    torch.manual_seed(0)
+    report = trace_report(Branches(mixed=True), INPUTS)
+    spec = report.spec
+    assert spec.axes["d.weight"] == (None, None)
+    assert report.frozen["d.weight"][1] == "a direct sum of groups with different block lengths"
+    assert report.frozen["conv_a.weight"][0] == (
+        "part of a frozen direct sum (a direct sum of groups with different block lengths)"
+    )
+    assert spec.axes["c.weight"][0] is None and spec.axes["e.weight"][1] is None
+    assert spec.axes["a.weight"][0] is not None  # the first sum is untouched
+
+
+def test_two_sums_cut_differently_freeze_their_class():
+    class Mismatch(nn.Module):
         def __init__(self):
             super().__init__()
-            self.a, self.b, self.c = nn.Linear(4, 7), nn.Linear(3, 2), nn.Linear(4, 2)
+            self.a, self.b = nn.Linear(4, 2), nn.Linear(4, 3)
+            self.c, self.d = nn.Linear(4, 3), nn.Linear(4, 2)
+            self.out = nn.Linear(5, 2)
 
         def forward(self, x):
-            left, right = self.a(x).split([3, 4], dim=-1)
-            return self.b(torch.relu(left)) + self.c(torch.relu(right))
+            first = torch.cat([self.a(x), self.b(x)], -1)  # cut after 2
+            second = torch.cat([self.c(x), self.d(x)], -1)  # cut after 3
+            return self.out(torch.relu(first + second))
 
-    report = trace_report(Unequal(), torch.randn(3, 4))
-    assert report.spec.axes["a.weight"] == (None, None)
-    assert report.frozen["a.weight"][0] == "split into unequal parts along this axis"
+    report = trace_report(Mismatch(), torch.randn(3, 4))
+    assert report.spec.axes["out.weight"] == (None, None)
+    assert report.frozen["out.weight"][1] == "direct sums (cat/split) with different parts meet"
+    assert report.frozen["a.weight"][0].startswith("part of a frozen direct sum")
+
+
+def test_two_sums_cut_alike_move_their_parts_together():
+    class Alike(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 2), nn.Linear(4, 3)
+            self.c, self.d = nn.Linear(4, 2), nn.Linear(4, 3)
+            self.out = nn.Linear(5, 2)
+
+        def forward(self, x):
+            first = torch.cat([self.a(x), self.b(x)], -1)
+            second = torch.cat([self.c(x), self.d(x)], -1)
+            return self.out(torch.relu(first + second))
+
+    model = Alike()
+    spec = trace(model, torch.randn(3, 4))
+    assert spec.axes["a.weight"][0] == spec.axes["c.weight"][0]
+    assert spec.axes["b.weight"][0] == spec.axes["d.weight"][0]
+    assert spec.axes["out.weight"][1] == (spec.axes["a.weight"][0], spec.axes["b.weight"][0])
+    planted_recovery(model, spec)
 
 
 def test_the_check_moves_every_group_even_small_ones():

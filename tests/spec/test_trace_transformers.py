@@ -66,14 +66,14 @@ def test_gpt2_ties_its_head_to_its_embedding():
     assert report.aliases == {"lm_head.weight": "transformer.wte.weight"}
     assert axes["lm_head.weight"] == axes["transformer.wte.weight"]
     assert axes["lm_head.weight"][0] is None and axes["lm_head.weight"][1] is not None
-    # the fused query/key/value projection: 4 heads of 4 in 3 segments, and one permutation
-    # inside each head for all three (one axis carries them)
+    # the fused query/key/value projection: a direct sum of query ⊕ key (one group, 4
+    # heads of 4) and value (another, moving with the output projection's input)
     spec = report.spec
-    heads = axes["transformer.h.0.attn.c_attn.weight"][1]
-    assert spec.groups[heads] == 16 and spec.heads[heads][1] == 4
-    assert spec.repeats["transformer.h.0.attn.c_attn.weight"] == (1, 3)
+    qk, qk_again, vo = axes["transformer.h.0.attn.c_attn.weight"][1]
+    assert qk == qk_again != vo and spec.groups[qk] == spec.groups[vo] == 16
+    assert spec.heads[qk] == spec.heads[vo] and spec.heads[qk][1] == 4
     assert "transformer.h.0.attn.c_attn.weight" not in spec.blocks
-    assert axes["transformer.h.0.attn.c_proj.weight"][0] == heads
+    assert axes["transformer.h.0.attn.c_proj.weight"][0] == vo
 
 
 def test_a_planted_permutation_is_recovered(traced):
@@ -116,6 +116,6 @@ def test_llama_grouped_query_attention_moves_key_value_groups_with_their_query_h
     assert spec.groups[kv_groups] == 2 and spec.axes[q][0] == kv_groups
     assert spec.blocks[k] == (4, 1) and spec.blocks[q] == (8, 1)  # 2 query heads × 4 dims
     assert not spec.heads  # rotary embeddings slice the head dimensions
-    assert report.whole_blocks[kv_groups] == "joined by cat"  # rotate_half of the rotary embedding
+    assert report.whole_blocks[kv_groups] == "sliced"  # rotate_half of the rotary embedding
     assert report.checked_modes == ("eval", "train")
     planted_recovery(model, spec)

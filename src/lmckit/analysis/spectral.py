@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from lmckit.errors import ParamsError, SpecError
 from lmckit.functional import check_model_fits, forward, module_mode
 from lmckit.params import Params, check_finite, check_params_compatible
-from lmckit.perm import Permutation, PermutationSpec, block_index, permute_axis
+from lmckit.perm import Permutation, PermutationSpec, axis_index
 
 __all__ = [
     "Alignment",
@@ -138,17 +138,14 @@ def _row_and_column_perms(
     if name not in spec.axes:
         raise SpecError(f"{name!r} is not in the permutation spec")
     axes = spec.axes[name]
-    rows = None
-    if axes[0] is not None:
-        rows = block_index(perm[axes[0]], spec.block(name, 0), spec.repeat(name, 0))
+    rows = axis_index(spec, name, 0, perm)
     cols = None
     if any(g is not None for g in axes[1:]):
         index = torch.arange(math.prod(shape[1:])).reshape(shape[1:])
-        for axis, g in enumerate(axes[1:]):
-            if g is not None:
-                index = permute_axis(
-                    index, axis, perm[g], spec.block(name, axis + 1), spec.repeat(name, axis + 1)
-                )
+        for axis in range(1, len(axes)):
+            moved = axis_index(spec, name, axis, perm)
+            if moved is not None:
+                index = index.index_select(axis - 1, moved)
         cols = index.reshape(-1)
     return rows, cols
 

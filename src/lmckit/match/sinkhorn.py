@@ -33,7 +33,7 @@ from lmckit.match._functional import (
 )
 from lmckit.match.result import MatchResult, check_inputs
 from lmckit.params import Params, detached, is_running_stat, lerp_params, params_distance
-from lmckit.perm import Permutation, PermutationSpec, from_unit_rows, unit_rows
+from lmckit.perm import Permutation, PermutationSpec, axis_groups, group_rows, put_group_rows
 from lmckit.progress import ProgressCallback, notify
 
 OBJECTIVES = ("l2", "mid")
@@ -52,13 +52,11 @@ def soft_apply(spec: PermutationSpec, params: Params, soft: Mapping[str, Tensor]
     """Apply per-group (soft) permutation matrices ``P_g`` (``n × n``) to every grouped axis."""
     out = {}
     for name, t in params.items():
-        for axis, g in enumerate(spec.axes[name]):
-            if g is None:
-                continue
-            # one row per unit: blocks and repeats move with it (PermutationSpec.blocks)
-            repeat = spec.repeat(name, axis)
-            rows = unit_rows(t, axis, soft[g].shape[0], repeat)
-            t = from_unit_rows(soft[g] @ rows, axis, tuple(t.shape), repeat)
+        for axis, entry in enumerate(spec.axes[name]):
+            for g in axis_groups(entry):
+                # one row per unit: its blocks, repeats and direct-sum segments move with it
+                rows = group_rows(spec, name, axis, g, t)
+                t = put_group_rows(spec, name, axis, g, t, soft[g] @ rows)
         out[name] = t
     return out
 

@@ -34,7 +34,14 @@ from torch import Tensor
 from lmckit.lap import LapDuals, assign_heads, solve_lap
 from lmckit.match.result import MatchResult, check_inputs, matched_names
 from lmckit.params import Params, detached, params_distance
-from lmckit.perm import Permutation, PermutationSpec, permute_axis, unit_rows
+from lmckit.perm import (
+    Permutation,
+    PermutationSpec,
+    axis_groups,
+    axis_index,
+    group_rows,
+    permute_spec_axis,
+)
 from lmckit.progress import ProgressCallback, notify
 
 __all__ = ["ProfiledWeightMatcher", "WeightMatcher", "acceptance_tolerance", "improves_all"]
@@ -80,28 +87,33 @@ def _summed(products: list[Tensor]) -> np.ndarray:
 
 @dataclass
 class _Term:
-    """One (tensor, axis) of a group on the B side: B laid out as ``(n, *rest)`` and the
-    other grouped axes of the rest — ``(position in b_moved, group)`` — to permute."""
+    """One (tensor, axis) of a group on the B side: B with that axis moved to the front,
+    the other grouped axes of the tensor — ``(position in b_moved, axis)`` — to permute,
+    and the groups acting on them."""
 
+    spec: PermutationSpec
+    group: str
     name: str
     axis: int
     b_moved: Tensor
-    others: tuple[tuple[int, str, int, int], ...]  # (position, group, block, repeat)
-    n: int
-    repeat: int  # of this term's own axis
+    others: tuple[tuple[int, int], ...]  # (position in b_moved, axis of the tensor)
+    other_groups: tuple[str, ...]
     cached_perms: tuple[Tensor, ...] | None = None
     cached_b2: Tensor | None = None
 
     def b2(self, perm: Mapping[str, Tensor]) -> Tensor:
         """B̃ as an ``(n, -1)`` matrix: B with the other groups' current permutations."""
-        current = tuple(perm[h] for _, h, _, _ in self.others)
+        current = tuple(perm[h] for h in self.other_groups)
         if self.cached_perms is None or not all(
             p is q or torch.equal(p, q) for p, q in zip(current, self.cached_perms, strict=True)
         ):
             b = self.b_moved
-            for pos, h, block, repeat in self.others:
-                b = permute_axis(b, pos, perm[h], block, repeat)
-            self.cached_b2, self.cached_perms = unit_rows(b, 0, self.n, self.repeat), current
+            for pos, other_axis in self.others:
+                index = axis_index(self.spec, self.name, other_axis, perm)
+                assert index is not None
+                b = b.index_select(pos, index)
+            self.cached_b2 = group_rows(self.spec, self.name, self.axis, self.group, b, 0)
+            self.cached_perms = current
         return self.cached_b2
 
 
@@ -138,14 +150,13 @@ class WeightMatcher:
                     continue
                 others = tuple(
                     # position once `axis` is moved to the front
-                    (j + 1 if j < axis else j, h, spec.block(name, j), spec.repeat(name, j))
-                    for j, h in enumerate(spec.axes[name])
-                    if h is not None and j != axis
+                    (j + 1 if j < axis else j, j)
+                    for j, entry in enumerate(spec.axes[name])
+                    if entry is not None and j != axis
                 )
+                other_groups = tuple(h for _, j in others for h in axis_groups(spec.axes[name][j]))
                 b_moved = params_b[name].movedim(axis, 0).contiguous()
-                self.terms[g].append(
-                    _Term(name, axis, b_moved, others, spec.groups[g], spec.repeat(name, axis))
-                )
+                self.terms[g].append(_Term(spec, g, name, axis, b_moved, others, other_groups))
         self.groups = [g for g in spec.groups if self.terms[g]]
         self.grouped = {t.name for g in self.groups for t in self.terms[g]}
         # Each step chooses one unit: a group, or the groups tied by a head permutation.
@@ -158,14 +169,14 @@ class WeightMatcher:
         # group is its own neighbour); if none moved since its last solve, the solve would
         # repeat itself and is skipped.
         self.neighbours = {
-            unit: tuple(sorted({h for g in unit for t in self.terms[g] for _, h, _, _ in t.others}))
+            unit: tuple(sorted({h for g in unit for t in self.terms[g] for h in t.other_groups}))
             for unit in self.units
         }
 
     # -- the two steps of a coordinate update; ProfiledWeightMatcher wraps them ----------
-    def products(self, group: str, a2: Mapping[tuple[str, int], Tensor], perm) -> list[Tensor]:
+    def products(self, group: str, a2: Mapping[tuple[str, str, int], Tensor], perm) -> list[Tensor]:
         """``A_(n,-1) B̃_(n,-1)ᵀ`` for every term of ``group``; their sum is ``C_group``."""
-        return [a2[(t.name, t.axis)] @ t.b2(perm).T for t in self.terms[group]]
+        return [a2[(group, t.name, t.axis)] @ t.b2(perm).T for t in self.terms[group]]
 
     def solve(self, gains: np.ndarray, duals: LapDuals | None) -> tuple[Tensor, LapDuals]:
         """The LAP maximising ``Σ_i gains[i, p[i]]``, warm-started from ``duals``."""
@@ -201,7 +212,7 @@ class WeightMatcher:
             check_inputs(spec, params_a, params_b)
         params_a = detached(params_a)
         a2 = {
-            (t.name, t.axis): unit_rows(params_a[t.name], t.axis, spec.groups[g], t.repeat)
+            (g, t.name, t.axis): group_rows(spec, t.name, t.axis, g, params_a[t.name])
             for g in self.groups
             for t in self.terms[g]
         }
@@ -299,7 +310,7 @@ class ProfiledWeightMatcher(WeightMatcher):
             torch.cuda.synchronize()
         self._gemm_seconds += time.perf_counter() - t0
         n = self.spec.groups[group]
-        self._flops += sum(2 * n * a2[(t.name, t.axis)].numel() for t in self.terms[group])
+        self._flops += sum(2 * n * a2[(group, t.name, t.axis)].numel() for t in self.terms[group])
         return out
 
     def solve(self, gains, duals):
@@ -336,8 +347,7 @@ def _inner(
     total = 0.0
     for name in names:
         b = params_b[name]
-        for axis, g in enumerate(spec.axes[name]):
-            if g is not None:
-                b = permute_axis(b, axis, perm[g], spec.block(name, axis), spec.repeat(name, axis))
+        for axis in range(b.ndim):
+            b = permute_spec_axis(b, spec, name, axis, perm)
         total += float((params_a[name].double() * b.double()).sum())
     return total

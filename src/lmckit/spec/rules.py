@@ -54,10 +54,12 @@ class Axes:
         # other block relation (a grouped convolution's channels), whose insides must stay
         self.nests: list[tuple[tuple[str, int], tuple[str, int], tuple[str, int]]] = []
         self.fixed_blocks: list[tuple[str, int]] = []
+        # (whole axis, its consecutive parts with their lengths) of every cat and split
+        self.sums: list[tuple[tuple[str, int], list[tuple[tuple[str, int], int]]]] = []
 
-    def unit(self, node: fx.Node, n: int) -> Unit:
+    def unit(self, node: fx.Node, n: int, tag: str = "units") -> Unit:
         """A new axis of length ``n`` belonging to ``node``'s op (see :class:`Unit`)."""
-        made = Unit(f"{node.name}#units", n)
+        made = Unit(f"{node.name}#{tag}", n)
         self.units.append(made)
         return made
 
@@ -111,18 +113,24 @@ class Axes:
         self._same((split.name, outer), (merged.name, j))
         self.nests.append(((merged.name, j), (split.name, outer), (split.name, inner)))
 
-    def same_segments(self, whole: fx.Node, i: int, part: fx.Node, j: int, count: int) -> None:
-        """Axis ``i`` of ``whole`` is ``count`` equal segments, one of which is axis ``j`` of
-        ``part``: every segment carries the part's units, permuted alike."""
-        sw, sp = self.shape(whole), self.shape(part)
-        assert sw is not None and sp is not None
-        if sw[i] != count * sp[j]:
+    def direct_sum(self, whole: fx.Node, i: int, parts: Sequence[tuple[Any, int]]) -> None:
+        """Axis ``i`` of ``whole`` is the consecutive ``parts`` (``(node, axis)`` pairs, in
+        order): each part may carry its own permutation, the whole moves as their direct
+        sum."""
+        sw = self.shape(whole)
+        lengths = [(self.shape(p) or ())[j] for p, j in parts]
+        assert sw is not None
+        if sw[i] != sum(lengths):
             raise SpecError(
                 f"while tracing {self.op}: a rule made axis {i} of {whole.name} (length "
-                f"{sw[i]}) {count} segments of axis {j} of {part.name} (length {sp[j]}) — the "
-                "rule is wrong; please report it"
+                f"{sw[i]}) the sum of parts of lengths {lengths} — the rule is wrong; please "
+                "report it"
             )
-        self._same((whole.name, i), (part.name, j), count)
+        kept = [((p.name, j), n) for (p, j), n in zip(parts, lengths, strict=True) if n > 0]
+        if len(kept) == 1:
+            self._same((whole.name, i), kept[0][0])
+        elif kept:
+            self.sums.append(((whole.name, i), kept))
 
     def freeze(self, x: fx.Node, i: int, why: str) -> None:
         self._freeze((x.name, i), why)
@@ -602,42 +610,38 @@ def slice_(node: fx.Node, ax: Axes) -> None:
 
 
 def cat(node: fx.Node, ax: Axes) -> None:
-    """``cat(tensors, dim)``: other axes map through; the joined axis is frozen (each part
-    its own group — a direct sum — is not expressed yet)."""
+    """``cat(tensors, dim)``: other axes map through; the joined axis is the direct sum of
+    the parts' axes (each part may move by its own permutation)."""
     parts = [p for p in node.args[0] if ax.shape(p) is not None]
     out = ax.shape(node)
     assert out is not None
     d = _dim(node.args[1] if len(node.args) > 1 else 0, len(out))
     for p in parts:
         for i in range(len(out)):
-            if i == d:
-                ax.freeze(p, i, "joined by cat")
-            else:
+            if i != d:
                 ax.same(p, i, node, i)
-    ax.freeze(node, d, "joined by cat")
+    ax.direct_sum(node, d, [(p, d) for p in parts])
 
 
 def split(node: fx.Node, ax: Axes) -> None:
-    """``split``/``chunk`` into equal parts: the split axis is that many segments, each
-    carrying the units of a part (a fused query/key/value projection); unequal parts freeze
-    it. The parts are read by ``getitem``; see :func:`getitem`."""
+    """``split``/``split_with_sizes``/``chunk``: the split axis is the direct sum of the
+    parts (a fused query/key/value projection: each part may move by its own
+    permutation). Each part is an axis of its own, read by ``getitem``
+    (:func:`getitem`)."""
     x = node.args[0]
     xs = ax.shape(x)
     assert xs is not None
     d = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
     d = _dim(d, len(xs))
     sizes = node.args[1]
+    positions = torch.arange(xs[d])
     if str(node.target).startswith("aten.chunk"):
-        equal = xs[d] % sizes == 0
-        count = sizes
-    elif isinstance(sizes, int):
-        equal, count = xs[d] % sizes == 0, xs[d] // sizes
+        pieces = positions.chunk(int(sizes))
     else:
-        equal, count = len(set(sizes)) == 1, len(sizes)
-    if not equal or count < 2:
-        ax.freeze(x, d, "split into unequal parts along this axis")
-        count = 0
-    node.meta["lmckit_split"] = (x, d, count)
+        pieces = positions.split(sizes if isinstance(sizes, int) else list(sizes))
+    parts = [ax.unit(node, len(p), f"part{k}") for k, p in enumerate(pieces)]
+    ax.direct_sum(x, d, [(u, 0) for u in parts])
+    node.meta["lmckit_split"] = (x, d, parts)
 
 
 def getitem(node: fx.Node, ax: Axes) -> None:
@@ -646,15 +650,13 @@ def getitem(node: fx.Node, ax: Axes) -> None:
     if not isinstance(source, fx.Node):
         return
     if "lmckit_split" in source.meta:
-        x, d, count = source.meta["lmckit_split"]
+        x, d, parts = source.meta["lmckit_split"]
         n = len(ax.shape(x) or ())
         for i in range(n):
             if i != d:
                 ax.same(x, i, node, i)
-            elif count:
-                ax.same_segments(x, d, node, d, count)
             else:
-                ax.freeze(node, i, "split into unequal parts along this axis")
+                ax.same(parts[node.args[1]], 0, node, d)
         return
     if source.target in _FIRST_OUTPUT_IS_SAME and node.args[1] == 0:
         x = source.args[0]

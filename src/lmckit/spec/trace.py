@@ -10,9 +10,11 @@ Reshapes that merge axes (a convolution's ``C×H×W`` flattened into a linear la
 attention heads ``H×E`` merged back into the model width) or split one (the width into
 heads) make *block-structured* axes: the group acts on the outer axis and moves whole blocks
 (``PermutationSpec.blocks``), so a head permutation is shared by the query, key, value and
-output projections. A split into equal parts (a fused query/key/value projection) makes the
-split axis *segments* that each carry the parts' units (``PermutationSpec.repeats``); the
-union-find tracks each axis's segment count relative to its class.
+output projections. ``cat``, ``split`` and ``chunk`` along an axis make it a *direct sum*
+of the parts' axes (a tuple in ``PermutationSpec.axes``): each part may move by its own
+permutation (a fused query/key/value projection: query and key under one group, value under
+another); a class met by two sums joins their parts if they cut it alike and freezes
+otherwise (:func:`_direct_sums`).
 
 Inside blocks: a reshape that splits the width into heads × head dimensions (or merges
 them back) leaves the head-dimension axis free, and a second union-find
@@ -42,7 +44,6 @@ import operator
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 import torch
@@ -53,7 +54,7 @@ from torch.utils import _pytree as pytree
 
 from lmckit.errors import SpecError
 from lmckit.functional import module_mode
-from lmckit.perm import Permutation, PermutationSpec, random_index_vectors
+from lmckit.perm import Permutation, PermutationSpec, axis_groups, random_index_vectors
 from lmckit.spec.rules import IGNORED, RULES, Axes
 
 __all__ = ["TraceReport", "trace", "trace_report"]
@@ -65,48 +66,30 @@ INSIDE = "inside a block (a reshape merged or split it); see the group's whole_b
 
 class _UnionFind:
     """Axes joined into classes; a class is frozen if any member was frozen (first reason
-    kept). Each axis also carries its *repeat* relative to its parent: an axis made of ``r``
-    segments that each hold the same units (a fused query/key/value projection split into
-    three) has ``r`` times the repeat of a segment."""
+    kept)."""
 
     def __init__(self) -> None:
         self.parent: dict[AxisKey, AxisKey] = {}
-        self.ratio: dict[AxisKey, Fraction] = {}  # repeat(x) / repeat(parent[x])
         self.frozen: dict[AxisKey, str] = {}
 
     def find(self, x: AxisKey) -> AxisKey:
-        return self._walk(x)[0]
-
-    def _walk(self, x: AxisKey) -> tuple[AxisKey, Fraction]:
-        """``(root, repeat(x) / repeat(root))``, compressing the path."""
         self.parent.setdefault(x, x)
-        self.ratio.setdefault(x, Fraction(1))
-        path, factor, node = [], Fraction(1), x
-        while self.parent[node] != node:
-            path.append(node)
-            factor *= self.ratio[node]
-            node = self.parent[node]
-        root, remaining = node, factor
-        for step in path:  # each node on the path now points at the root directly
-            here = self.ratio[step]
-            self.parent[step], self.ratio[step] = root, remaining
-            remaining /= here
-        return root, factor
+        root = x
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[x] != root:  # path compression
+            self.parent[x], x = root, self.parent[x]
+        return root
 
-    def union(self, x: AxisKey, y: AxisKey, repeat: Fraction | int = 1) -> None:
-        """Join ``x`` and ``y`` with ``repeat(x) = repeat · repeat(y)``."""
-        (rx, fx), (ry, fy) = self._walk(x), self._walk(y)
+    def union(self, x: AxisKey, y: AxisKey) -> bool:
+        """Join the classes of ``x`` and ``y``; whether they were apart."""
+        rx, ry = self.find(x), self.find(y)
         if rx == ry:
-            if fx != repeat * fy:
-                self.freeze(rx, "joined with two different segment counts")
-            return
-        self.parent[ry], self.ratio[ry] = rx, fx / (repeat * fy)
+            return False
+        self.parent[ry] = rx
         if ry in self.frozen and rx not in self.frozen:
             self.frozen[rx] = self.frozen[ry]
-
-    def repeat(self, x: AxisKey) -> Fraction:
-        """``repeat(x) / repeat(root)``."""
-        return self._walk(x)[1]
+        return True
 
     def freeze(self, x: AxisKey, why: str) -> None:
         self.frozen.setdefault(self.find(x), why)
@@ -162,7 +145,7 @@ class TraceReport:
                 g: {"size": n, "members": [f"{k}[{i}]" for k, i in self.spec.group_axes(g)]}
                 for g, n in self.spec.groups.items()
             },
-            "axes": {k: list(v) for k, v in self.spec.axes.items()},
+            "axes": self.spec.to_dict()["axes"],
             "blocks": {k: list(v) for k, v in self.spec.blocks.items()},
             "repeats": {k: list(v) for k, v in self.spec.repeats.items()},
             "heads": {g: list(v) for g, v in self.spec.heads.items()},
@@ -187,6 +170,10 @@ class TraceReport:
             parts.append(f"blocks of {b}")
         if (r := self.spec.repeat(name, axis)) > 1:
             parts.append(f"{r} segments")
+        entry = self.spec.axes[name][axis]
+        if isinstance(entry, tuple):
+            terms = [p if isinstance(p, str) else f"{p} fixed" for p in entry]
+            parts.append("direct sum " + " ⊕ ".join(terms))
         return f" ({', '.join(parts)})" if parts else ""
 
     def __str__(self) -> str:
@@ -332,6 +319,7 @@ class _Found:
     nests: list[tuple[AxisKey, AxisKey, AxisKey]]
     fixed_blocks: list[AxisKey]
     inner_reasons: dict[AxisKey, str | None]  # why a nest's inner axis froze, if it did
+    sums: list[tuple[AxisKey, list[tuple[AxisKey, int]]]]  # cat and split: whole, parts
 
 
 def _blocked_groups(spec: PermutationSpec) -> list[str]:
@@ -345,9 +333,9 @@ def _relate(exported) -> tuple[_UnionFind, list[str], _Found]:
     unknown: list[str] = []
     joins: list[tuple[AxisKey, AxisKey]] = []
 
-    def join(x: AxisKey, y: AxisKey, repeat: Fraction | int = 1) -> None:
+    def join(x: AxisKey, y: AxisKey) -> None:
         joins.append((x, y))
-        uf.union(x, y, repeat)
+        uf.union(x, y)
 
     ax = Axes(join, uf.freeze)
     graph: fx.Graph = exported.graph
@@ -397,7 +385,7 @@ def _relate(exported) -> tuple[_UnionFind, list[str], _Found]:
     inner_reasons = {inner: uf.reason(inner) for _, _, inner in ax.nests}
     for inner in inner_reasons:
         uf.freeze(inner, INSIDE)
-    return uf, unknown, _Found(extra, joins, ax.nests, ax.fixed_blocks, inner_reasons)
+    return uf, unknown, _Found(extra, joins, ax.nests, ax.fixed_blocks, inner_reasons, ax.sums)
 
 
 def _tensor_inputs(node: fx.Node) -> list[fx.Node]:
@@ -440,47 +428,122 @@ def _state_placeholders(exported, state: Mapping[str, Tensor], uf: _UnionFind):
     return aliases, placeholder_of
 
 
-def _layouts(exported, uf: _UnionFind, extra: Mapping[AxisKey, int]):
-    """Per class, the number of units ``n``, and a function giving each member axis its
-    ``(repeat, block)`` with ``length = repeat · n · block``: repeats come from the
-    union-find's ratios (scaled so the smallest is 1), ``n`` is the shortest segment, blocks
-    are what is left (``extra`` holds the rules' own unit axes). A class whose members are
-    not whole segments of whole blocks is frozen."""
-    members: dict[AxisKey, list[tuple[int, Fraction]]] = {}
-    lengths: dict[AxisKey, int] = {}
-    axes = [
-        ((node.name, i), n)
+def _axis_lengths(exported, extra: Mapping[AxisKey, int]) -> dict[AxisKey, int]:
+    """The length of every axis of the graph (``extra``: the rules' own axes)."""
+    lengths = {
+        (node.name, i): n
         for node in exported.graph.nodes
         for i, n in enumerate(Axes.shape(node) or ())
-    ]
-    for key, n in [*axes, *extra.items()]:
-        members.setdefault(uf.find(key), []).append((n, uf.repeat(key)))
-        lengths[key] = n
+    }
+    lengths.update(extra)
+    return lengths
+
+
+Sum = tuple[int, list[tuple[AxisKey, int]]]  # (length of the whole, its parts and lengths)
+
+
+def _direct_sums(uf: _UnionFind, sums, lengths: Mapping[AxisKey, int]) -> dict[AxisKey, Sum]:
+    """The classes that are direct sums (a ``cat`` or ``split`` axis and what it is joined
+    to), each with its reference decomposition (the shortest whole's).
+
+    Two sums met in one class must cut it at the same places (scaled by their block
+    lengths): their parts are then joined pairwise (``cat(a, b) + cat(c, d)`` moves ``a``
+    with ``c``); otherwise the class freezes. So does a class with a member not made of
+    whole blocks of the reference, and a frozen sum freezes its parts — it cannot move, so
+    neither can they. Runs to a fixed point: joining parts can bring more sums together."""
+    while True:
+        changed = False
+        by_root: dict[AxisKey, list[Sum]] = {}
+        for whole, parts in sums:
+            by_root.setdefault(uf.find(whole), []).append((lengths[whole], parts))
+        members: dict[AxisKey, list[int]] = {}
+        for key, n in lengths.items():
+            root = uf.find(key)
+            if root in by_root:
+                members.setdefault(root, []).append(n)
+        for root, found in by_root.items():
+            found.sort(key=lambda f: f[0])
+            ref_length, ref_parts = found[0]
+            if uf.reason(root) is None:
+                cuts = _cuts(ref_parts)
+                for length, parts in found[1:]:
+                    scale = length // ref_length
+                    if length % ref_length or _cuts(parts) != [c * scale for c in cuts]:
+                        uf.freeze(root, "direct sums (cat/split) with different parts meet")
+                        break
+                    for (x, _), (y, _) in zip(ref_parts, parts, strict=True):
+                        changed |= uf.union(x, y)
+                if any(n % ref_length for n in members[root]):
+                    uf.freeze(root, "a direct sum (cat/split) is not whole blocks of this axis")
+            if (why := uf.reason(root)) is not None:
+                if not why.startswith(_PART_OF):
+                    why = f"{_PART_OF} ({why})"
+                for _, parts in found:
+                    for key, _ in parts:
+                        if uf.reason(key) is None:
+                            uf.freeze(key, why)
+                            changed = True
+        if not changed:
+            return {root: found[0] for root, found in by_root.items() if uf.reason(root) is None}
+
+
+_PART_OF = "part of a frozen direct sum"
+
+
+def _cuts(parts: list[tuple[AxisKey, int]]) -> list[int]:
+    out, at = [], 0
+    for _, n in parts:
+        at += n
+        out.append(at)
+    return out
+
+
+def _layouts(uf: _UnionFind, lengths: Mapping[AxisKey, int], sums: Mapping[AxisKey, Sum]):
+    """Per class that is not a direct sum, its number of units ``n`` (its shortest member)
+    and a function giving each member axis its block length (``length = n · block``). A
+    class whose members are not whole blocks of its units is frozen."""
+    members: dict[AxisKey, list[int]] = {}
+    for key, n in lengths.items():
+        members.setdefault(uf.find(key), []).append(n)
     units: dict[AxisKey, int] = {}
-    lowest: dict[AxisKey, Fraction] = {}
     for root, sizes in members.items():
-        low = min(f for _, f in sizes)
-        reps = [(n, f / low) for n, f in sizes]
-        if any(r.denominator != 1 or n % r.numerator for n, r in reps):
-            uf.freeze(root, "axes of this class are not whole segments of its units")
+        if root in sums:
             continue
-        unit = min(n // r.numerator for n, r in reps)
-        if any((n // r.numerator) % unit for n, r in reps):
+        unit = min(sizes)
+        if unit == 0 or any(n % unit for n in sizes):
             uf.freeze(root, "axes of this class are not whole blocks of its units")
             continue
-        units[root], lowest[root] = unit, low
+        units[root] = unit
 
-    def layout(key: AxisKey, n: int) -> tuple[int, int]:
-        root = uf.find(key)
-        repeat = uf.repeat(key) / lowest[root]
-        return int(repeat), n // (int(repeat) * units[root])
+    def layout(key: AxisKey, n: int) -> int:
+        return n // units[uf.find(key)]
 
-    return units, layout, lengths
+    return units, layout
 
 
-def _inside_blocks(uf: _UnionFind, units, layout, lengths, found: _Found, param_axes):
+def _leaves(
+    uf: _UnionFind, sums: Mapping[AxisKey, Sum], root: AxisKey, length: int, depth: int = 0
+) -> list[tuple[AxisKey, int]]:
+    """The consecutive parts of an axis of ``length`` in the direct-sum class ``root``,
+    nested sums expanded: ``(an axis of the part's class, length on this axis)``."""
+    if depth > 64:
+        raise SpecError("direct sums nested more than 64 deep; please report this model")
+    ref_length, parts = sums[root]
+    scale = length // ref_length
+    out = []
+    for key, n in parts:
+        part_root = uf.find(key)
+        if part_root in sums:
+            out += _leaves(uf, sums, part_root, n * scale, depth + 1)
+        else:
+            out.append((key, n * scale))
+    return out
+
+
+def _inside_blocks(uf: _UnionFind, units, layout, lengths, found: _Found, param_axes, parts):
     """Which block-structured axes may be permuted inside their blocks, and alike with
-    which others: ``({axis: label}, {root: reason})``.
+    which others: ``({axis: label}, {root: reason})`` for the parameters' axes and
+    ``parts`` (the parts of direct sums that parameters' axes are made of).
 
     A second union-find over the axes that are blocks of their class: a reshape nest joins
     the merged axis to the class of its inner axis (a head's dimensions), every join
@@ -496,7 +559,7 @@ def _inside_blocks(uf: _UnionFind, units, layout, lengths, found: _Found, param_
         root = uf.find(key)
         if uf.reason(key) is not None or root not in units or key not in lengths:
             return False
-        return layout(key, lengths[key])[1] > 1
+        return layout(key, lengths[key]) > 1
 
     inside = _UnionFind()
     inner_nodes = []
@@ -508,7 +571,7 @@ def _inside_blocks(uf: _UnionFind, units, layout, lengths, found: _Found, param_
         inside.union(merged, node)
         if (why := found.inner_reasons[inner]) is not None:
             inside.freeze(merged, why)
-        elif uf.find(outer) in units and layout(outer, lengths[outer]) != (1, 1):
+        elif uf.find(outer) in units and layout(outer, lengths[outer]) != 1:
             inside.freeze(merged, "heads that share a key/value head (grouped-query attention)")
     for key in found.fixed_blocks:
         if blocked(key):
@@ -516,13 +579,13 @@ def _inside_blocks(uf: _UnionFind, units, layout, lengths, found: _Found, param_
     for x, y in found.joins:
         if blocked(x) and blocked(y):
             inside.union(x, y)
-    roots_with_params = {uf.find(k) for k in param_axes}
+    roots_with_params = {uf.find(k) for k in [*param_axes, *parts]}
     for node in inner_nodes:
         if node[1] in roots_with_params:
             inside.freeze(node, "a parameter indexes the dimensions inside each block")
     nested = {inside.find(node) for node in inner_nodes}
     labels, reasons = {}, {}
-    for key in param_axes:
+    for key in [*param_axes, *parts]:
         if not blocked(key) or key not in inside.parent:
             continue
         label = inside.find(key)
@@ -535,59 +598,100 @@ def _inside_blocks(uf: _UnionFind, units, layout, lengths, found: _Found, param_
     return labels, reasons
 
 
+class _Refreeze(Exception):
+    """A direct sum whose groups need different block lengths on one axis: its class must
+    freeze and the spec be built again."""
+
+    def __init__(self, root: AxisKey) -> None:
+        self.root = root
+
+
 def _build_spec(
     exported, state, aliases, placeholder_of, uf: _UnionFind, found: _Found, inner: bool = True
 ):
-    units, layout, lengths = _layouts(exported, uf, found.extra)
+    """The spec (with per-axis freeze reasons and whole-block reasons) from the classes;
+    a direct sum that cannot be laid out freezes and the build starts again."""
+    while True:
+        try:
+            return _build_spec_once(exported, state, aliases, placeholder_of, uf, found, inner)
+        except _Refreeze as again:
+            uf.freeze(again.root, "a direct sum of groups with different block lengths")
+
+
+def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found, inner: bool):
+    lengths = _axis_lengths(exported, found.extra)
+    sums = _direct_sums(uf, found.sums, lengths)
+    units, layout = _layouts(uf, lengths, sums)
     param_axes = [(ph, i) for key, ph in placeholder_of.items() for i in range(state[key].ndim)]
+    leaves = {
+        (ph, i): _leaves(uf, sums, uf.find((ph, i)), lengths[(ph, i)])
+        for ph, i in param_axes
+        if uf.find((ph, i)) in sums
+    }
+    parts = [key for found_leaves in leaves.values() for key, _ in found_leaves]
     labels, inside_reasons = (
-        _inside_blocks(uf, units, layout, lengths, found, param_axes) if inner else ({}, {})
+        _inside_blocks(uf, units, layout, lengths, found, param_axes, parts) if inner else ({}, {})
     )
     groups: dict[str, int] = {}
     names: dict[tuple[AxisKey, Any], str] = {}
     tie: dict[AxisKey, str] = {}
-    axes: dict[str, tuple[str | None, ...]] = {}
+
+    def group_of(
+        key: AxisKey, n: int, owner: str, i: int, start: int = 0
+    ) -> tuple[str | None, int, str | None]:
+        """``(group, block, None)`` for a permuted axis of length ``n`` (or a part of one,
+        from entry ``start``), ``(None, 1, reason)`` for a frozen one. A new group is named
+        after the first axis it is met on: ``owner[i]``, or ``owner[i]@start`` for a part
+        of a direct sum after the first."""
+        why = uf.reason(key)
+        root = uf.find(key)
+        unit = units.get(root, n)
+        if why is not None or unit == 1:
+            return None, 1, why
+        # a part longer than its own axis is blocks of it: whole units of the class
+        label = labels.get(key) if n == lengths.get(key, n) else None
+        block = layout(key, n)
+        if (root, label) not in names:
+            name = f"{owner}[{i}]" + (f"@{start}" if start else "")
+            while name in groups:
+                name += "'"
+            names[(root, label)] = name
+            groups[name] = unit * (block if label is not None else 1)
+            tie.setdefault(root, name)
+        # a head-structured group's units are the block entries themselves
+        return names[(root, label)], 1 if label is not None else block, None
+
+    axes: dict[str, tuple] = {}
     blocks: dict[str, tuple[int, ...]] = {}
-    repeats: dict[str, tuple[int, ...]] = {}
     frozen: dict[str, tuple[str | None, ...]] = {}
     self_maps: set[str] = set()
     for key, tensor in state.items():
         ph = placeholder_of.get(key)
-        per_axis: list[str | None] = []
+        owner = aliases.get(key, key)
+        per_axis: list = []
         per_block: list[int] = []
-        per_repeat: list[int] = []
         reasons: list[str | None] = []
         for i, n in enumerate(tensor.shape):
-            per_block.append(1)
-            per_repeat.append(1)
+            entry, block, why = None, 1, None
             if ph is None:
-                per_axis.append(None)
-                reasons.append("not seen by the exported graph" if n > 1 else None)
-                continue
-            why = uf.reason((ph, i))
-            root = uf.find((ph, i))
-            unit = units.get(root, n)
-            if why is not None or unit == 1 or not tensor.dtype.is_floating_point:
-                per_axis.append(None)
-                reasons.append(why if n > 1 else None)
-                continue
-            label = labels.get((ph, i))
-            per_repeat[-1], per_block[-1] = layout((ph, i), int(n))
-            if (root, label) not in names:
-                name = names[(root, label)] = f"{aliases.get(key, key)}[{i}]"
-                groups[name] = int(unit) * (per_block[-1] if label is not None else 1)
-                tie.setdefault(root, name)
-            if label is not None:  # the group's units are the block entries themselves
-                per_block[-1] = 1
-            per_axis.append(names[(root, label)])
-            reasons.append(None)
-        if len({g for g in per_axis if g is not None}) < sum(g is not None for g in per_axis):
+                why = "not seen by the exported graph"
+            elif not tensor.dtype.is_floating_point:
+                why = uf.reason((ph, i))
+            elif (ph, i) in leaves:
+                entry, block, why = _sum_entry(leaves[(ph, i)], group_of, owner, i)
+                if entry is _REFREEZE:
+                    raise _Refreeze(uf.find((ph, i)))
+            else:
+                entry, block, why = group_of((ph, i), int(n), owner, i)
+            per_axis.append(entry)
+            per_block.append(block)
+            reasons.append(why if n > 1 and entry is None else None)
+        named = [g for e in per_axis for g in axis_groups(e)]
+        if len(set(named)) < sum(e is not None for e in per_axis):
             self_maps.add(key)
         axes[key] = tuple(per_axis)
         if any(b > 1 for b in per_block):
             blocks[key] = tuple(per_block)
-        if any(r > 1 for r in per_repeat):
-            repeats[key] = tuple(per_repeat)
         frozen[key] = tuple(reasons)
     tied_roots = {root for root, label in names if label is not None}
     heads = {
@@ -600,16 +704,44 @@ def _build_spec(
     }
     try:
         spec = PermutationSpec(
-            groups=groups,
-            axes=axes,
-            self_maps=frozenset(self_maps),
-            blocks=blocks,
-            repeats=repeats,
-            heads=heads,
+            groups=groups, axes=axes, self_maps=frozenset(self_maps), blocks=blocks, heads=heads
         )
     except SpecError as exc:  # pragma: no cover - the rules guarantee a valid spec
         raise SpecError(f"the traced spec is invalid: {exc}") from None
     return spec, frozen, inside
+
+
+_REFREEZE = object()
+
+
+def _sum_entry(leaves, group_of, owner: str, i: int):
+    """The ``axes`` entry of a parameter axis made of ``leaves``: a direct sum of its
+    parts' groups with fixed lengths between them — or a single group, None when every
+    part is frozen, ``_REFREEZE`` when the groups would need different blocks."""
+    entry: list[str | int] = []
+    block_of: set[int] = set()
+    reasons = []
+    start = 0
+    for key, n in leaves:
+        group, block, why = group_of(key, n, owner, i, start)
+        start += n
+        if group is None:
+            reasons.append(why)
+            if entry and isinstance(entry[-1], int):
+                entry[-1] += n
+            else:
+                entry.append(n)
+        else:
+            entry.append(group)
+            block_of.add(block)
+    if not block_of:
+        return None, 1, next((r for r in reasons if r), "every part of its direct sum is frozen")
+    if len(block_of) > 1:
+        return _REFREEZE, 1, None
+    (block,) = block_of
+    if len(entry) == 1:
+        return entry[0], block, None
+    return tuple(entry), block, None
 
 
 def _tolerance(exported) -> float:
