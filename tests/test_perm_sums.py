@@ -173,3 +173,39 @@ def test_a_direct_sum_of_the_wrong_length_is_named():
     p["fc.weight"] = p["fc.weight"][:, :-1]
     with pytest.raises(SpecError, match=r"axis 1 has length 17 but its direct sum"):
         spec.validate(p)
+
+
+def test_a_group_in_two_segments_counts_both():
+    """``("a", "b", "a")``: a's cost matrix sums its two segments (a fused projection whose
+    query and key move with one group)."""
+    spec = PermutationSpec(
+        groups={"a": A, "b": B},
+        axes={"w": (None, ("a", "b", "a")), "a.weight": ("a", None), "b.weight": ("b", None)},
+    )
+    cut = PermutationSpec(
+        groups={"a": A, "b": B},
+        axes={"w1": (None, "a"), "w2": (None, "b"), "w3": (None, "a"),
+              "a.weight": ("a", None), "b.weight": ("b", None)},
+    )  # fmt: skip
+
+    def make(seed):
+        g = torch.Generator().manual_seed(seed)
+        p = {"w": torch.randn(OUT, 2 * A + B, generator=g)}
+        p.update(
+            {"a.weight": torch.randn(A, 2, generator=g), "b.weight": torch.randn(B, 2, generator=g)}
+        )
+        w1, w2, w3 = p["w"].split([A, B, A], dim=1)
+        return p, {
+            "w1": w1,
+            "w2": w2,
+            "w3": w3,
+            "a.weight": p["a.weight"],
+            "b.weight": p["b.weight"],
+        }
+
+    (pa, ca), (pb, cb) = make(0), make(1)
+    perm = Permutation.random(spec, 1)
+    for g in ("a", "b"):
+        got = group_cost_matrix(spec, pa, pb, perm, g)
+        want = group_cost_matrix(cut, ca, cb, Permutation(cut, dict(perm.items())), g)
+        assert torch.allclose(got, want, atol=1e-5)
