@@ -518,6 +518,22 @@ MUTATIONS = [
         ("tests/spec/test_trace.py",),
     ),
     M(
+        "graph-taps-units-not-moved",
+        "activations read off the graph keep their units on the axis they had, not on axis 1",
+        "src/lmckit/spec/taps.py",
+        'f"{node}:{axis}": found[node].movedim(axis, 1)',
+        'f"{node}:{axis}": found[node]',
+        ("tests/spec/test_taps.py",),
+    ),
+    M(
+        "trace-sites-ignore-head-labels",
+        "activation sites of head-structured groups looked up without their inside label",
+        "src/lmckit/spec/trace.py",
+        "        name = names.get((uf.find((node, i)), labels.get((node, i))))",
+        "        name = names.get((uf.find((node, i)), None))",
+        ("tests/spec/test_taps.py",),
+    ),
+    M(
         "sum-index-without-offset",
         "a direct sum's segments are indexed from 0 instead of from their start",
         "src/lmckit/perm.py",

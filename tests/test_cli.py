@@ -679,6 +679,10 @@ def test_match_and_interpolate_take_a_users_state_dicts(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "-> 0.0000" in printed  # L2 distance after alignment
     assert set(json.loads(out.read_text())["perm"]) == set(spec.groups)
+    # activation matching reads the user's model through its traced graph
+    am = ["match", *pair, *user, "--method", "am", "--dataset", "digits", "-q"]
+    assert main([*am, "--out", str(tmp_path / "am.json")]) == 0
+    assert "-> 0.0000" in capsys.readouterr().out
     args = ["interpolate", *pair, *user, "--dataset", "digits", "--lambdas", "3", "-q"]
     assert main([*args, "--out", str(tmp_path / "curve")]) == 0
     assert "wm-fast" in capsys.readouterr().out

@@ -7,10 +7,12 @@ Pearson correlation of every unit pair — never storing activations. Conv activ
 are independent.
 
 Which activations belong to which group is the model's to say: ``taps`` maps a group to
-the names of modules whose outputs carry its units on axis 1 (the zoo's models provide
-``model.activation_taps()``, marking post-ReLU features with ``nn.Identity`` taps). A group
-with several taps — a residual stream — sums the per-tap gain matrices, so every place the
-stream is materialised votes for its permutation.
+the names of modules whose outputs carry its units on axis 1 (the zoo's CNNs and MLPs
+provide ``model.activation_taps()``, marking post-ReLU features with ``nn.Identity`` taps).
+Any other model — the zoo's transformers, a user's model — is read through its traced graph
+(:class:`lmckit.spec.GraphTaps`: outputs of activation functions, else norms, else linear
+maps). A group with several taps — a residual stream — sums the per-tap gain matrices, so
+every place the stream is materialised votes for its permutation.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.data import DataSource, as_batches
-from lmckit.errors import ParamsError
+from lmckit.errors import ParamsError, SpecError
 from lmckit.functional import check_model_fits, forward, module_mode
 from lmckit.lap import assign_groups
 from lmckit.match._functional import batches_per_pass, require_model_and_data
@@ -31,6 +33,7 @@ from lmckit.match.result import MatchResult, check_inputs
 from lmckit.params import Params, params_distance
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
+from lmckit.spec import GraphTaps
 
 METHODS = ("correlation", "cross_moment")
 
@@ -67,24 +70,69 @@ class _Moments:
         return cov / (std_a[:, None] * std_b[None, :]).clamp_min(eps)
 
 
-def _resolve_taps(model: nn.Module, spec: PermutationSpec, taps) -> dict[str, list[str]]:
-    if taps is None:
-        provider = getattr(model, "activation_taps", None)
-        if provider is None:
+class _ModuleTaps:
+    """Activations from forward hooks on named modules (outputs ``(N, units, ...)``)."""
+
+    def __init__(self, model: nn.Module, spec: PermutationSpec, taps) -> None:
+        modules = dict(model.named_modules())
+        missing_groups = sorted(set(spec.groups) - set(taps))
+        if missing_groups:
+            raise ParamsError(f"no activation taps for groups {missing_groups}")
+        for g, names in taps.items():
+            for name in names:
+                if name not in modules:
+                    raise ParamsError(f"tap {name!r} of group {g!r} is not a module of the model")
+        self.model, self.modules = model, modules
+        self._taps = {g: list(taps[g]) for g in spec.groups}
+
+    def taps(self) -> dict[str, list[str]]:
+        return self._taps
+
+    def __call__(self, params: Params, x: Tensor) -> dict[str, Tensor]:
+        captured: dict[str, Tensor] = {}
+        handles = []
+        for names in self._taps.values():
+            for name in names:
+
+                def hook(_module, _inputs, output, name=name):
+                    if not isinstance(output, Tensor) or output.ndim < 2:
+                        raise ParamsError(
+                            f"activation tap {name!r} must output a tensor (N, units, ...), "
+                            f"got {getattr(output, 'shape', type(output).__name__)}"
+                        )
+                    captured[name] = output.detach()
+
+                handles.append(self.modules[name].register_forward_hook(hook))
+        try:
+            forward(self.model, params, x)
+        finally:
+            for h in handles:
+                h.remove()
+        silent = [n for names in self._taps.values() for n in names if n not in captured]
+        if silent:
             raise ParamsError(
-                f"{type(model).__name__} has no activation_taps(); pass taps={{group: "
-                "[module names whose outputs carry the group's units on axis 1]}"
+                f"activation taps {silent} produced no output: those modules are not called in "
+                "the model's forward pass"
             )
-        taps = provider()
-    modules = dict(model.named_modules())
-    missing_groups = sorted(set(spec.groups) - set(taps))
-    if missing_groups:
-        raise ParamsError(f"no activation taps for groups {missing_groups}")
-    for g, names in taps.items():
-        for name in names:
-            if name not in modules:
-                raise ParamsError(f"tap {name!r} of group {g!r} is not a module of the model")
-    return {g: list(taps[g]) for g in spec.groups}
+        return captured
+
+
+def _taps_for(model: nn.Module, spec: PermutationSpec, taps, x: Tensor):
+    """What reads the activations: the given module names, a :class:`GraphTaps`, the
+    model's ``activation_taps()``, or else the sites of the model's traced graph."""
+    if isinstance(taps, GraphTaps):
+        return taps
+    if taps is None and getattr(model, "activation_taps", None) is not None:
+        taps = model.activation_taps()
+    if taps is not None:
+        return _ModuleTaps(model, spec, taps)
+    try:
+        return GraphTaps(model, spec, x[: min(len(x), 4)])
+    except SpecError as exc:
+        raise ParamsError(
+            f"{type(model).__name__} has no activation_taps() and its graph gives none ({exc}); "
+            "pass taps={group: [module names whose outputs carry the group's units on axis 1]}"
+        ) from None
 
 
 @torch.no_grad()
@@ -100,7 +148,7 @@ def activation_matching(
     progress: ProgressCallback | None = None,
     method: str = "correlation",
     n_batches: int | None = None,
-    taps: Mapping[str, list[str]] | None = None,
+    taps: Mapping[str, list[str]] | GraphTaps | None = None,
     batch_size: int = 1000,
 ) -> MatchResult:
     """Match B's units to A's by the statistics of their activations on ``data``.
@@ -117,8 +165,10 @@ def activation_matching(
         method: ``"correlation"`` (Pearson correlation of unit pairs, the Git Re-Basin
             choice) or ``"cross_moment"`` (``E[z_A z_Bᵀ]``, the least-squares criterion).
         n_batches: use only the first ``n_batches`` batches (all by default).
-        taps: group -> module names whose outputs carry the group's units on axis 1
-            (default ``model.activation_taps()``).
+        taps: group -> module names whose outputs carry the group's units on axis 1, or a
+            :class:`~lmckit.spec.GraphTaps`. Default: ``model.activation_taps()`` (the
+            zoo's CNNs and MLPs), else the activation sites of the model's traced graph
+            (the model must trace to ``spec``; traced on the first batch's first rows).
 
     Returns:
         :class:`MatchResult`; ``history`` holds the total matched gain, ``iterations`` the
@@ -132,56 +182,31 @@ def activation_matching(
     model = require_model_and_data("activation_matching", model, data)
     check_inputs(spec, params_a, params_b, init, seed)
     check_model_fits(model, params_a, "params_a")
-    taps = _resolve_taps(model, spec, taps)
     batches = as_batches(data, batch_size=batch_size, shuffle=False, seed=seed)
     total = n_batches if n_batches is not None else batches_per_pass(batches)
-    modules = dict(model.named_modules())
     device = next(iter(params_a.values())).device
-    captured: dict[str, Tensor] = {}
-    handles = []
-    for names in taps.values():
-        for name in names:
-
-            def hook(_module, _inputs, output, name=name):
-                if not isinstance(output, Tensor) or output.ndim < 2:
-                    raise ParamsError(
-                        f"activation tap {name!r} must output a tensor (N, units, ...), got "
-                        f"{getattr(output, 'shape', type(output).__name__)}"
-                    )
-                captured[name] = output.detach()
-
-            handles.append(modules[name].register_forward_hook(hook))
+    reader = None
     moments: dict[str, _Moments] = {}
     used = examples = 0
-    try:
-        with module_mode(model, False):
-            for x, _ in islice(batches, n_batches):
-                x = x.to(device)
-                captured.clear()
-                forward(model, params_a, x)
-                acts_a = dict(captured)
-                silent = [n for names in taps.values() for n in names if n not in acts_a]
-                if silent:
-                    raise ParamsError(
-                        f"activation taps {silent} produced no output: those modules are not "
-                        "called in the model's forward pass"
-                    )
-                forward(model, params_b, x)
-                for name, act_a in acts_a.items():
-                    act_b = captured[name]
-                    if name not in moments:
-                        moments[name] = _Moments(act_a.shape[1], device)
-                    moments[name].add(act_a, act_b)
-                used += 1
-                examples += len(x)
-                notify(progress, used, total)
-    finally:
-        for h in handles:
-            h.remove()
+    with module_mode(model, False):
+        for x, _ in islice(batches, n_batches):
+            x = x.to(device)
+            if reader is None:
+                reader = _taps_for(model, spec, taps, x)
+            acts_a = reader(params_a, x)
+            acts_b = reader(params_b, x)
+            for name, act_a in acts_a.items():
+                if name not in moments:
+                    moments[name] = _Moments(act_a.shape[1], device)
+                moments[name].add(act_a, acts_b[name])
+            used += 1
+            examples += len(x)
+            notify(progress, used, total)
     if used == 0:
         raise ParamsError("activation_matching got no batches")
     all_gains = {}
-    for g, names in taps.items():
+    assert reader is not None
+    for g, names in reader.taps().items():
         gains = sum(moments[name].gains(method) for name in names)
         if gains.shape != (spec.groups[g],) * 2:
             raise ParamsError(

@@ -1,6 +1,8 @@
 """Permutation specs derived from a model's code: :func:`trace` exports the model with
-``torch.export``, relates the axes of every op and verifies the result."""
+``torch.export``, relates the axes of every op and verifies the result; :class:`GraphTaps`
+reads each group's activations off the same graph (for activation matching)."""
 
+from lmckit.spec.taps import GraphTaps
 from lmckit.spec.trace import TraceReport, trace, trace_report
 
-__all__ = ["TraceReport", "trace", "trace_report"]
+__all__ = ["GraphTaps", "TraceReport", "trace", "trace_report"]

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import operator
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -113,6 +114,11 @@ class TraceReport:
         checked_modes: the modes whose outputs were verified unchanged (``"eval"``, and
             ``"train"`` unless the model's train-mode output is random even with dropout
             off).
+        activation_sites: ``{group: ((graph node, axis), ...)}`` — where the exported graph
+            holds the group's units one per entry, for activation matching
+            (:class:`lmckit.spec.GraphTaps`): the outputs of activation functions if any
+            carry the group, else of norms (a residual stream), else of linear maps and
+            convolutions (attention's projections), else of any op.
         seconds: wall-clock time of export, tracing and verification.
     """
 
@@ -122,6 +128,7 @@ class TraceReport:
     unknown_ops: tuple[str, ...]
     aliases: Mapping[str, str]
     checked_modes: tuple[str, ...]
+    activation_sites: Mapping[str, tuple[tuple[str, int], ...]]
     seconds: float
     numels: Mapping[str, int] = field(repr=False)
 
@@ -278,7 +285,7 @@ def trace_report(
             f"operators without a rule in {type(model).__name__}: {', '.join(unknown)} "
             "(strict=True; without it their axes are frozen)"
         )
-    spec, frozen, inside = _build_spec(
+    spec, frozen, inside, sites = _build_spec(
         exported, state, aliases, placeholder_of, uf, found, inner=inside_blocks
     )
     rtol = _tolerance(exported)
@@ -291,7 +298,7 @@ def trace_report(
             raise
         # Permutations inside heads rest on more rules than whole heads do; if they fail
         # the check, whole heads may still hold — the report then says so.
-        spec, frozen, inside = _build_spec(
+        spec, frozen, inside, sites = _build_spec(
             exported, state, aliases, placeholder_of, uf, found, inner=False
         )
         modes = _verify(model, spec, args, kwargs, seed, rtol)
@@ -304,6 +311,7 @@ def trace_report(
         unknown_ops=tuple(unknown),
         aliases=aliases,
         checked_modes=modes,
+        activation_sites=sites,
         seconds=time.perf_counter() - start,
         numels={k: v.numel() for k, v in state.items()},
     )
@@ -540,10 +548,13 @@ def _leaves(
     return out
 
 
-def _inside_blocks(uf: _UnionFind, units, layout, lengths, found: _Found, param_axes, parts):
+def _inside_blocks(
+    uf: _UnionFind, units, layout, lengths, found: _Found, param_axes, parts, extra=()
+):
     """Which block-structured axes may be permuted inside their blocks, and alike with
     which others: ``({axis: label}, {root: reason})`` for the parameters' axes and
-    ``parts`` (the parts of direct sums that parameters' axes are made of).
+    ``parts`` (the parts of direct sums that parameters' axes are made of); ``extra`` axes
+    (activation sites) get labels too but no say in the reasons.
 
     A second union-find over the axes that are blocks of their class: a reshape nest joins
     the merged axis to the class of its inner axis (a head's dimensions), every join
@@ -585,16 +596,17 @@ def _inside_blocks(uf: _UnionFind, units, layout, lengths, found: _Found, param_
             inside.freeze(node, "a parameter indexes the dimensions inside each block")
     nested = {inside.find(node) for node in inner_nodes}
     labels, reasons = {}, {}
-    for key in [*param_axes, *parts]:
+    extra = set(extra)
+    for key in [*param_axes, *parts, *extra]:
         if not blocked(key) or key not in inside.parent:
             continue
         label = inside.find(key)
         if label not in nested:
             continue
-        if (why := inside.reason(key)) is not None:
-            reasons[uf.find(key)] = why
-        else:
+        if (why := inside.reason(key)) is None:
             labels[key] = label
+        elif key not in extra:
+            reasons[uf.find(key)] = why
     return labels, reasons
 
 
@@ -629,8 +641,11 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
         if uf.find((ph, i)) in sums
     }
     parts = [key for found_leaves in leaves.values() for key, _ in found_leaves]
+    candidates = _site_candidates(exported)
     labels, inside_reasons = (
-        _inside_blocks(uf, units, layout, lengths, found, param_axes, parts) if inner else ({}, {})
+        _inside_blocks(uf, units, layout, lengths, found, param_axes, parts, candidates)
+        if inner
+        else ({}, {})
     )
     groups: dict[str, int] = {}
     names: dict[tuple[AxisKey, Any], str] = {}
@@ -708,7 +723,53 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
         )
     except SpecError as exc:  # pragma: no cover - the rules guarantee a valid spec
         raise SpecError(f"the traced spec is invalid: {exc}") from None
-    return spec, frozen, inside
+    found_sites: dict[str, list[tuple[int, str, int]]] = {}
+    for (node, i), rank in candidates.items():
+        name = names.get((uf.find((node, i)), labels.get((node, i))))
+        if name is not None and uf.reason((node, i)) is None and lengths[(node, i)] == groups[name]:
+            found_sites.setdefault(name, []).append((rank, node, i))
+    sites = {}
+    for name, found_at in found_sites.items():
+        best = min(rank for rank, _, _ in found_at)
+        sites[name] = tuple((node, i) for rank, node, i in found_at if rank == best)
+    return spec, frozen, inside, sites
+
+
+_SITE_RANKS = (
+    re.compile(
+        r"aten\.(relu|relu6|gelu|silu|tanh|sigmoid|elu|selu|celu|leaky_relu|hardtanh|"
+        r"hardswish|hardsigmoid|mish|softplus)_?\."
+    ),
+    re.compile(r"aten\.(layer_norm|batch_norm|group_norm|rms_norm|native_|_native_)"),
+    re.compile(r"aten\.(linear|addmm|mm|bmm|matmul|conv|convolution|einsum)"),
+)
+
+
+def _site_candidates(exported) -> dict[AxisKey, int]:
+    """Every axis of every op's result, ranked as an activation site: 0 for activation
+    functions, 1 for norms, 2 for linear maps and convolutions, 3 for anything else (a
+    multi-output op's results ranked by the op) — if it depends on the model's inputs (a
+    transposed weight is no activation)."""
+    inputs = set(exported.graph_signature.user_inputs)
+    on_data: set[str] = set()
+    out = {}
+    for node in exported.graph.nodes:
+        if node.op == "placeholder" and node.name in inputs:
+            on_data.add(node.name)
+        if node.op != "call_function":
+            continue
+        sources = pytree.tree_leaves((node.args, node.kwargs))
+        if not any(isinstance(a, fx.Node) and a.name in on_data for a in sources):
+            continue
+        on_data.add(node.name)
+        if (shape := Axes.shape(node)) is None:
+            continue
+        op = node.args[0] if node.target is operator.getitem else node
+        target = str(getattr(op, "target", ""))
+        rank = next((r for r, pattern in enumerate(_SITE_RANKS) if pattern.match(target)), 3)
+        for i in range(len(shape)):
+            out[(node.name, i)] = rank
+    return out
 
 
 _REFREEZE = object()
