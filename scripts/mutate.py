@@ -534,6 +534,22 @@ MUTATIONS = [
         ("tests/spec/test_taps.py",),
     ),
     M(
+        "wm-delta-forgets-the-old-columns",
+        "an updated cost-matrix term adds A[:, D] B̃_new[:, D]ᵀ without taking B̃_old's away",
+        "src/lmckit/match/weight_matcher.py",
+        "                change = b2.index_select(1, cols) - old.index_select(1, cols)",
+        "                change = b2.index_select(1, cols)",
+        ("tests/match/test_weight_matcher.py",),
+    ),
+    M(
+        "wm-delta-keeps-a-product-across-calls",
+        "a kept product survives into the next match() call, whose A is another",
+        "src/lmckit/match/weight_matcher.py",
+        "                term.forget()",
+        "                pass",
+        ("tests/match/test_weight_matcher.py",),
+    ),
+    M(
         "sum-index-without-offset",
         "a direct sum's segments are indexed from 0 instead of from their start",
         "src/lmckit/perm.py",

@@ -1,12 +1,15 @@
 """The weight-matching engine: reuse across calls, profiling that measures without changing."""
 
+import pytest
 import torch
 
 from lmckit.match import ProfiledWeightMatcher, WeightMatcher, weight_matching
+from lmckit.match.weight_matcher import DeltaPolicy
 from lmckit.models import build_model, permutation_spec
-from lmckit.perm import group_cost_matrix
+from lmckit.perm import Permutation, group_cost_matrix, group_rows
+from lmckit.spec import trace
 from tests.match.test_weight import double
-from tests.zoo import random_pair
+from tests.zoo import SMALL_ZOO, SMALL_ZOO_IDS, nontrivial, random_pair
 
 
 def test_reuse_across_calls_agrees_with_fresh_calls():
@@ -46,9 +49,15 @@ def test_profiling_counts_the_products_it_forms_and_changes_nothing():
         g: sum(2 * n * a[name].numel() for name, _ in spec.group_axes(g))
         for g, n in spec.groups.items()
     }
-    assert profiled.info["gemm_flops"] == sum(per_group[g] for g in solved)
+    assert profiled.info["full_recompute_flops"] == sum(per_group[g] for g in solved)
+    assert profiled.info["gemm_flops"] < profiled.info["full_recompute_flops"]
     assert profiled.info["gemm_seconds"] > 0 and profiled.info["lap_seconds"] > 0
     assert "gemm_flops" not in plain.info
+    # without updates every requested term is formed in full
+    solved.clear()
+    full = Recording(spec, b, delta=None).match(a, seed=3)
+    assert full.info["gemm_flops"] == full.info["full_recompute_flops"]
+    assert full.info["gemm_flops"] == sum(per_group[g] for g in solved)
 
 
 def test_warm_duals_are_kept_optimal_and_handed_to_the_next_solve():
@@ -74,3 +83,102 @@ def test_warm_duals_are_kept_optimal_and_handed_to_the_next_solve():
     assert all(any(d is given for given in result.duals.values()) for d in received.values())
     cold = WeightMatcher(spec, b).match(a, seed=1, warm_start=False)
     assert cold.duals is None and cold.perm == result.perm
+
+
+def near_pair(model, spec, noise=0.3, seed=0):
+    """A and a noisy, permuted copy of it as B, in float64: WM then runs several sweeps,
+    the late ones moving few units — where updated products differ from re-formed ones."""
+    g = torch.Generator().manual_seed(seed)
+    a = double({k: v.detach().clone() for k, v in model.state_dict().items()})
+    b = Permutation.random(spec, seed).apply(a)
+    b = {
+        k: v + noise * v.std() * torch.randn(v.shape, generator=g, dtype=v.dtype)
+        if v.is_floating_point() and v.numel() > 1
+        else v
+        for k, v in b.items()
+    }
+    return a, b
+
+
+def traced_models():
+    from tests.spec.test_trace import DigitsSums
+
+    torch.manual_seed(0)
+    transformer = build_model("transformer", in_dim=8, length=8, dim=12, depth=2, heads=3)
+    return [
+        (nontrivial(DigitsSums()), torch.randn(4, 1, 8, 8)),
+        (nontrivial(transformer), torch.randn(2, 8, 8)),
+    ]
+
+
+@pytest.mark.parametrize(("name", "config", "shape"), SMALL_ZOO, ids=SMALL_ZOO_IDS)
+def test_updated_cost_matrices_choose_what_re_formed_ones_choose_on_the_zoo(name, config, shape):
+    """float64: the same permutations and objectives (to rounding) as forming every term
+    anew, with fewer multiply-adds."""
+    torch.manual_seed(0)
+    model = nontrivial(build_model(name, **config))
+    spec = permutation_spec(model)
+    a, b = near_pair(model, spec)
+    updated = ProfiledWeightMatcher(spec, b).match(a, seed=1)
+    formed = ProfiledWeightMatcher(spec, b, delta=None).match(a, seed=1)
+    assert updated.perm == formed.perm
+    assert updated.history == pytest.approx(formed.history, rel=1e-12)
+    assert updated.info["gemm_flops"] < formed.info["gemm_flops"]
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["direct sums and BN", "heads"])
+def test_updated_cost_matrices_choose_what_re_formed_ones_choose_on_traced_specs(index):
+    model, x = traced_models()[index]
+    spec = trace(model, x)
+    a, b = near_pair(model, spec)
+    updated = ProfiledWeightMatcher(spec, b).match(a, seed=2)
+    formed = ProfiledWeightMatcher(spec, b, delta=None).match(a, seed=2)
+    assert updated.perm == formed.perm
+    assert updated.history == pytest.approx(formed.history, rel=1e-12)
+    assert updated.info["gemm_flops"] < formed.info["gemm_flops"]
+
+
+@pytest.mark.parametrize("which", ["resnet20", "direct sums and BN", "heads"])
+def test_an_updated_term_equals_the_naive_cost_matrix_after_many_moves(which):
+    """Random walks of the permutations (a few units swapped per step, then a full
+    reshuffle): every group's summed terms equal group_cost_matrix, formed from scratch."""
+    if which == "resnet20":
+        torch.manual_seed(0)
+        model = nontrivial(build_model("resnet20", width_multiplier=0.5, in_channels=1))
+        spec = permutation_spec(model)
+    else:
+        model, x = traced_models()[0 if which == "direct sums and BN" else 1]
+        spec = trace(model, x)
+    a, b = near_pair(model, spec)
+    matcher = WeightMatcher(spec, b, delta=DeltaPolicy(max_fraction=1.0, refresh=10**6))
+    a2 = {
+        (g, t.name, t.axis): group_rows(spec, t.name, t.axis, g, a[t.name])
+        for g in matcher.groups
+        for t in matcher.terms[g]
+    }
+    g_rng = torch.Generator().manual_seed(5)
+    current = Permutation.identity(spec)
+    updates = 0
+    for step in range(12):
+        if step == 8:
+            current = Permutation.random(spec, g_rng)
+        else:
+            moved = {}
+            for g, n in spec.groups.items():
+                p = current[g].clone()
+                if g not in spec.heads and n > 1:
+                    i, j = torch.randperm(n, generator=g_rng)[:2].tolist()
+                    p[[i, j]] = p[[j, i]]
+                moved[g] = p
+            current = current.replace(**moved)
+        perm = dict(current.items())
+        for g in matcher.groups:
+            got = sum(matcher.products(g, a2, perm))
+            updates += sum(
+                0 < t.flops < 2 * spec.groups[g] * t.b_moved.numel() for t in matcher.terms[g]
+            )
+            want = group_cost_matrix(
+                spec, a, b, current, g, names={t.name for t in matcher.terms[g]}
+            )
+            assert torch.allclose(got, want, rtol=1e-10, atol=1e-10), g
+    assert updates > 0

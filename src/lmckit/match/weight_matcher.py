@@ -10,6 +10,13 @@ acceptance rule, same permutations (tested on every zoo model) — doing less wo
   A to one fixed B (STE, STE-MM, MergeMany) pay only for the products.
 * **Groups that cannot improve are skipped.** A group whose neighbours have not changed
   since its last solve would get the same cost matrix and the same answer.
+* **Cost matrices are updated, not re-formed.** A term ``A B̃ᵀ`` of a group's cost matrix
+  changes only in the columns of B̃ that a neighbour's new permutation moved; the kept
+  product gets ``A[:, D] (B̃_new[:, D] − B̃_old[:, D])ᵀ`` over those columns ``D`` (for a
+  convolution, the moved input channels × kernel positions) — unless more than
+  :class:`DeltaPolicy`'s fraction moved, or the product is ``refresh`` sweeps old, when it
+  is formed in full (bounding accumulated rounding). Late sweeps move few units, so most
+  of their products cost a few columns.
 * **LAP duals are kept** (STE-MM Alg. 3): each group's solve starts from the duals of its
   previous solve — within a call and, through ``duals=``, across calls — so once the
   permutations settle each LAP is nearly solved before it starts.
@@ -44,7 +51,13 @@ from lmckit.perm import (
 )
 from lmckit.progress import ProgressCallback, notify
 
-__all__ = ["ProfiledWeightMatcher", "WeightMatcher", "acceptance_tolerance", "improves_all"]
+__all__ = [
+    "DeltaPolicy",
+    "ProfiledWeightMatcher",
+    "WeightMatcher",
+    "acceptance_tolerance",
+    "improves_all",
+]
 
 
 def acceptance_tolerance(dtype: torch.dtype) -> float:
@@ -89,7 +102,8 @@ def _summed(products: list[Tensor]) -> np.ndarray:
 class _Term:
     """One (tensor, axis) of a group on the B side: B with that axis moved to the front,
     the other grouped axes of the tensor — ``(position in b_moved, axis)`` — to permute,
-    and the groups acting on them."""
+    and the groups acting on them. Keeps its last product ``A B̃ᵀ`` (for one A) with the
+    B̃ it was formed from, to update it where B̃ changed."""
 
     spec: PermutationSpec
     group: str
@@ -100,13 +114,29 @@ class _Term:
     other_groups: tuple[str, ...]
     cached_perms: tuple[Tensor, ...] | None = None
     cached_b2: Tensor | None = None
+    # per column of the (n, -1) layout, its position along each other axis
+    columns: tuple[Tensor, ...] = ()
+    product: Tensor | None = None
+    product_perms: tuple[Tensor, ...] | None = None
+    product_b2: Tensor | None = None
+    product_sweep: int = 0  # the sweep of its last full recompute
+    flops: int = 0  # of the last product formed (full or update)
+
+    def __post_init__(self) -> None:
+        shape = self.b_moved.shape
+        columns = []
+        for pos, _ in self.others:
+            view = [1] * len(shape)
+            view[pos] = shape[pos]
+            where = torch.arange(shape[pos], device=self.b_moved.device).view(view).expand(shape)
+            rows = group_rows(self.spec, self.name, self.axis, self.group, where, 0)
+            columns.append(rows[0].clone())
+        self.columns = tuple(columns)
 
     def b2(self, perm: Mapping[str, Tensor]) -> Tensor:
         """B̃ as an ``(n, -1)`` matrix: B with the other groups' current permutations."""
         current = tuple(perm[h] for h in self.other_groups)
-        if self.cached_perms is None or not all(
-            p is q or torch.equal(p, q) for p, q in zip(current, self.cached_perms, strict=True)
-        ):
+        if self.cached_perms is None or not _same(current, self.cached_perms):
             b = self.b_moved
             for pos, other_axis in self.others:
                 index = axis_index(self.spec, self.name, other_axis, perm)
@@ -115,6 +145,72 @@ class _Term:
             self.cached_b2 = group_rows(self.spec, self.name, self.axis, self.group, b, 0)
             self.cached_perms = current
         return self.cached_b2
+
+    def multiply(
+        self, a2: Tensor, perm: Mapping[str, Tensor], sweep: int, delta: DeltaPolicy | None
+    ) -> Tensor:
+        """``A B̃ᵀ`` (``(n, n)``) with the other groups' current permutations. Under
+        ``delta``: the kept product if they have not moved since it was formed, else the kept
+        product plus ``A[:, D] (B̃_new[:, D] − B̃_old[:, D])ᵀ`` over the changed columns
+        ``D`` — unless they are too many or the product is ``delta.refresh`` sweeps old —
+        else a full product."""
+        current = tuple(perm[h] for h in self.other_groups)
+        if delta is not None and self.product is not None and _same(current, self.product_perms):
+            self.flops = 0
+            return self.product
+        b2 = self.b2(perm)
+        n = a2.shape[0]
+        if (
+            delta is not None
+            and self.product is not None
+            and sweep - self.product_sweep < delta.refresh
+        ):
+            cols = self._changed_columns(perm)
+            if cols.numel() <= delta.max_fraction * b2.shape[1]:
+                old = self.product_b2
+                assert old is not None
+                change = b2.index_select(1, cols) - old.index_select(1, cols)
+                self.product = self.product + a2.index_select(1, cols) @ change.T
+                self.product_perms, self.product_b2 = current, b2
+                self.flops = 2 * n * n * cols.numel()
+                return self.product
+        self.product = a2 @ b2.T
+        self.product_perms, self.product_b2, self.product_sweep = current, b2, sweep
+        self.flops = 2 * n * a2.numel()
+        return self.product
+
+    def _changed_columns(self, perm: Mapping[str, Tensor]) -> Tensor:
+        """The columns of the ``(n, -1)`` layout whose B̃ entries differ between the kept
+        product's permutations and ``perm``."""
+        assert self.product_perms is not None
+        before = dict(zip(self.other_groups, self.product_perms, strict=True))
+        changed = None
+        for (_, other_axis), where in zip(self.others, self.columns, strict=True):
+            old = axis_index(self.spec, self.name, other_axis, before)
+            new = axis_index(self.spec, self.name, other_axis, perm)
+            assert old is not None and new is not None
+            moved = (old != new)[where]
+            changed = moved if changed is None else changed | moved
+        assert changed is not None
+        return changed.nonzero().squeeze(1)
+
+    def forget(self) -> None:
+        """Drop the kept product (A is about to change)."""
+        self.product = self.product_perms = self.product_b2 = None
+
+
+def _same(xs: tuple[Tensor, ...], ys: tuple[Tensor, ...] | None) -> bool:
+    return ys is not None and all(x is y or torch.equal(x, y) for x, y in zip(xs, ys, strict=True))
+
+
+@dataclass(frozen=True)
+class DeltaPolicy:
+    """When :class:`WeightMatcher` updates a kept cost-matrix term instead of forming it
+    again: when at most ``max_fraction`` of its columns changed, and its last full product
+    is fewer than ``refresh`` sweeps old (bounding the rounding that updates accumulate)."""
+
+    max_fraction: float = 0.5
+    refresh: int = 8
 
 
 class WeightMatcher:
@@ -129,6 +225,9 @@ class WeightMatcher:
         params_b: model B (kept by reference; do not modify it while the matcher lives).
         include_running_stats: count BatchNorm running statistics in the objective.
         lap_backend: ``"lapjv"`` or ``"scipy"`` (see :func:`lmckit.lap.solve_lap`).
+        delta: how cost-matrix terms are updated where only some of B̃'s columns changed
+            (:class:`DeltaPolicy`); ``None`` forms every term anew (the earlier engine,
+            kept for benchmarks and tests).
     """
 
     def __init__(
@@ -138,8 +237,11 @@ class WeightMatcher:
         *,
         include_running_stats: bool = True,
         lap_backend: str = "lapjv",
+        delta: DeltaPolicy | None = DeltaPolicy(),
     ) -> None:
         self.spec = spec
+        self.delta = delta
+        self._sweep = 0
         self.params_b = params_b = detached(params_b)
         self.lap_backend = lap_backend
         self.names = set(matched_names(params_b, include_running_stats))
@@ -176,7 +278,10 @@ class WeightMatcher:
     # -- the two steps of a coordinate update; ProfiledWeightMatcher wraps them ----------
     def products(self, group: str, a2: Mapping[tuple[str, str, int], Tensor], perm) -> list[Tensor]:
         """``A_(n,-1) B̃_(n,-1)ᵀ`` for every term of ``group``; their sum is ``C_group``."""
-        return [a2[(group, t.name, t.axis)] @ t.b2(perm).T for t in self.terms[group]]
+        return [
+            t.multiply(a2[(group, t.name, t.axis)], perm, self._sweep, self.delta)
+            for t in self.terms[group]
+        ]
 
     def solve(self, gains: np.ndarray, duals: LapDuals | None) -> tuple[Tensor, LapDuals]:
         """The LAP maximising ``Σ_i gains[i, p[i]]``, warm-started from ``duals``."""
@@ -230,8 +335,11 @@ class WeightMatcher:
         solved_with: dict[str, tuple[Tensor, ...]] = {}
         history: list[float] = []
         solves = skipped = sweeps = 0
+        for terms in self.terms.values():
+            for term in terms:
+                term.forget()
         for sweep in range(1, max_iter + 1):
-            sweeps = sweep
+            sweeps = self._sweep = sweep
             improved = False
             for idx in torch.randperm(len(self.units), generator=generator).tolist():
                 unit = self.units[idx]
@@ -299,8 +407,10 @@ class ProfiledWeightMatcher(WeightMatcher):
     """A :class:`WeightMatcher` that also measures where its time goes.
 
     After :meth:`match`, ``result.info`` also holds ``gemm_seconds`` (forming the cost
-    matrices, including the copy to CPU float64), ``lap_seconds`` and ``gemm_flops``
-    (``2·n·numel(A_term)`` per product formed). Counters accumulate per call.
+    matrices, including the copy to CPU float64), ``lap_seconds``, ``gemm_flops`` (the
+    multiply-adds done: ``2·n·numel(A_term)`` per term formed in full, ``2·n²·|D|`` per
+    term updated over ``|D|`` changed columns) and ``full_recompute_flops`` (what forming
+    every term requested in full would have cost). Counters accumulate per call.
     """
 
     def products(self, group, a2, perm):
@@ -310,7 +420,10 @@ class ProfiledWeightMatcher(WeightMatcher):
             torch.cuda.synchronize()
         self._gemm_seconds += time.perf_counter() - t0
         n = self.spec.groups[group]
-        self._flops += sum(2 * n * a2[(group, t.name, t.axis)].numel() for t in self.terms[group])
+        self._flops += sum(t.flops for t in self.terms[group])
+        self._full_flops += sum(
+            2 * n * a2[(group, t.name, t.axis)].numel() for t in self.terms[group]
+        )
         return out
 
     def solve(self, gains, duals):
@@ -328,10 +441,13 @@ class ProfiledWeightMatcher(WeightMatcher):
     def match(self, params_a: Params, **kwargs) -> MatchResult:
         """:meth:`WeightMatcher.match`, with timings and FLOPs added to ``info``."""
         self._gemm_seconds = self._lap_seconds = 0.0
-        self._flops = 0
+        self._flops = self._full_flops = 0
         result = super().match(params_a, **kwargs)
         result.info.update(
-            gemm_seconds=self._gemm_seconds, lap_seconds=self._lap_seconds, gemm_flops=self._flops
+            gemm_seconds=self._gemm_seconds,
+            lap_seconds=self._lap_seconds,
+            gemm_flops=self._flops,
+            full_recompute_flops=self._full_flops,
         )
         return result
 

@@ -1,0 +1,257 @@
+"""Weight matching with delta-updated cost matrices, against re-forming them and PyPI
+``rebasin``, from the Fashion-MNIST MLPs of the issue up to seed scale.
+
+For each trained pair it runs, in the same process and on one thread:
+
+* ``delta``: lmckit's engine (:class:`~lmckit.match.weight_matcher.WeightMatcher`: kept
+  cost-matrix terms updated over the columns a neighbour's new permutation moved);
+* ``full``: the same engine forming every requested term anew (``delta=None``: the
+  previous implementation);
+* ``rebasin``: PyPI ``rebasin`` 0.0.47's ``PermutationCoordinateDescent`` on the same MLP
+  as an ``nn.Sequential`` (when importable and ``--rebasin`` names the pair);
+
+and reports CPU seconds (``time.process_time``), sweeps, GFLOP of products formed beside
+what forming every requested term would cost, the LAP share of the time, the peak resident
+memory added by the run (``VmHWM`` after resetting it through ``/proc/self/clear_refs``,
+minus the resident size before) against the two models' parameters, the objective and the
+distance after, and two floors: the time of one full sweep's products at the machine's
+measured float32 GEMM rate, plus the run's own LAP time.
+
+Pairs come from ``lmckit train`` checkpoints (``--pairs``: ``NAME=FOLDER`` with
+``*-seed0`` and ``*-seed1`` in it) and ResNet-20 ×8/×16 trained briefly on the bundled
+8×8 digits here (``--resnet``). Prints one JSON document.
+
+    python benchmarks/bench_wm_delta.py --pairs mlp3x512=/tmp/w512 ... --rebasin mlp3x512
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from _timing import machine
+from bench_match import matmul_throughput
+from lmckit.checkpoint import load_checkpoint
+from lmckit.match.weight_matcher import DeltaPolicy, ProfiledWeightMatcher
+from lmckit.models import permutation_spec
+from lmckit.params import params_distance
+from lmckit.train import init_model
+
+
+def rss_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def reset_peak() -> None:
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def one_sweep_flops(spec, params) -> int:
+    return sum(
+        2 * spec.groups[g] * params[name].numel()
+        for g in spec.groups
+        for name, _ in spec.group_axes(g)
+        if params[name].dtype.is_floating_point
+    )
+
+
+def run_lmckit(spec, a, b, delta, seed: int) -> dict:
+    reset_peak()
+    resident = rss_bytes("VmRSS")
+    cpu = time.process_time()
+    result = ProfiledWeightMatcher(spec, b, delta=delta).match(a, seed=seed)
+    cpu = time.process_time() - cpu
+    peak = rss_bytes("VmHWM") - resident
+    info = result.info
+    return {
+        "cpu_seconds": cpu,
+        "wall_seconds": result.seconds,
+        "sweeps": result.iterations,
+        "lap_solves": info["lap_solves"],
+        "gflop_formed": info["gemm_flops"] / 1e9,
+        "gflop_full_recompute": info["full_recompute_flops"] / 1e9,
+        "gemm_seconds": info["gemm_seconds"],
+        "lap_seconds": info["lap_seconds"],
+        "lap_share": info["lap_seconds"] / result.seconds,
+        "peak_added_bytes": peak,
+        "objective": result.history[-1],
+        "distance_after": result.distance_after,
+        "perm": result.perm,
+    }
+
+
+def as_sequential(params: dict, widths: list[int]) -> nn.Module:
+    dims = [784, *widths, 10]
+    layers: list[nn.Module] = [nn.Flatten()]
+    for i in range(len(dims) - 1):
+        layers.append(nn.Linear(dims[i], dims[i + 1]))
+        if i < len(dims) - 2:
+            layers.append(nn.ReLU())
+    seq = nn.Sequential(*layers)
+    linears = [m for m in seq if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        for i, lin in enumerate(linears):
+            lin.weight.copy_(params[f"layers.{i}.weight"])
+            lin.bias.copy_(params[f"layers.{i}.bias"])
+    return seq
+
+
+def run_rebasin(a, b, widths) -> dict:
+    try:
+        from rebasin import PermutationCoordinateDescent
+    except ImportError:
+        return {"installed": False}
+    seq_a, seq_b = as_sequential(a, widths), as_sequential(b, widths)
+    cpu = time.process_time()
+    PermutationCoordinateDescent(seq_a, seq_b, torch.randn(2, 1, 28, 28)).rebasin()
+    cpu = time.process_time() - cpu
+    return {
+        "installed": True,
+        "cpu_seconds": cpu,
+        "distance_after": params_distance(seq_a.state_dict(), seq_b.state_dict()),
+    }
+
+
+def digits_resnet_pair(width: int, epochs: int):
+    from lmckit.data import load_dataset
+    from lmckit.train import TrainConfig, train
+
+    data = load_dataset("digits")
+    config = {"width_multiplier": width, "in_channels": 1}
+    params, accuracy = [], []
+    for seed in (0, 1):
+        model = init_model("resnet20", config, seed)
+        cfg = TrainConfig(
+            epochs=epochs, batch_size=128, optimizer="sgd", lr=0.05, nesterov=True,
+            weight_decay=5e-4, schedule="warmup_linear", seed=seed,
+        )  # fmt: skip
+        result = train(model, data, cfg, evaluate_each_epoch=False)
+        params.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        accuracy.append(result.test.accuracy)
+    return permutation_spec(model), params, f"digits-trained ({epochs} epochs; test acc {accuracy})"
+
+
+def load_pair(source: dict):
+    """``(spec, a, b)`` from a source: ``{"folder": F}`` (``lmckit train`` checkpoints) or
+    ``{"resnet": width, "file": F}`` (the two state dicts saved by this script)."""
+    if "folder" in source:
+        found = sorted(Path(source["folder"]).glob("*-seed[01].safetensors"))
+        ca, cb = (load_checkpoint(p.with_suffix("")) for p in found[:2])
+        return permutation_spec(ca.model), ca.model.state_dict(), cb.model.state_dict()
+    a, b = torch.load(source["file"], weights_only=True)
+    model = init_model("resnet20", {"width_multiplier": source["resnet"], "in_channels": 1}, 0)
+    return permutation_spec(model), a, b
+
+
+def child(source: dict, variant: str) -> None:
+    """One variant in a fresh process, so its peak memory is its own."""
+    torch.set_num_threads(1)
+    spec, a, b = load_pair(source)
+    run = run_lmckit(spec, a, b, DeltaPolicy() if variant == "delta" else None, seed=0)
+    run["perm"] = run["perm"].to_dict()
+    print(json.dumps(run))
+
+
+def in_child(source: dict, variant: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(source), variant],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parent,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench_pair(name, source, origin, throughput, with_rebasin) -> dict:
+    print(f"{name}: matching", file=sys.stderr, flush=True)
+    spec, a, b = load_pair(source)
+    row: dict = {"pair": origin}
+    params_bytes = sum(t.numel() * t.element_size() for t in a.values()) * 2
+    row["two_models_bytes"] = params_bytes
+    runs = {variant: in_child(source, variant) for variant in ("delta", "full")}
+    row["same_permutation"] = runs["delta"]["perm"] == runs["full"]["perm"]
+    row["objective_relative_difference"] = abs(
+        runs["delta"]["objective"] - runs["full"]["objective"]
+    ) / abs(runs["full"]["objective"])
+    floor = one_sweep_flops(spec, a) / throughput
+    for label, run in runs.items():
+        run.pop("perm")
+        run["floor_one_sweep_plus_laps"] = floor + run["lap_seconds"]
+        run["over_floor"] = run["cpu_seconds"] / run["floor_one_sweep_plus_laps"]
+        run["peak_over_two_models"] = run["peak_added_bytes"] / params_bytes
+        row[label] = run
+    row["delta_speedup_over_full"] = runs["full"]["cpu_seconds"] / runs["delta"]["cpu_seconds"]
+    row["gflop_one_sweep"] = one_sweep_flops(spec, a) / 1e9
+    if with_rebasin:
+        print(f"{name}: rebasin", file=sys.stderr, flush=True)
+        widths = [a[f"layers.{i}.weight"].shape[0] for i in range(len(spec.groups))]
+        rb = run_rebasin(a, b, widths)
+        if rb.get("installed"):
+            rb["speedup_delta_over_rebasin"] = rb["cpu_seconds"] / runs["delta"]["cpu_seconds"]
+            rb["delta_distance_at_most_rebasin_plus_1e-3"] = (
+                runs["delta"]["distance_after"] <= rb["distance_after"] + 1e-3
+            )
+        row["rebasin"] = rb
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", nargs="*", default=[], help="NAME=FOLDER of lmckit train")
+    parser.add_argument("--rebasin", nargs="*", default=[], help="pair names to run rebasin on")
+    parser.add_argument("--resnet", nargs="*", type=int, default=[], help="widths, e.g. 8 16")
+    parser.add_argument("--resnet-epochs", type=int, default=2)
+    parser.add_argument("--scratch", type=Path, default=Path("/tmp/bench_wm_delta"))
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(json.loads(args.child[0]), args.child[1])
+        return
+    torch.set_num_threads(1)
+    throughput = matmul_throughput()
+    rows = {}
+    for entry in args.pairs:
+        name, folder = entry.split("=", 1)
+        source = {"folder": str(Path(folder).resolve())}
+        found = sorted(Path(folder).glob("*-seed[01].safetensors"))
+        origin = f"trained with lmckit train ({found[0].stem}, {found[1].stem})"
+        rows[name] = bench_pair(name, source, origin, throughput, name in args.rebasin)
+    args.scratch.mkdir(parents=True, exist_ok=True)
+    for width in args.resnet:
+        name = f"resnet20x{width}"
+        print(f"{name}: training on digits", file=sys.stderr, flush=True)
+        _, (a, b), origin = digits_resnet_pair(width, args.resnet_epochs)
+        file = args.scratch / f"{name}.pt"
+        torch.save((a, b), file)
+        rows[name] = bench_pair(
+            name, {"resnet": width, "file": str(file)}, origin, throughput, False
+        )
+    print(
+        json.dumps(
+            {
+                "benchmark": "wm_delta",
+                "machine": machine("cpu"),
+                "matmul_gflops_one_thread": throughput / 1e9,
+                "policy": vars(DeltaPolicy()),
+                "models": rows,
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
