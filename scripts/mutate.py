@@ -167,8 +167,8 @@ MUTATIONS = [
         "wm-cost-transposed",
         "the group cost matrix is built B-by-A instead of A-by-B",
         "src/lmckit/match/weight_matcher.py",
-        "return [a2[(group, t.name, t.axis)] @ t.b2(perm).T for t in self.terms[group]]",
-        "return [t.b2(perm) @ a2[(group, t.name, t.axis)].T for t in self.terms[group]]",
+        "        self.product = a2 @ self.b2(perm).T",
+        "        self.product = self.b2(perm) @ a2.T",
         ("tests/match/test_weight.py",),
     ),
     M(
@@ -537,8 +537,8 @@ MUTATIONS = [
         "wm-delta-forgets-the-old-columns",
         "an updated cost-matrix term adds A[:, D] B̃_new[:, D]ᵀ without taking B̃_old's away",
         "src/lmckit/match/weight_matcher.py",
-        "                change = b2.index_select(1, cols) - old.index_select(1, cols)",
-        "                change = b2.index_select(1, cols)",
+        "                change = new - self.b_rows.index_select(1, self._sources(before, cols))",
+        "                change = new",
         ("tests/match/test_weight_matcher.py",),
     ),
     M(

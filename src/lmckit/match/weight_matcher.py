@@ -102,8 +102,8 @@ def _summed(products: list[Tensor]) -> np.ndarray:
 class _Term:
     """One (tensor, axis) of a group on the B side: B with that axis moved to the front,
     the other grouped axes of the tensor — ``(position in b_moved, axis)`` — to permute,
-    and the groups acting on them. Keeps its last product ``A B̃ᵀ`` (for one A) with the
-    B̃ it was formed from, to update it where B̃ changed."""
+    and the groups acting on them. Keeps its last product ``A B̃ᵀ`` (for one A) to update
+    it where B̃ changed."""
 
     spec: PermutationSpec
     group: str
@@ -114,24 +114,28 @@ class _Term:
     other_groups: tuple[str, ...]
     cached_perms: tuple[Tensor, ...] | None = None
     cached_b2: Tensor | None = None
-    # per column of the (n, -1) layout, its position along each other axis
+    # B unpermuted as (n, -1) rows; per column its position along each other axis, and how
+    # far apart in columns two neighbouring positions of that axis are
+    b_rows: Tensor | None = None
     columns: tuple[Tensor, ...] = ()
+    strides: tuple[int, ...] = ()
     product: Tensor | None = None
     product_perms: tuple[Tensor, ...] | None = None
-    product_b2: Tensor | None = None
     product_sweep: int = 0  # the sweep of its last full recompute
     flops: int = 0  # of the last product formed (full or update)
 
     def __post_init__(self) -> None:
         shape = self.b_moved.shape
-        columns = []
+        columns, strides = [], []
         for pos, _ in self.others:
             view = [1] * len(shape)
             view[pos] = shape[pos]
             where = torch.arange(shape[pos], device=self.b_moved.device).view(view).expand(shape)
             rows = group_rows(self.spec, self.name, self.axis, self.group, where, 0)
             columns.append(rows[0].clone())
-        self.columns = tuple(columns)
+            strides.append(math.prod(shape[pos + 1 :]))
+        self.columns, self.strides = tuple(columns), tuple(strides)
+        self.b_rows = group_rows(self.spec, self.name, self.axis, self.group, self.b_moved, 0)
 
     def b2(self, perm: Mapping[str, Tensor]) -> Tensor:
         """B̃ as an ``(n, -1)`` matrix: B with the other groups' current permutations."""
@@ -142,6 +146,7 @@ class _Term:
                 index = axis_index(self.spec, self.name, other_axis, perm)
                 assert index is not None
                 b = b.index_select(pos, index)
+            self.cached_b2 = None  # one permuted copy at a time
             self.cached_b2 = group_rows(self.spec, self.name, self.axis, self.group, b, 0)
             self.cached_perms = current
         return self.cached_b2
@@ -152,38 +157,37 @@ class _Term:
         """``A B̃ᵀ`` (``(n, n)``) with the other groups' current permutations. Under
         ``delta``: the kept product if they have not moved since it was formed, else the kept
         product plus ``A[:, D] (B̃_new[:, D] − B̃_old[:, D])ᵀ`` over the changed columns
-        ``D`` — unless they are too many or the product is ``delta.refresh`` sweeps old —
-        else a full product."""
+        ``D`` (both read straight from B's unpermuted rows) — unless they are too many or
+        the product is ``delta.refresh`` sweeps old — else a full product."""
         current = tuple(perm[h] for h in self.other_groups)
         if delta is not None and self.product is not None and _same(current, self.product_perms):
             self.flops = 0
             return self.product
-        b2 = self.b2(perm)
         n = a2.shape[0]
         if (
             delta is not None
             and self.product is not None
             and sweep - self.product_sweep < delta.refresh
         ):
-            cols = self._changed_columns(perm)
-            if cols.numel() <= delta.max_fraction * b2.shape[1]:
-                old = self.product_b2
-                assert old is not None
-                change = b2.index_select(1, cols) - old.index_select(1, cols)
+            assert self.b_rows is not None and self.product_perms is not None
+            before = dict(zip(self.other_groups, self.product_perms, strict=True))
+            cols = self._changed_columns(before, perm)
+            if cols.numel() <= delta.max_fraction * self.b_rows.shape[1]:
+                new = self.b_rows.index_select(1, self._sources(perm, cols))
+                change = new - self.b_rows.index_select(1, self._sources(before, cols))
                 self.product = self.product + a2.index_select(1, cols) @ change.T
-                self.product_perms, self.product_b2 = current, b2
+                self.product_perms = current
                 self.flops = 2 * n * n * cols.numel()
                 return self.product
-        self.product = a2 @ b2.T
-        self.product_perms, self.product_b2, self.product_sweep = current, b2, sweep
+        self.product = None  # one product per term at a time
+        self.product = a2 @ self.b2(perm).T
+        self.product_perms, self.product_sweep = current, sweep
         self.flops = 2 * n * a2.numel()
         return self.product
 
-    def _changed_columns(self, perm: Mapping[str, Tensor]) -> Tensor:
-        """The columns of the ``(n, -1)`` layout whose B̃ entries differ between the kept
-        product's permutations and ``perm``."""
-        assert self.product_perms is not None
-        before = dict(zip(self.other_groups, self.product_perms, strict=True))
+    def _changed_columns(self, before: Mapping[str, Tensor], perm: Mapping[str, Tensor]) -> Tensor:
+        """The columns of the ``(n, -1)`` layout whose B̃ entries differ between two sets of
+        the other groups' permutations."""
         changed = None
         for (_, other_axis), where in zip(self.others, self.columns, strict=True):
             old = axis_index(self.spec, self.name, other_axis, before)
@@ -194,9 +198,23 @@ class _Term:
         assert changed is not None
         return changed.nonzero().squeeze(1)
 
+    def _sources(self, perm: Mapping[str, Tensor], cols: Tensor) -> Tensor:
+        """For columns ``cols`` of B̃ (B permuted by ``perm`` on the other axes), the
+        columns of B's unpermuted rows holding the same entries: a column's position along
+        each other axis is replaced by the one the index vector reads there."""
+        sources = cols.clone()
+        for (_, other_axis), where, stride in zip(
+            self.others, self.columns, self.strides, strict=True
+        ):
+            index = axis_index(self.spec, self.name, other_axis, perm)
+            assert index is not None
+            at = where[cols]
+            sources += (index.to(at.device)[at] - at) * stride
+        return sources
+
     def forget(self) -> None:
         """Drop the kept product (A is about to change)."""
-        self.product = self.product_perms = self.product_b2 = None
+        self.product = self.product_perms = None
 
 
 def _same(xs: tuple[Tensor, ...], ys: tuple[Tensor, ...] | None) -> bool:
