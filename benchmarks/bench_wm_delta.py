@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from _timing import machine
-from bench_match import matmul_throughput
+from bench_match import flops_per_sweep, matmul_throughput
 from lmckit.checkpoint import load_checkpoint
 from lmckit.match.weight_matcher import DeltaPolicy, ProfiledWeightMatcher
 from lmckit.models import permutation_spec
@@ -56,15 +56,6 @@ def rss_bytes(field: str) -> int:
 def reset_peak() -> None:
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")
-
-
-def one_sweep_flops(spec, params) -> int:
-    return sum(
-        2 * spec.groups[g] * params[name].numel()
-        for g in spec.groups
-        for name, _ in spec.group_axes(g)
-        if params[name].dtype.is_floating_point
-    )
 
 
 def run_lmckit(spec, a, b, delta, seed: int) -> dict:
@@ -147,7 +138,7 @@ def load_pair(source: dict):
     """``(spec, a, b)`` from a source: ``{"folder": F}`` (``lmckit train`` checkpoints) or
     ``{"resnet": width, "file": F}`` (the two state dicts saved by this script)."""
     if "folder" in source:
-        found = sorted(Path(source["folder"]).glob("*-seed[01].safetensors"))
+        found = sorted(Path(source["folder"]).glob("*-seed[01]*.safetensors"))
         ca, cb = (load_checkpoint(p.with_suffix("")) for p in found[:2])
         return permutation_spec(ca.model), ca.model.state_dict(), cb.model.state_dict()
     a, b = torch.load(source["file"], weights_only=True)
@@ -175,26 +166,28 @@ def in_child(source: dict, variant: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def bench_pair(name, source, origin, throughput, with_rebasin) -> dict:
+def bench_pair(name, source, origin, throughput, with_rebasin, delta_only=False) -> dict:
     print(f"{name}: matching", file=sys.stderr, flush=True)
     spec, a, b = load_pair(source)
     row: dict = {"pair": origin}
     params_bytes = sum(t.numel() * t.element_size() for t in a.values()) * 2
     row["two_models_bytes"] = params_bytes
-    runs = {variant: in_child(source, variant) for variant in ("delta", "full")}
-    row["same_permutation"] = runs["delta"]["perm"] == runs["full"]["perm"]
-    row["objective_relative_difference"] = abs(
-        runs["delta"]["objective"] - runs["full"]["objective"]
-    ) / abs(runs["full"]["objective"])
-    floor = one_sweep_flops(spec, a) / throughput
+    variants = ("delta",) if delta_only else ("delta", "full")
+    runs = {variant: in_child(source, variant) for variant in variants}
+    if not delta_only:
+        row["same_permutation"] = runs["delta"]["perm"] == runs["full"]["perm"]
+        row["objective_relative_difference"] = abs(
+            runs["delta"]["objective"] - runs["full"]["objective"]
+        ) / abs(runs["full"]["objective"])
+        row["delta_speedup_over_full"] = runs["full"]["cpu_seconds"] / runs["delta"]["cpu_seconds"]
+    floor = flops_per_sweep(spec, a) / throughput
     for label, run in runs.items():
         run.pop("perm")
         run["floor_one_sweep_plus_laps"] = floor + run["lap_seconds"]
         run["over_floor"] = run["cpu_seconds"] / run["floor_one_sweep_plus_laps"]
         run["peak_over_two_models"] = run["peak_added_bytes"] / params_bytes
         row[label] = run
-    row["delta_speedup_over_full"] = runs["full"]["cpu_seconds"] / runs["delta"]["cpu_seconds"]
-    row["gflop_one_sweep"] = one_sweep_flops(spec, a) / 1e9
+    row["gflop_one_sweep"] = flops_per_sweep(spec, a) / 1e9
     if with_rebasin:
         print(f"{name}: rebasin", file=sys.stderr, flush=True)
         widths = [a[f"layers.{i}.weight"].shape[0] for i in range(len(spec.groups))]
@@ -215,6 +208,9 @@ def main() -> None:
     parser.add_argument("--resnet", nargs="*", type=int, default=[], help="widths, e.g. 8 16")
     parser.add_argument("--resnet-epochs", type=int, default=2)
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/bench_wm_delta"))
+    parser.add_argument(
+        "--delta-only", nargs="*", default=[], help="pairs timed without the previous engine"
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -226,9 +222,11 @@ def main() -> None:
     for entry in args.pairs:
         name, folder = entry.split("=", 1)
         source = {"folder": str(Path(folder).resolve())}
-        found = sorted(Path(folder).glob("*-seed[01].safetensors"))
+        found = sorted(Path(folder).glob("*-seed[01]*.safetensors"))
         origin = f"trained with lmckit train ({found[0].stem}, {found[1].stem})"
-        rows[name] = bench_pair(name, source, origin, throughput, name in args.rebasin)
+        rows[name] = bench_pair(
+            name, source, origin, throughput, name in args.rebasin, name in args.delta_only
+        )
     args.scratch.mkdir(parents=True, exist_ok=True)
     for width in args.resnet:
         name = f"resnet20x{width}"
@@ -237,7 +235,12 @@ def main() -> None:
         file = args.scratch / f"{name}.pt"
         torch.save((a, b), file)
         rows[name] = bench_pair(
-            name, {"resnet": width, "file": str(file)}, origin, throughput, False
+            name,
+            {"resnet": width, "file": str(file)},
+            origin,
+            throughput,
+            False,
+            name in args.delta_only,
         )
     print(
         json.dumps(

@@ -157,15 +157,20 @@ def tiny_params(seed: int = 0, dtype=torch.float64) -> dict[str, torch.Tensor]:
     return params
 
 
-def planted_recovery(model: torch.nn.Module, spec: PermutationSpec, restarts: int = 1) -> None:
-    """Assert that WM (best of ``restarts`` starts) on ``(a, π⁻¹(a))`` finds π exactly (π
-    drawn until it moves every group), ``a`` being ``model``'s weights."""
-    a = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    seed = 7
+def moving_permutation(spec: PermutationSpec, seed: int) -> Permutation:
+    """A random permutation that moves every group (seeds from ``seed`` up until one does)."""
     truth = Permutation.random(spec, seed)
     while any(torch.equal(truth[g], torch.arange(n)) for g, n in spec.groups.items()):
         seed += 1
         truth = Permutation.random(spec, seed)
+    return truth
+
+
+def planted_recovery(model: torch.nn.Module, spec: PermutationSpec, restarts: int = 1) -> None:
+    """Assert that WM (best of ``restarts`` starts) on ``(a, π⁻¹(a))`` finds π exactly (π
+    drawn until it moves every group), ``a`` being ``model``'s weights."""
+    a = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    truth = moving_permutation(spec, 7)
     b = truth.inverse().apply(a)
     result = weight_matching(spec, a, b, restarts=restarts)
     assert result.perm == truth

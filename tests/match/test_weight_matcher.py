@@ -117,22 +117,19 @@ def test_updated_cost_matrices_choose_what_re_formed_ones_choose_on_the_zoo(name
     anew, with fewer multiply-adds."""
     torch.manual_seed(0)
     model = nontrivial(build_model(name, **config))
-    spec = permutation_spec(model)
-    a, b = near_pair(model, spec)
-    updated = ProfiledWeightMatcher(spec, b).match(a, seed=1)
-    formed = ProfiledWeightMatcher(spec, b, delta=None).match(a, seed=1)
-    assert updated.perm == formed.perm
-    assert updated.history == pytest.approx(formed.history, rel=1e-12)
-    assert updated.info["gemm_flops"] < formed.info["gemm_flops"]
+    assert_updates_choose_as_re_forming(model, permutation_spec(model), seed=1)
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["direct sums and BN", "heads"])
 def test_updated_cost_matrices_choose_what_re_formed_ones_choose_on_traced_specs(index):
     model, x = traced_models()[index]
-    spec = trace(model, x)
+    assert_updates_choose_as_re_forming(model, trace(model, x), seed=2)
+
+
+def assert_updates_choose_as_re_forming(model, spec, seed):
     a, b = near_pair(model, spec)
-    updated = ProfiledWeightMatcher(spec, b).match(a, seed=2)
-    formed = ProfiledWeightMatcher(spec, b, delta=None).match(a, seed=2)
+    updated = ProfiledWeightMatcher(spec, b).match(a, seed=seed)
+    formed = ProfiledWeightMatcher(spec, b, delta=None).match(a, seed=seed)
     assert updated.perm == formed.perm
     assert updated.history == pytest.approx(formed.history, rel=1e-12)
     assert updated.info["gemm_flops"] < formed.info["gemm_flops"]

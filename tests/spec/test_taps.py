@@ -11,21 +11,17 @@ from lmckit.errors import ParamsError, SpecError
 from lmckit.match import activation_matching
 from lmckit.models import build_model, permutation_spec
 from lmckit.params import params_distance
-from lmckit.perm import Permutation, PermutationSpec
+from lmckit.perm import PermutationSpec
 from lmckit.spec import GraphTaps, trace
 from tests.spec.test_trace import DigitsSums
-from tests.zoo import nontrivial
+from tests.zoo import moving_permutation, nontrivial
 
 
 def planted_by_activations(model, spec, x, taps=None):
     """AM on (A, π⁻¹(A)) over batches of x: must return π (every activation of B is A's,
     permuted, so each correlation matrix has its ones where π says)."""
     a = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    seed = 3
-    truth = Permutation.random(spec, seed)
-    while any(torch.equal(truth[g], torch.arange(n)) for g, n in spec.groups.items()):
-        seed += 1
-        truth = Permutation.random(spec, seed)
+    truth = moving_permutation(spec, 3)
     b = truth.inverse().apply(a)
     data = TensorLoader(x, torch.zeros(len(x), dtype=torch.long), batch_size=24)
     result = activation_matching(spec, a, b, model=model, data=data, taps=taps)
