@@ -1,12 +1,14 @@
 """Weight matching with delta-updated cost matrices, against re-forming them and PyPI
 ``rebasin``, from the Fashion-MNIST MLPs of the issue up to seed scale.
 
-For each trained pair it runs, in the same process and on one thread:
+For each trained pair it runs, in one invocation and on one thread (each lmckit variant in
+a fresh process of its own, so that its peak memory is its own):
 
 * ``delta``: lmckit's engine (:class:`~lmckit.match.weight_matcher.WeightMatcher`: kept
   cost-matrix terms updated over the columns a neighbour's new permutation moved);
 * ``full``: the same engine forming every requested term anew (``delta=None``: the
-  previous implementation);
+  previous implementation; skipped for pairs named in ``--delta-only``, whose rows then
+  give its cost only as ``gflop_full_recompute``);
 * ``rebasin``: PyPI ``rebasin`` 0.0.47's ``PermutationCoordinateDescent`` on the same MLP
   as an ``nn.Sequential`` (when importable and ``--rebasin`` names the pair);
 
