@@ -170,10 +170,11 @@ class _Term:
             and sweep - self.product_sweep < delta.refresh
         ):
             assert self.b_rows is not None and self.product_perms is not None
-            before = dict(zip(self.other_groups, self.product_perms, strict=True))
-            cols = self._changed_columns(before, perm)
+            before = self._indices(dict(zip(self.other_groups, self.product_perms, strict=True)))
+            after = self._indices(perm)
+            cols = self._changed_columns(before, after)
             if cols.numel() <= delta.max_fraction * self.b_rows.shape[1]:
-                new = self.b_rows.index_select(1, self._sources(perm, cols))
+                new = self.b_rows.index_select(1, self._sources(after, cols))
                 change = new - self.b_rows.index_select(1, self._sources(before, cols))
                 self.product = self.product + a2.index_select(1, cols) @ change.T
                 self.product_perms = current
@@ -185,31 +186,33 @@ class _Term:
         self.flops = 2 * n * a2.numel()
         return self.product
 
-    def _changed_columns(self, before: Mapping[str, Tensor], perm: Mapping[str, Tensor]) -> Tensor:
+    def _indices(self, perm: Mapping[str, Tensor]) -> list[Tensor]:
+        """The index vector of every other axis under ``perm``."""
+        out = []
+        for _, other_axis in self.others:
+            index = axis_index(self.spec, self.name, other_axis, perm)
+            assert index is not None
+            out.append(index.to(self.b_moved.device))
+        return out
+
+    def _changed_columns(self, before: list[Tensor], after: list[Tensor]) -> Tensor:
         """The columns of the ``(n, -1)`` layout whose B̃ entries differ between two sets of
-        the other groups' permutations."""
+        the other axes' index vectors."""
         changed = None
-        for (_, other_axis), where in zip(self.others, self.columns, strict=True):
-            old = axis_index(self.spec, self.name, other_axis, before)
-            new = axis_index(self.spec, self.name, other_axis, perm)
-            assert old is not None and new is not None
+        for old, new, where in zip(before, after, self.columns, strict=True):
             moved = (old != new)[where]
             changed = moved if changed is None else changed | moved
         assert changed is not None
         return changed.nonzero().squeeze(1)
 
-    def _sources(self, perm: Mapping[str, Tensor], cols: Tensor) -> Tensor:
-        """For columns ``cols`` of B̃ (B permuted by ``perm`` on the other axes), the
+    def _sources(self, indices: list[Tensor], cols: Tensor) -> Tensor:
+        """For columns ``cols`` of B̃ (B read through the other axes' ``indices``), the
         columns of B's unpermuted rows holding the same entries: a column's position along
         each other axis is replaced by the one the index vector reads there."""
         sources = cols.clone()
-        for (_, other_axis), where, stride in zip(
-            self.others, self.columns, self.strides, strict=True
-        ):
-            index = axis_index(self.spec, self.name, other_axis, perm)
-            assert index is not None
+        for index, where, stride in zip(indices, self.columns, self.strides, strict=True):
             at = where[cols]
-            sources += (index.to(at.device)[at] - at) * stride
+            sources += (index[at] - at) * stride
         return sources
 
     def forget(self) -> None:
