@@ -1,6 +1,7 @@
 """Running experiments: reuse, executors that agree bit for bit, SIGKILL and resume,
 failures recorded and retried."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -164,3 +165,24 @@ def test_run_command_runs_and_resumes(tmp_path, capsys):
     assert (tmp_path / "experiment.toml").read_text() == TINY.read_text()
     assert main(["run", str(TINY), "--out", str(tmp_path), "--set", "seeds=[0, 0]"]) == 2
     assert "seeds must be distinct" in capsys.readouterr().err
+
+
+def test_default_threads_follow_the_cpu_affinity_not_the_machine(monkeypatch):
+    from lmckit.experiments import executors
+
+    if hasattr(os, "sched_setaffinity"):
+        # A process pinned to one core (taskset, a batch scheduler) must not start a
+        # thread per core of the machine: they would all share that one core.
+        script = (
+            "import os; from lmckit.experiments.executors import usable_cores; "
+            "os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
+            "print(usable_cores())"
+        )
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "1"
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert executors.usable_cores() == 6
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert executors.usable_cores() == 1

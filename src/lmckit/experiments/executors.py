@@ -25,6 +25,16 @@ __all__ = ["EXECUTORS", "Executor", "make_executor"]
 EXECUTORS = ("local", "ray")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity where the system reports one
+    (``taskset``, cgroups, batch schedulers), else ``os.cpu_count()``. Threads beyond these
+    only contend for the same cores."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 class Executor:
     """Runs payloads; ``capacity`` jobs at a time."""
 
@@ -130,7 +140,7 @@ class RayExecutor(Executor):
                 include_dashboard=False,
                 log_to_driver=False,
                 configure_logging=False,
-                **({} if address else {"num_cpus": os.cpu_count()}),
+                **({} if address else {"num_cpus": usable_cores()}),
             )
         self.remote = ray.remote(_execute_in_worker)
         self.capacity = capacity

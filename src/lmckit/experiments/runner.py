@@ -16,7 +16,6 @@ Failed jobs are recorded with their traceback and not retried unless
 
 from __future__ import annotations
 
-import os
 import platform
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ import torch
 from lmckit import __version__
 from lmckit._io import atomic_write_bytes, writes_folder
 from lmckit.experiments.dag import build_jobs
-from lmckit.experiments.executors import make_executor
+from lmckit.experiments.executors import make_executor, usable_cores
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.spec import Experiment, model_configs
 from lmckit.experiments.steps import STEPS, Job, dataset_for, job_key
@@ -78,7 +77,7 @@ def environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "system": platform.system(),
-        "cpus": os.cpu_count(),
+        "cpus": usable_cores(),
         "cuda": torch.cuda.is_available(),
     }
 
@@ -105,7 +104,7 @@ def run_experiment(
         executor: ``"local"`` (``jobs`` worker processes; 1 runs in this process) or
             ``"ray"`` (tasks on the Ray cluster at ``address``, or a local Ray instance).
         jobs: jobs at a time; each uses ``experiment.threads`` torch threads, by default
-            the cores divided by ``jobs``.
+            the cores this process may use (its CPU affinity) divided by ``jobs``.
         retry_failed: run again the jobs the ledger records as failed.
         data_dir, download: where the dataset is (see :func:`lmckit.data.load_dataset`).
         overall: a :class:`~lmckit.progress.Progress` after every job (step of total).
@@ -113,7 +112,7 @@ def run_experiment(
     """
     start = time.perf_counter()
     out = Path(out)
-    threads = experiment.threads or max(1, (os.cpu_count() or 1) // max(1, jobs))
+    threads = experiment.threads or max(1, usable_cores() // max(1, jobs))
     data_key = str(data_dir) if data_dir is not None else None
 
     def data_for(model_name: str):
