@@ -655,6 +655,50 @@ MUTATIONS = [
         "",
         ("tests/experiments/test_matching.py",),
     ),
+    M(
+        "fused-parts-all-first",
+        "every select of a fused projection reads its first part (q, k and v one group)",
+        "src/lmckit/spec/rules.py",
+        "            ax.same(parts[index], 0, reader, where[rest[0]])\n"
+        "        else:\n"
+        "            ax.nest(parts[index], 0, reader, where[rest[0]], where[rest[1]])",
+        "            ax.same(parts[0], 0, reader, where[rest[0]])\n"
+        "        else:\n"
+        "            ax.nest(parts[0], 0, reader, where[rest[0]], where[rest[1]])",
+        ("tests/spec/test_trace.py",),
+    ),
+    M(
+        "batch-heads-merge-joined",
+        "a merge of a frozen batch with the heads joins the heads to the batch (MHA frozen)",
+        "src/lmckit/spec/rules.py",
+        "        if not self.frozen(split, inner) and (",
+        "        if False and not self.frozen(split, inner) and (",
+        ("tests/spec/test_trace.py",),
+    ),
+    M(
+        "mha-dropout-left-on",
+        "the check leaves nn.MultiheadAttention's dropout on in train mode",
+        "src/lmckit/spec/trace.py",
+        "(F.scaled_dot_product_attention, 4), (F.multi_head_attention_forward, 10))",
+        "(F.scaled_dot_product_attention, 4),)",
+        ("tests/spec/test_trace.py",),
+    ),
+    M(
+        "regroup-nest-swapped",
+        "a regrouping reshape nests its refined axes inner-first",
+        "src/lmckit/spec/rules.py",
+        "                ax.nest(t, d, fine, span[0], span[1])",
+        "                ax.nest(t, d, fine, span[1], span[0])",
+        ("tests/spec/test_trace.py",),
+    ),
+    M(
+        "groupnorm-nest-swapped",
+        "GroupNorm's channels nested as per-group × groups (blocks across the groups)",
+        "src/lmckit/spec/rules.py",
+        '        ax.nest(node, 1, ax.unit(node, (groups, xs[1] // groups), "groups"), 0, 1)',
+        '        ax.nest(node, 1, ax.unit(node, (xs[1] // groups, groups), "groups"), 0, 1)',
+        ("tests/spec/test_trace.py",),
+    ),
 ]
 
 

@@ -645,7 +645,7 @@ def test_spec_prints_the_report_and_writes_json(tmp_path, capsys):
     argv = ["spec", "tests.spec.test_trace:TinyTransformer", "--input-shape", "6"]
     assert main([*argv, "--tokens", "11", "--model-args", '{"d": 8}', "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "3 groups" in printed and "verified in eval and train mode" in printed
+    assert "7 groups" in printed and "verified in eval and train mode" in printed
     assert "embedding rows are looked up by token id: embed.weight[0]" in printed
     data = json.loads(out.read_text())
     stream = data["axes"]["embed.weight"][1]

@@ -91,6 +91,31 @@ def test_activation_matching_on_a_users_model_with_direct_sums_and_batchnorm():
     assert result.iterations == 3
 
 
+class EncoderClassifier(nn.Module):
+    """A user's classifier on ``nn.TransformerEncoder`` (``nn.MultiheadAttention``: fused
+    in_proj, batch merged with the heads) followed by a GroupNorm'd head."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(8, 12)
+        layer = nn.TransformerEncoderLayer(12, 3, 16, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.hidden, self.norm = nn.Linear(12, 8), nn.GroupNorm(2, 8)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.encoder(self.embed(x)).mean(1)
+        return self.out(torch.relu(self.norm(self.hidden(h))))
+
+
+def test_activation_matching_through_multihead_attention_and_groupnorm():
+    torch.manual_seed(0)
+    model = nontrivial(EncoderClassifier())
+    spec = trace(model, torch.randn(4, 6, 8))
+    assert len(spec.heads) == 3  # q/k and v/o of the attention, the GroupNorm's groups
+    planted_by_activations(model, spec, torch.randn(96, 6, 8))
+
+
 def test_a_spec_other_than_the_traced_one_is_refused():
     torch.manual_seed(0)
     model = build_model("transformer", in_dim=8, length=8, dim=12, depth=1, heads=3)

@@ -70,8 +70,80 @@ def test_a_transformer_with_tied_weights_keeps_them_together():
     assert hidden is not None and spec.axes["encoder.layers.0.linear2.weight"] == (stream, hidden)
     assert report.frozen["embed.weight"][0] == "embedding rows are looked up by token id"
     # dropout is on in train mode, so train mode is checked with the dropout modules off
+    # (attention's too, which nn.MultiheadAttention passes down to its functional form)
     assert report.checked_modes == ("eval", "train")
     planted_recovery(model, spec)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_fused_in_proj_is_query_key_value_heads(batch_first):
+    """``nn.MultiheadAttention`` unflattens its fused in_proj into (3, E), reads q, k, v
+    with select, and merges the batch with the heads: the in_proj rows are query ⊕ key ⊕
+    value, query and key one head-structured group, value and the out_proj's input
+    another, under one permutation of the heads."""
+    model = TinyTransformer()
+    if not batch_first:
+        layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.1)  # (L, N, E), post-LN
+        model.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    report = trace_report(model, torch.randint(0, 11, (3, 6)))
+    spec = report.spec
+    for i in range(2):
+        attn = f"encoder.layers.{i}.self_attn"
+        qk, qk_again, vo = spec.axes[f"{attn}.in_proj_weight"][0]
+        assert qk == qk_again != vo and spec.groups[qk] == spec.groups[vo] == 16
+        assert spec.heads[qk] == spec.heads[vo] and spec.heads[qk][1] == 4
+        assert spec.axes[f"{attn}.in_proj_bias"] == ((qk, qk, vo),)
+        assert spec.axes[f"{attn}.out_proj.weight"][1] == vo
+        assert all(why is None for why in report.frozen[f"{attn}.in_proj_weight"])
+    assert report.checked_modes == ("eval", "train")
+    planted_recovery(model, spec)
+
+
+class TimmAttention(nn.Module):
+    """timm's ViT attention: one qkv linear reshaped to (B, N, 3, H, d), permuted to
+    (3, B, H, N, d) and unbound into q, k, v."""
+
+    def __init__(self, d=12, heads=3):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Linear(d, 2)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        y = nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.mlp(x + self.proj(y.transpose(1, 2).reshape(b, n, d)))
+
+
+def test_a_fused_projection_unbound_in_three_is_a_direct_sum_of_its_head_groups():
+    model = TimmAttention()
+    spec = trace(model, torch.randn(2, 4, 12))
+    qk, qk_again, vo = spec.axes["qkv.weight"][0]
+    assert qk == qk_again != vo and spec.groups[qk] == spec.groups[vo] == 12
+    assert spec.heads[qk] == spec.heads[vo] and spec.heads[qk][1] == 3
+    assert spec.axes["proj.weight"][1] == vo
+    planted_recovery(model, spec)
+
+
+class SummedParts(nn.Module):
+    """The (3, E) axis of an unflattened projection summed over, not read part by part:
+    the sum is symmetric in the parts, which move as whole blocks — not a direct sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 3 * 6), nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x).unflatten(-1, (3, 6)).sum(-2)))
+
+
+def test_an_unflattened_axis_read_whole_is_not_a_direct_sum():
+    spec = trace(SummedParts(), torch.randn(3, 4))
+    parts = spec.axes["a.weight"][0]
+    assert isinstance(parts, str) and spec.groups[parts] == 3
+    assert spec.blocks["a.weight"] == (6, 1) and spec.axes["a.bias"] == (parts,)
 
 
 @pytest.mark.parametrize(("name", "config", "shape"), SMALL_ZOO, ids=SMALL_ZOO_IDS)
@@ -376,12 +448,31 @@ def test_groupnorm_and_grouped_convolutions_move_whole_groups():
     planted_recovery(model, spec)
 
 
-def test_groupnorm_alone_moves_its_groups():
-    model = nontrivial(nn.Sequential(nn.Linear(5, 12), nn.GroupNorm(3, 12), nn.Linear(12, 2)))
-    spec = trace(model, torch.randn(4, 5))
+@pytest.mark.parametrize("conv", [False, True], ids=["linear", "conv"])
+def test_groupnorm_alone_moves_its_groups_and_the_channels_inside_them(conv):
+    """Each group's statistics are symmetric in its channels: 3 groups × 4 channels as a
+    head-structured group (groups move whole, channels inside each group by their own
+    permutation) — and channels moved across groups change the function."""
+    if conv:
+        layers = [nn.Conv2d(2, 12, 3, padding=1), nn.GroupNorm(3, 12), nn.ReLU()]
+        model = nn.Sequential(*layers, nn.Conv2d(12, 2, 3), nn.Flatten())
+        x = torch.randn(4, 2, 5, 5)
+    else:
+        model = nn.Sequential(nn.Linear(5, 12), nn.GroupNorm(3, 12), nn.Linear(12, 2))
+        x = torch.randn(4, 5)
+    model = nontrivial(model)
+    spec = trace(model, x)
+    after = "3.weight" if conv else "2.weight"  # the layer reading the normalised channels
     (group,) = spec.groups
-    assert spec.groups[group] == 3 and spec.blocks["0.weight"] == (4, 1)
+    assert spec.groups[group] == 12 and spec.heads[group][1] == 3 and not spec.blocks
+    assert spec.axes["1.weight"] == (group,) and spec.axes[after][1] == group
     planted_recovery(model, spec)
+    across = torch.tensor([4, 1, 2, 3, 0, 5, 6, 7, 8, 9, 10, 11])  # units of groups 0 and 1
+    moved = {}
+    for k, v in model.state_dict().items():
+        moved[k] = v[across] if k[:2] in ("0.", "1.") else v[:, across] if k == after else v
+    out = torch.func.functional_call(model.eval(), moved, (x,))
+    assert not torch.allclose(out, model(x), atol=1e-4)
 
 
 class FusedQKV(nn.Module):

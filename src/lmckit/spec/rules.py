@@ -33,20 +33,30 @@ Rule = Callable[[fx.Node, "Axes"], None]
 
 
 class Unit:
-    """An axis that no tensor of the graph has: the ``n`` groups of a grouped convolution
-    or a GroupNorm, whose channel axes are ``n`` blocks that move whole."""
+    """Axes that no tensor of the graph has: the ``n`` groups of a grouped convolution or a
+    GroupNorm, whose channel axes are ``n`` blocks that move whole; one part of a fused
+    projection read by ``select``; the common refinement of a reshape that regroups several
+    axes into several (``(N, H·d) → (N·H, d)``)."""
 
-    def __init__(self, name: str, n: int) -> None:
+    def __init__(self, name: str, shape: int | tuple[int, ...]) -> None:
         self.name = name
-        self.shape = (n,)
+        self.shape = (shape,) if isinstance(shape, int) else tuple(shape)
 
 
 class Axes:
     """What rules see: shapes of nodes and the ways to relate axes."""
 
-    def __init__(self, same: Callable, freeze: Callable) -> None:
+    def __init__(
+        self,
+        same: Callable,
+        freeze: Callable,
+        frozen: Callable[[Any], bool] = lambda key: False,
+        find: Callable[[Any], Any] = lambda key: key,
+    ) -> None:
         self._same = same
         self._freeze = freeze
+        self._frozen = frozen
+        self._find = find
         self.op = ""  # the operator whose rule runs, for error messages
         self.units: list[Unit] = []
         # (merged axis, outer axis, inner axis) of every reshape that split an axis into
@@ -57,11 +67,16 @@ class Axes:
         # (whole axis, its consecutive parts with their lengths) of every cat and split
         self.sums: list[tuple[tuple[str, int], list[tuple[tuple[str, int], int]]]] = []
 
-    def unit(self, node: fx.Node, n: int, tag: str = "units") -> Unit:
-        """A new axis of length ``n`` belonging to ``node``'s op (see :class:`Unit`)."""
+    def unit(self, node: fx.Node, n: int | tuple[int, ...], tag: str = "units") -> Unit:
+        """New axes of length ``n`` (or of shape ``n``) belonging to ``node``'s op (see
+        :class:`Unit`)."""
         made = Unit(f"{node.name}#{tag}", n)
         self.units.append(made)
         return made
+
+    def frozen(self, x: Any, i: int) -> bool:
+        """Whether axis ``i`` of ``x`` is frozen by what the rules so far declared."""
+        return self._frozen((x.name, i))
 
     @staticmethod
     def shape(node: Any) -> tuple[int, ...] | None:
@@ -110,6 +125,16 @@ class Axes:
                 f"in axis {j} of {merged.name} with mismatched lengths — the rule is wrong; "
                 "please report it"
             )
+        if not self.frozen(split, inner) and (
+            self.frozen(split, outer) or self._cut_into(merged, j, su[outer], su[inner])
+        ):
+            # The outer axis never moves (a batch merged with attention heads), or the
+            # merged axis is already a sum of ``outer`` parts of the inner's length (that
+            # merge split back): the merged axis is ``outer`` copies of the inner axis, each
+            # moved by its own permutation, and the outer axis indexes the copies.
+            self.direct_sum(merged, j, [(split, inner)] * su[outer])
+            self.freeze(split, outer, "indexes the parts of a direct sum")
+            return
         self._same((split.name, outer), (merged.name, j))
         self.nests.append(((merged.name, j), (split.name, outer), (split.name, inner)))
 
@@ -131,6 +156,15 @@ class Axes:
             self._same((whole.name, i), kept[0][0])
         elif kept:
             self.sums.append(((whole.name, i), kept))
+
+    def _cut_into(self, x: Any, i: int, count: int, length: int) -> bool:
+        """Whether axis ``i`` of ``x`` is joined to a direct sum of ``count`` parts of
+        ``length`` each."""
+        root = self._find((x.name, i))
+        return any(
+            self._find(whole) == root and len(parts) == count and all(n == length for _, n in parts)
+            for whole, parts in self.sums
+        )
 
     def freeze(self, x: fx.Node, i: int, why: str) -> None:
         self._freeze((x.name, i), why)
@@ -269,8 +303,10 @@ def layer_norm(node: fx.Node, ax: Axes) -> None:
 
 def group_norm(node: fx.Node, ax: Axes) -> None:
     """``group_norm(input, num_groups, weight, bias, eps)``: with one group (or one channel
-    per group) any channel permutation commutes; otherwise the channels are blocks of their
-    groups and whole groups move."""
+    per group) any channel permutation commutes; otherwise each group's statistics are
+    symmetric in its channels, so the channels are ``groups × per group`` (a nest, as heads
+    are): whole groups may move, and the channels inside each group by a permutation of
+    their own."""
     x, groups = node.args[0], node.args[1]
     xs = ax.shape(x)
     assert xs is not None
@@ -282,9 +318,7 @@ def group_norm(node: fx.Node, ax: Axes) -> None:
         if isinstance(p, fx.Node):
             ax.same(p, 0, node, 1)
     if groups not in (1, xs[1]):
-        # statistics per group: whole groups may move (channels inside one may too, but
-        # that inner permutation is not expressed)
-        ax.same_blocks(ax.unit(node, groups), 0, node, 1)
+        ax.nest(node, 1, ax.unit(node, (groups, xs[1] // groups), "groups"), 0, 1)
 
 
 def embedding(node: fx.Node, ax: Axes) -> None:
@@ -561,6 +595,8 @@ def _reshape_map(ax: Axes, x: fx.Node, xs, node: fx.Node, out) -> None:
             ax.same(x, big_in[0], node, big_out[0])
         elif len(big_in) == 2 and len(big_out) == 1:  # heads × head dims → width
             ax.nest(node, big_out[0], x, big_in[0], big_in[1])
+        elif len(big_in) == 1 and _fused_parts(ax, x, big_in[0], node, big_out):
+            pass
         elif len(big_in) == 1 and len(big_out) == 2:  # width → heads × head dims
             ax.nest(x, big_in[0], node, big_out[0], big_out[1])
         elif len(big_in) > 1 and len(big_out) == 1:
@@ -571,6 +607,8 @@ def _reshape_map(ax: Axes, x: fx.Node, xs, node: fx.Node, out) -> None:
             ax.same_blocks(node, big_out[0], x, big_in[0])
             for d in big_out[1:]:
                 ax.freeze(node, d, inner)
+        elif big_in and big_out and _regroup(ax, x, big_in, node, big_out):
+            pass
         elif big_in or big_out:
             why = (
                 f"reshape {tuple(xs[d] for d in ins)} → {tuple(out[d] for d in outs)} regroups "
@@ -582,13 +620,167 @@ def _reshape_map(ax: Axes, x: fx.Node, xs, node: fx.Node, out) -> None:
                 ax.freeze(node, d, why)
 
 
+def _regroup(ax: Axes, x: fx.Node, ins: list[int], node: fx.Node, outs: list[int]) -> bool:
+    """A reshape of several axes into several — ``(N, H·d) → (N·H, d)``, how
+    ``nn.MultiheadAttention`` merges the batch with the heads — through the common
+    refinement of both sides (``(N, H, d)``, an axis of its own): an axis that is one axis
+    of the refinement maps to it, one that is two is their nest (:meth:`Axes.nest`). False
+    (nothing declared) when the lengths have no common refinement or an axis spans more
+    than two of its axes."""
+    xs, out = ax.shape(x), ax.shape(node)
+    assert xs is not None and out is not None
+    sides = [[xs[d] for d in ins], [out[d] for d in outs]]
+    bounds = sorted({p for side in sides for p in _cumulative(side)})
+    if any(b % a for a, b in zip([1, *bounds], bounds, strict=False)):
+        return False
+    spans = []
+    for side in sides:
+        spans.append([])
+        start = 1
+        for end in _cumulative(side):
+            spans[-1].append([k for k, b in enumerate(bounds) if start < b <= end])
+            start = end
+    if any(len(span) > 2 for side in spans for span in side):
+        return False
+    steps = tuple(b // a for a, b in zip([1, *bounds], bounds, strict=False))
+    fine = ax.unit(node, steps, "regroup")
+    for t, dims, side in ((x, ins, spans[0]), (node, outs, spans[1])):
+        for d, span in zip(dims, side, strict=True):
+            if len(span) == 1:
+                ax.same(fine, span[0], t, d)
+    # nests last, so that an outer axis is frozen (a batch) when it is declared
+    for t, dims, side in ((x, ins, spans[0]), (node, outs, spans[1])):
+        for d, span in zip(dims, side, strict=True):
+            if len(span) == 2:
+                ax.nest(t, d, fine, span[0], span[1])
+    return True
+
+
+def _cumulative(lengths: Sequence[int]) -> list[int]:
+    out, p = [], 1
+    for n in lengths:
+        p *= n
+        out.append(p)
+    return out
+
+
+# Ops that only move, add or drop axes of length 1: where each axis of the input goes.
+def _moves(node: fx.Node) -> dict[int, int] | None:
+    name = _name(node)
+    x = node.args[0] if node.args else None
+    xs = Axes.shape(x)
+    if xs is None or Axes.shape(node) is None:
+        return None
+    n = len(xs)
+    if name in ("contiguous.default", "clone.default", "alias.default", "detach.default"):
+        return {i: i for i in range(n)}
+    if name == "transpose.int":
+        d0, d1 = _dim(node.args[1], n), _dim(node.args[2], n)
+        order = {i: i for i in range(n)}
+        order[d0], order[d1] = d1, d0
+        return order
+    if name == "permute.default":
+        return {_dim(d, n): j for j, d in enumerate(node.args[1])}
+    if name == "unsqueeze.default":
+        d = _dim(node.args[1], n + 1)
+        return {i: i if i < d else i + 1 for i in range(n)}
+    if name.startswith("squeeze"):
+        dims = node.args[1] if len(node.args) > 1 else None
+        if dims is None:
+            removed = {i for i, k in enumerate(xs) if k == 1}
+        else:
+            dims = [dims] if isinstance(dims, int) else list(dims)
+            removed = {_dim(d, n) for d in dims if xs[_dim(d, n)] == 1}
+        kept = [i for i in range(n) if i not in removed]
+        return {i: j for j, i in enumerate(kept)}
+    return None
+
+
+def _part_reads(node: fx.Node, axis: int, rest: list[int]):
+    """Where the parts of a fused projection are read: follows ``node`` through ops that
+    only move axes (:func:`_moves`) to ``select``/``unbind`` along ``axis``. Returns
+    ``[(index, reader, {rest axis: its position in the reader})]``, or ``None`` if anything
+    else reads ``axis`` (then the axis is not a list of parts)."""
+    found = []
+    todo = [(node, {axis: axis, **{r: r for r in rest}})]
+    while todo:
+        at, where = todo.pop()
+        for user in at.users:
+            name = _name(user)
+            if name == "select.int" and user.args[0] is at:
+                d = _dim(user.args[1], len(Axes.shape(at) or ()))
+                if d != where[axis]:
+                    return None
+                index = _dim(user.args[2], (Axes.shape(at) or ())[d])
+                kept = {r: p - (p > d) for r, p in where.items() if r != axis}
+                found.append((index, user, kept))
+            elif name == "unbind.int" and user.args[0] is at:
+                d = _dim(user.args[1] if len(user.args) > 1 else 0, len(Axes.shape(at) or ()))
+                if d != where[axis] or any(u.target is not operator.getitem for u in user.users):
+                    return None
+                kept = {r: p - (p > d) for r, p in where.items() if r != axis}
+                found += [(item.args[1], item, kept) for item in user.users]
+            elif (
+                (moved := _moves(user)) is not None
+                and user.args[0] is at
+                and all(a is not at for a in [*user.args[1:], *user.kwargs.values()])
+            ):
+                todo.append((user, {r: moved[p] for r, p in where.items()}))
+            else:
+                return None
+    return found or None
+
+
+def _fused_parts(ax: Axes, x: fx.Node, i: int, node: fx.Node, outs: list[int]) -> bool:
+    """A fused projection split by a reshape whose first new axis only ``select``/``unbind``
+    read — ``unflatten(-1, (3, E))`` then ``[0], [1], [2]`` in ``nn.MultiheadAttention``,
+    ``reshape(B, N, 3, H, d).unbind`` in timm-style attention: axis ``i`` of ``x`` is the
+    direct sum of the parts (each may move by its own permutation), and each part relates
+    to what its reader sees of the other new axes (one: the same axis; two: a nest)."""
+    out = ax.shape(node)
+    assert out is not None
+    first, rest = outs[0], outs[1:]
+    if len(rest) > 2 or ax.frozen(node, first):
+        return False
+    reads = _part_reads(node, first, rest)
+    if reads is None:
+        return False
+    width = 1
+    for d in rest:
+        width *= out[d]
+    parts = [ax.unit(node, width, f"part{k}") for k in range(out[first])]
+    ax.direct_sum(x, i, [(p, 0) for p in parts])
+    for index, reader, where in reads:
+        reader.meta["lmckit_parts"] = set(where.values())
+        if len(rest) == 1:
+            ax.same(parts[index], 0, reader, where[rest[0]])
+        else:
+            ax.nest(parts[index], 0, reader, where[rest[0]], where[rest[1]])
+    return True
+
+
 def select(node: fx.Node, ax: Axes) -> None:
-    """``select(x, dim, index)``: picks one position — that axis is frozen."""
+    """``select(x, dim, index)``: picks one position — that axis is frozen. The reader of
+    one part of a fused projection (:func:`_fused_parts`) does not map the part's axes,
+    which belong to its own part, not to every part's shared axis."""
     x, d = node.args[0], node.args[1]
     n = len(ax.shape(x) or ())
     d = _dim(d, n)
     ax.freeze(x, d, "indexed by select")
-    ax.same_all(x, node, [(i, i if i < d else i - 1) for i in range(n) if i != d])
+    own = node.meta.get("lmckit_parts", set())
+    ax.same_all(
+        x, node, [(i, j) for i in range(n) if i != d if (j := i if i < d else i - 1) not in own]
+    )
+
+
+def unbind(node: fx.Node, ax: Axes) -> None:
+    """``unbind(x, dim)``: every position of that axis becomes a result (frozen axis);
+    :func:`getitem` maps the other axes."""
+    x = node.args[0]
+    n = len(ax.shape(x) or ())
+    d = _dim(node.args[1] if len(node.args) > 1 else 0, n)
+    ax.freeze(x, d, "indexed by unbind")
+    node.meta["lmckit_unbind"] = (x, d)
 
 
 def slice_(node: fx.Node, ax: Axes) -> None:
@@ -657,6 +849,13 @@ def getitem(node: fx.Node, ax: Axes) -> None:
                 ax.same(x, i, node, i)
             else:
                 ax.same(parts[node.args[1]], 0, node, d)
+        return
+    if "lmckit_unbind" in source.meta:
+        x, d = source.meta["lmckit_unbind"]
+        own = node.meta.get("lmckit_parts", set())
+        n = len(ax.shape(x) or ())
+        pairs = [(i, j) for i in range(n) if i != d if (j := i if i < d else i - 1) not in own]
+        ax.same_all(x, node, pairs)
         return
     if source.target in _FIRST_OUTPUT_IS_SAME and node.args[1] == 0:
         x = source.args[0]
@@ -743,6 +942,7 @@ _TABLE: list[tuple[Rule, tuple[str, ...]]] = [
     (flatten, ("flatten",)),
     (reshape, ("view", "reshape", "_unsafe_view", "unflatten")),
     (select, ("select",)),
+    (unbind, ("unbind",)),
     (slice_, ("slice",)),
     (cat, ("cat", "concat", "concatenate")),
     (split, ("split", "split_with_sizes", "chunk")),

@@ -345,7 +345,7 @@ def _relate(exported) -> tuple[_UnionFind, list[str], _Found]:
         joins.append((x, y))
         uf.union(x, y)
 
-    ax = Axes(join, uf.freeze)
+    ax = Axes(join, uf.freeze, lambda key: uf.reason(key) is not None, uf.find)
     graph: fx.Graph = exported.graph
     sig = exported.graph_signature
     constants = set(sig.inputs_to_lifted_tensor_constants) | set(
@@ -386,7 +386,7 @@ def _relate(exported) -> tuple[_UnionFind, list[str], _Found]:
                         ax.freeze_all(user, why)
         elif node.op in ("call_module", "call_method", "get_attr"):
             ax.freeze_all(node, f"{node.op} {node.target} has no rule")
-    extra = {(u.name, 0): u.shape[0] for u in ax.units}
+    extra = {(u.name, i): n for u in ax.units for i, n in enumerate(u.shape)}
     # An inner axis of a nest cannot carry a permutation of its own (it would move the same
     # positions in every block): as a whole axis it freezes. Whether it may move per block is
     # _inside_blocks' question, which needs the reasons it had before this freeze.
@@ -842,15 +842,17 @@ def _verify(
         if _close(reference, permuted, rtol):
             modes.append(mode)
             continue
-        for g in spec.groups:
-            one = Permutation.identity(spec).replace(**{g: perm[g]})
+        for unit in spec.update_units():  # groups tied by one head permutation move together
+            one = Permutation.identity(spec).replace(**{g: perm[g] for g in unit})
             out = _run(twin, one.apply(params), args64, kwargs64, mode == "train")
             if not _close(reference, out, rtol):
+                g = unit[0]
+                tied = f" (with {', '.join(map(repr, unit[1:]))}, one head permutation)"
                 raise SpecError(
-                    f"traced group {g!r} ({spec.groups[g]} units: "
-                    f"{', '.join(f'{k}[{i}]' for k, i in spec.group_axes(g)[:4])}) changes "
-                    f"the model's outputs in {mode} mode when permuted — an op rule is wrong "
-                    "for this model; please report it"
+                    f"traced group {g!r}{tied if len(unit) > 1 else ''} ({spec.groups[g]} "
+                    f"units: {', '.join(f'{k}[{i}]' for k, i in spec.group_axes(g)[:4])}) "
+                    f"changes the model's outputs in {mode} mode when permuted — an op rule "
+                    "is wrong for this model; please report it"
                 )
         raise SpecError(
             f"the traced spec changes the outputs in {mode} mode only when groups are "
@@ -881,16 +883,20 @@ class _NoDropout(TorchFunctionMode):
         {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout}
         | {F.feature_alpha_dropout, torch.dropout, torch.alpha_dropout}
     )
+    DROPOUT_ARGUMENT = ((F.scaled_dot_product_attention, 4), (F.multi_head_attention_forward, 10))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func in self.DROPOUTS:
             return args[0] if args else kwargs["input"]
-        if func is F.scaled_dot_product_attention:
-            if len(args) > 4:
-                args = (*args[:4], 0.0, *args[5:])
-            else:
-                kwargs["dropout_p"] = 0.0
+        # (the calls inside a function this mode handles do not come back to the mode:
+        # nn.MultiheadAttention's functional form gets its dropout switched off here)
+        for fn, position in self.DROPOUT_ARGUMENT:
+            if func is fn:
+                if len(args) > position:
+                    args = (*args[:position], 0.0, *args[position + 1 :])
+                else:
+                    kwargs["dropout_p"] = 0.0
         return func(*args, **kwargs)
 
 
