@@ -25,7 +25,7 @@ import queue
 import struct
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -169,16 +169,35 @@ def fit_state_dict(model: nn.Module, params: Mapping[str, Tensor], what: str) ->
     return {k: params[k].to(dtype=expected[k].dtype) for k in expected}
 
 
-def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cpu") -> Checkpoint:
+def load_checkpoint(
+    path: str | os.PathLike,
+    *,
+    device: torch.device | str = "cpu",
+    classes: Collection[str] = (),
+) -> Checkpoint:
     """Load an lmckit checkpoint (by stem, ``.safetensors`` or ``.json`` path).
+
+    Args:
+        classes: the user classes (``MODULE:CLASS``) a sidecar may name (``name =
+            "custom"``): building one imports its module, which runs that module's code, so
+            a checkpoint is never allowed to choose it — the caller names it.
 
     Raises:
         CheckpointError: missing or unreadable files, weights that do not match the SHA-256
             in the sidecar, a sidecar that is not lmckit's, a model config that no longer
-            builds or does not fit the weights, tensors that are not finite.
+            builds or does not fit the weights, tensors that are not finite, a user class
+            not in ``classes``.
     """
     weights, _ = checkpoint_paths(path)
     meta = read_meta(path)
+    model_meta = meta.get("model") if isinstance(meta.get("model"), Mapping) else {}
+    custom = str(model_meta.get("name", "")).lower() == "custom"
+    if custom and model_meta.get("class") not in set(classes):
+        raise CheckpointError(
+            f"{weights}: the checkpoint is of the user class {model_meta.get('class')!r}; "
+            "importing it runs its code, so name it to load it (lmckit: --model-class "
+            "MODULE:CLASS --input-shape …; Python: load_checkpoint(..., classes=[...]))"
+        )
     buffer = read_checked(weights, meta)
     header = parse_safetensors_header(buffer, weights)
     # The sidecar says what to build: check it against the file's header on the meta

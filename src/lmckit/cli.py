@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -285,23 +284,14 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _model_from_class_path(target: str, model_args: str | None):
     """Instantiate ``package.module:Class`` (the current folder is importable, as with
     ``python -m``) with the JSON object ``model_args`` as keyword arguments."""
-    import importlib
     import json
 
-    from torch import nn
+    from lmckit.models.custom import import_model_class
 
     module_name, _, class_name = target.partition(":")
     if not module_name or not class_name:
         raise UsageError(f"{target!r} is neither a checkpoint nor MODULE:CLASS")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # any error while importing the user's module
-        raise UsageError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
-    cls = getattr(module, class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise UsageError(f"{module_name!r} has no torch.nn.Module class {class_name!r}")
+    cls = import_model_class(target)
     try:
         kwargs = json.loads(model_args) if model_args else {}
     except json.JSONDecodeError as exc:

@@ -140,10 +140,10 @@ class TrainConfig:
     @classmethod
     def paper_defaults(cls, model_name: str, dataset: str, **overrides: Any) -> TrainConfig:
         """The papers' recipes: MLPs with Adam 1e-3, batch 512, no schedule (Git Re-Basin,
-        STE-MM B.1; lmckit's transformers take the same); conv nets with SGD(0.9, Nesterov)
-        lr 0.4, weight decay 5e-4, batch 500, warm-up + linear decay, and crop/flip
-        augmentation on CIFAR (STE-MM B.1)."""
-        if model_name.lower().startswith(("mlp", "vit", "transformer")):
+        STE-MM B.1; lmckit's transformers and users' own classes take the same); conv nets
+        with SGD(0.9, Nesterov) lr 0.4, weight decay 5e-4, batch 500, warm-up + linear
+        decay, and crop/flip augmentation on CIFAR (STE-MM B.1)."""
+        if model_name.lower().startswith(("mlp", "vit", "transformer", "custom")):
             base: dict[str, Any] = dict(optimizer="adam", lr=1e-3, batch_size=512)
         else:
             base = dict(

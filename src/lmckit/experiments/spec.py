@@ -21,7 +21,9 @@ An experiment is a TOML file::
     dataset = "fashion-mnist"
 
     [model]                        # the zoo model and its options
-    name = "mlp"
+    name = "mlp"                   # or a user's class: name = "custom", class =
+                                   # "mynet:Net" (importable), args = { width = 64 };
+                                   # its spec is traced, its input is the data's shape
 
     [train]                        # training options over the paper's recipe
     epochs = 5
@@ -518,7 +520,7 @@ def parse_experiment(
     return experiment
 
 
-MODEL_KEYS = {"name", "width_multiplier", "hidden", "norm", "skip"}
+MODEL_KEYS = {"name", "width_multiplier", "hidden", "norm", "skip", "class", "args"}
 
 
 def _check_configurations(experiment: Experiment) -> None:

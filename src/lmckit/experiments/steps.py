@@ -92,7 +92,16 @@ def _checkpoint(payload: Mapping[str, Any], dep: str):
     info = payload["deps"][dep]
     store = Store(payload["store"])
     folder = store.folder(info["kind"], info["key"])
-    return load_checkpoint(folder / "model", device=payload.get("device", "cpu"))
+    return load_checkpoint(
+        folder / "model", device=payload.get("device", "cpu"), classes=_user_classes(payload)
+    )
+
+
+def _user_classes(payload: Mapping[str, Any]) -> tuple[str, ...]:
+    """The user class the experiment file names (``[model] name = "custom"``), which its
+    stored checkpoints may be built from."""
+    config = payload["settings"].get("model_config") or {}
+    return (config["class"],) if "class" in config else ()
 
 
 # -- train -----------------------------------------------------------------------------------
@@ -129,7 +138,7 @@ def _train_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
                 "train_seconds": result.seconds,
             }
             weights = save_checkpoint(folder / "model", model, meta)
-            sha = load_checkpoint(weights).content_hash
+            sha = load_checkpoint(weights, classes=_user_classes(payload)).content_hash
             return sha, {**result.metrics_dict(), "seconds": result.seconds}
 
         return write

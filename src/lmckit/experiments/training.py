@@ -32,15 +32,19 @@ CONV_MIN_SIZE = 32
 def model_name_key(name: str) -> str:
     """The registry key of ``name``; :class:`ModelConfigError` if unknown."""
     key = name.lower()
-    if key not in MODELS and key not in ALIASES:
-        raise ModelConfigError(f"unknown model {name!r}; available: {sorted([*MODELS, *ALIASES])}")
+    if key not in MODELS and key not in ALIASES and key != "custom":
+        raise ModelConfigError(
+            f"unknown model {name!r}; available: {sorted([*MODELS, *ALIASES, 'custom'])}"
+        )
     return key
 
 
 def needs_padding(model_name: str, input_shape: Sequence[int]) -> int | None:
     """Conv nets take 32×32 images: smaller ones (28×28 MNIST) are padded, as in the papers.
     MLPs and transformers take the images as they are."""
-    if model_name_key(model_name) in ("mlp", "vit", "transformer") or len(input_shape) != 3:
+    if model_name_key(model_name) in ("mlp", "vit", "transformer", "custom"):
+        return None
+    if len(input_shape) != 3:
         return None
     return CONV_MIN_SIZE if max(input_shape[-2:]) < CONV_MIN_SIZE else None
 
@@ -53,13 +57,33 @@ def model_config_for(
     hidden: Sequence[int] | None = None,
     norm: str | None = "default",
     skip: bool = False,
+    **custom: Any,
 ) -> dict[str, Any]:
     """A zoo configuration whose input/output sizes fit ``data``.
 
     For the MLP, ``hidden`` defaults to three layers of ``round(512 × width_multiplier)``.
     ``norm="default"`` keeps each model's own default (none for MLPs, BatchNorm for conv nets).
+    A user's class (``model_name="custom"``) takes ``class`` (``MODULE:CLASS``) and ``args``
+    (its keyword arguments, which must fit the data themselves) and gets the data's example
+    shape as its ``input_shape``; the zoo's options do not apply to it.
     """
     key = model_name_key(model_name)
+    if key == "custom":
+        zoo = {"width_multiplier": width_multiplier != 1.0, "hidden": hidden is not None}
+        zoo |= {"norm": norm != "default", "skip": skip}
+        unknown = [k for k, given in zoo.items() if given] + sorted(set(custom) - {"class", "args"})
+        if unknown or "class" not in custom:
+            raise ModelConfigError(
+                'a custom model takes class = "MODULE:CLASS" and args = {...} (its keyword '
+                f"arguments) and no other option; got {sorted([*custom, *unknown])}"
+            )
+        return {
+            "class": custom["class"],
+            "args": dict(custom.get("args") or {}),
+            "input_shape": list(data.input_shape),
+        }
+    if custom:
+        raise ModelConfigError(f"{model_name} got unknown option(s) {sorted(custom)}")
     family = ALIASES[key][0] if key in ALIASES else key
     if not (math.isfinite(width_multiplier) and width_multiplier > 0):
         raise ModelConfigError(

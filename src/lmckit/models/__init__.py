@@ -11,6 +11,7 @@ from typing import Any
 from torch import nn
 
 from lmckit.errors import LmcError, ModelConfigError
+from lmckit.models.custom import build_custom
 from lmckit.models.mlp import MLP
 from lmckit.models.resnet import ResNet20
 from lmckit.models.transformer import TransformerClassifier, ViT
@@ -24,6 +25,7 @@ __all__ = [
     "ResNet20",
     "TransformerClassifier",
     "ViT",
+    "build_custom",
     "build_model",
     "model_config",
     "permutation_spec",
@@ -45,7 +47,9 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
 
 def build_model(name: str, /, **config: Any) -> nn.Module:
     """Build a zoo model by registry name (``mlp``, ``vgg``, ``vgg11``, ``vgg16``, ``resnet20``,
-    ``vit``, ``transformer``).
+    ``vit``, ``transformer``), or a user's class with ``name="custom"`` and the configuration
+    ``class``, ``args``, ``input_shape`` (and ``tokens``) of
+    :func:`~lmckit.models.custom.build_custom`.
 
     ``config`` holds the model's constructor arguments; a ``name`` entry (as written by
     :func:`model_config`) is ignored if it agrees with ``name``.
@@ -54,6 +58,20 @@ def build_model(name: str, /, **config: Any) -> nn.Module:
         ModelConfigError: unknown name, unknown or invalid configuration keys.
     """
     key = name.lower()
+    if key == "custom":
+        config = dict(config)
+        given = config.pop("name", key)
+        if given != key:
+            raise ModelConfigError(f"config names model {given!r} but {name!r} was requested")
+        unknown = sorted(set(config) - {"class", "args", "input_shape", "tokens"})
+        if unknown or "class" not in config or "input_shape" not in config:
+            raise ModelConfigError(
+                "a custom model takes class (MODULE:CLASS), args, input_shape and tokens; "
+                f"got {sorted(config)}"
+            )
+        return build_custom(
+            config["class"], config.get("args"), config["input_shape"], config.get("tokens")
+        )
     if key in ALIASES:
         key, fixed = ALIASES[key]
         config = {**fixed, **config}

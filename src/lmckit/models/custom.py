@@ -1,0 +1,133 @@
+"""A user's own ``nn.Module`` class as a model of the pipeline (``name = "custom"``).
+
+``build_custom("mynet:Net", {"width": 64}, input_shape=(1, 28, 28))`` imports the class,
+builds it with those keyword arguments and returns the user's module itself (its state
+dict keys are the class's own), with what the zoo's models have:
+
+* ``model.config`` — ``{"name": "custom", "class": ..., "args": ..., "input_shape": ...}``
+  (JSON-ready), from which :func:`lmckit.models.build_model` builds it again;
+* ``model.permutation_spec()`` — traced from the model's graph on an example input of
+  ``input_shape`` and verified (:func:`lmckit.spec.trace`), once per model.
+
+Importing a class runs its module's code, so a checkpoint whose sidecar names a user class
+is built only when the caller names that class (see :func:`lmckit.checkpoint.load_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from lmckit.errors import ModelConfigError
+from lmckit.perm import PermutationSpec
+
+__all__ = ["build_custom", "import_model_class"]
+
+
+def import_model_class(target: str) -> type[nn.Module]:
+    """The ``nn.Module`` subclass ``package.module:Class`` (the current folder is
+    importable, as with ``python -m``).
+
+    Raises:
+        ModelConfigError: not of the form ``MODULE:CLASS``, a module that does not import
+            (its error quoted), no such class, or a class that is not an ``nn.Module``.
+    """
+    module_name, _, class_name = str(target).partition(":")
+    if not module_name or not class_name:
+        raise ModelConfigError(f"a model class is written MODULE:CLASS, got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any error while importing the user's module
+        raise ModelConfigError(
+            f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ModelConfigError(f"{module_name!r} has no torch.nn.Module class {class_name!r}")
+    return cls
+
+
+def build_custom(
+    class_path: str,
+    args: Mapping[str, Any] | None = None,
+    input_shape: Sequence[int] = (),
+    tokens: int | None = None,
+) -> nn.Module:
+    """Build ``class_path(**args)`` as a pipeline model (see the module docstring).
+
+    Args:
+        class_path: ``package.module:Class``.
+        args: the constructor's keyword arguments (JSON-ready values).
+        input_shape: one example's shape without the batch axis (for tokens: the length).
+        tokens: the vocabulary size when the model reads token ids.
+
+    Raises:
+        ModelConfigError: the class does not import, ``args`` is not a table of JSON values,
+            the shape is empty or not positive integers, or the constructor fails.
+    """
+    args = {} if args is None else args
+    if not isinstance(args, Mapping):
+        raise ModelConfigError(f"model args must be a table of keyword arguments, got {args!r}")
+    try:
+        args = json.loads(json.dumps(dict(args)))
+    except (TypeError, ValueError) as exc:
+        raise ModelConfigError(f"model args must be JSON values: {exc}") from None
+    shape = tuple(input_shape)
+    if not shape or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
+        raise ModelConfigError(
+            f"input_shape must be positive integers (one example, no batch axis), got {shape}"
+        )
+    if tokens is not None and (
+        isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1
+    ):
+        raise ModelConfigError(f"tokens must be a positive integer, got {tokens!r}")
+    cls = import_model_class(class_path)
+    try:
+        model = cls(**args)
+    except Exception as exc:  # the user's constructor
+        failure = f"{type(exc).__name__}: {exc}"
+        raise ModelConfigError(f"{class_path}({args}) failed: {failure}") from None
+    config: dict[str, Any] = {
+        "name": "custom",
+        "class": class_path,
+        "args": args,
+        "input_shape": list(shape),
+    }
+    if tokens is not None:
+        config["tokens"] = tokens
+    # plain attributes (nn.Module keeps non-tensor values in __dict__); the state dict stays
+    # the class's own
+    object.__setattr__(model, "config", config)
+    cache: list[PermutationSpec] = []
+
+    def permutation_spec() -> PermutationSpec:
+        """Traced from the model's graph on an example input (and verified), once."""
+        if not cache:
+            from lmckit.spec import trace
+
+            cache.append(trace(model, example_input(config, model)))
+        return cache[0]
+
+    object.__setattr__(model, "permutation_spec", permutation_spec)
+    return model
+
+
+def example_input(config: Mapping[str, Any], model: nn.Module, batch: int = 2) -> torch.Tensor:
+    """A seeded example batch for a custom model's ``config`` (token ids when it has
+    ``tokens``), on the model's device."""
+    parameter = next(model.parameters(), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    generator = torch.Generator().manual_seed(0)
+    shape = (batch, *config["input_shape"])
+    if config.get("tokens") is not None:
+        return torch.randint(0, config["tokens"], shape, generator=generator).to(device)
+    return torch.randn(shape, generator=generator).to(device)
