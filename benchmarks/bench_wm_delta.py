@@ -6,18 +6,21 @@ a fresh process of its own, so that its peak memory is its own):
 
 * ``delta``: lmckit's engine (:class:`~lmckit.match.weight_matcher.WeightMatcher`: kept
   cost-matrix terms updated over the columns a neighbour's new permutation moved);
-* ``full``: the same engine forming every requested term anew (``delta=None``: the
-  previous implementation; skipped for pairs named in ``--delta-only``, whose rows then
-  give its cost only as ``gflop_full_recompute``);
+* ``full``: the same engine forming every requested cost matrix anew (``delta=None``:
+  the previous implementation's algorithm; skipped for pairs named in ``--delta-only``,
+  whose rows then give its cost only as ``gflop_full_recompute``);
 * ``rebasin``: PyPI ``rebasin`` 0.0.47's ``PermutationCoordinateDescent`` on the same MLP
   as an ``nn.Sequential`` (when importable and ``--rebasin`` names the pair);
 
 and reports CPU seconds (``time.process_time``), sweeps, GFLOP of products formed beside
 what forming every requested term would cost, the LAP share of the time, the peak resident
 memory added by the run (``VmHWM`` after resetting it through ``/proc/self/clear_refs``,
-minus the resident size before) against the two models' parameters, the objective and the
-distance after, and two floors: the time of one full sweep's products at the machine's
-measured float32 GEMM rate, plus the run's own LAP time.
+minus the resident size before) against the two models' parameters — once as the process
+runs by default and once more with glibc's mmap threshold fixed at 1 MiB
+(``MALLOC_MMAP_THRESHOLD_``: large blocks then go back to the system when freed, so the
+peak is what the run holds, not what the allocator kept from earlier blocks) —, the
+objective and the distance after, and two floors: the time of one full sweep's products at
+the machine's measured float32 GEMM rate, plus the run's own LAP time.
 
 Pairs come from ``lmckit train`` checkpoints (``--pairs``: ``NAME=FOLDER`` with
 ``*-seed0`` and ``*-seed1`` in it) and ResNet-20 ×8/×16 trained briefly on the bundled
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import subprocess
 import sys
 import time
@@ -157,15 +161,19 @@ def child(source: dict, variant: str) -> None:
     print(json.dumps(run))
 
 
-def in_child(source: dict, variant: str) -> dict:
+def in_child(source: dict, variant: str, env: dict | None = None) -> dict:
     out = subprocess.run(
         [sys.executable, __file__, "--child", json.dumps(source), variant],
         capture_output=True,
         text=True,
         check=True,
         cwd=Path(__file__).parent,
+        env={**os.environ, **(env or {})},
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+FIXED_MMAP = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 
 
 def bench_pair(name, source, origin, throughput, with_rebasin, delta_only=False) -> dict:
@@ -176,6 +184,9 @@ def bench_pair(name, source, origin, throughput, with_rebasin, delta_only=False)
     row["two_models_bytes"] = params_bytes
     variants = ("delta",) if delta_only else ("delta", "full")
     runs = {variant: in_child(source, variant) for variant in variants}
+    for variant in variants:
+        held = in_child(source, variant, FIXED_MMAP)["peak_added_bytes"]
+        runs[variant]["peak_added_bytes_fixed_mmap_threshold"] = held
     if not delta_only:
         row["same_permutation"] = runs["delta"]["perm"] == runs["full"]["perm"]
         row["objective_relative_difference"] = abs(
@@ -188,6 +199,9 @@ def bench_pair(name, source, origin, throughput, with_rebasin, delta_only=False)
         run["floor_one_sweep_plus_laps"] = floor + run["lap_seconds"]
         run["over_floor"] = run["cpu_seconds"] / run["floor_one_sweep_plus_laps"]
         run["peak_over_two_models"] = run["peak_added_bytes"] / params_bytes
+        run["peak_over_two_models_fixed_mmap_threshold"] = (
+            run["peak_added_bytes_fixed_mmap_threshold"] / params_bytes
+        )
         row[label] = run
     row["gflop_one_sweep"] = flops_per_sweep(spec, a) / 1e9
     if with_rebasin:

@@ -99,7 +99,13 @@ def ste_matching(
     def project(perm, duals):
         current = {**params_a, **{k: v.detach() for k, v in proxy.items()}}
         return matcher.match(
-            current, init=perm, duals=duals, seed=seed, validate=False, distances=False
+            current,
+            init=perm,
+            duals=duals,
+            seed=seed,
+            validate=False,
+            distances=False,
+            objective=False,
         )
 
     wm_seconds = 0.0

@@ -5,23 +5,28 @@ It runs exactly the coordinate descent of
 acceptance rule, same permutations (tested on every zoo model) — doing less work:
 
 * **B's layouts are built once.** Every (tensor, axis) of a group keeps model B laid out
-  with that axis first, and the copy permuted by the *other* groups is cached until one of
-  those groups' permutations changes — across calls too, so loops that re-match a moving
-  A to one fixed B (STE, STE-MM, MergeMany) pay only for the products.
+  with that axis first — a view wherever the layout allows — across calls too, so loops
+  that re-match a moving A to one fixed B (STE, STE-MM, MergeMany) pay only for the
+  products.
 * **Groups that cannot improve are skipped.** A group whose neighbours have not changed
   since its last solve would get the same cost matrix and the same answer.
 * **Cost matrices are updated, not re-formed.** A term ``A B̃ᵀ`` of a group's cost matrix
   changes only in the columns of B̃ that a neighbour's new permutation moved; the kept
-  product gets ``A[:, D] (B̃_new[:, D] − B̃_old[:, D])ᵀ`` over those columns ``D`` (for a
-  convolution, the moved input channels × kernel positions) — unless more than
-  :class:`DeltaPolicy`'s fraction moved, or the product is ``refresh`` sweeps old, when it
-  is formed in full (bounding accumulated rounding). Late sweeps move few units, so most
-  of their products cost a few columns.
+  matrix gets ``A[:, D] (B̃_new[:, D] − B̃_old[:, D])ᵀ`` over those columns ``D`` (for a
+  convolution, the moved input channels × kernel positions), in chunks — unless more
+  than :class:`DeltaPolicy`'s fraction of the group's columns moved, or the matrix is
+  ``refresh`` sweeps old, when it is formed anew (bounding accumulated rounding). Late
+  sweeps move few units, so most of their products cost a few columns.
+* **Memory stays near the models'.** Only one ``(n, n)`` matrix per group is kept (the
+  terms' shares live only in its sum), B̃ — B under the other groups' permutations — is
+  formed only while a term is formed and then dropped, and update temporaries are
+  chunked to a quarter of a cost matrix.
 * **LAP duals are kept** (STE-MM Alg. 3): each group's solve starts from the duals of its
   previous solve — within a call and, through ``duals=``, across calls — so once the
   permutations settle each LAP is nearly solved before it starts.
-* **The objective comes from the products**: a tensor's ⟨A, π(B)⟩ is the trace of its
-  product along the chosen permutation, so no extra pass over the parameters is needed.
+* **The objective is exact and incremental**: after each sweep every tensor's ⟨A, π(B)⟩ is
+  recomputed only if a permutation on its axes changed (products in A's dtype, sums in
+  float64).
 
 Timing and FLOP counting live in :class:`ProfiledWeightMatcher`, a subclass, so the
 algorithm carries no instrumentation.
@@ -89,21 +94,18 @@ def improves_all(
     return new_gain > old_gain + rel_tol * max(abs(old_gain), abs(new_gain), 1e-30)
 
 
-def _summed(products: list[Tensor]) -> np.ndarray:
-    """A group's gain matrix from its terms' products, as CPU float64 — summed in the
-    spec's order, as the reference does, so the bits agree."""
-    gains = products[0].clone() if len(products) > 1 else products[0]
-    for product in products[1:]:
-        gains += product
-    return gains.detach().to("cpu", torch.float64).numpy()
+def _as_gains(cost: Tensor) -> np.ndarray:
+    """A group's cost matrix as the LAP's CPU float64 gains."""
+    return cost.detach().to("cpu", torch.float64).numpy()
 
 
 @dataclass
 class _Term:
-    """One (tensor, axis) of a group on the B side: B with that axis moved to the front,
-    the other grouped axes of the tensor — ``(position in b_moved, axis)`` — to permute,
-    and the groups acting on them. Keeps its last product ``A B̃ᵀ`` (for one A) to update
-    it where B̃ changed."""
+    """One (tensor, axis) of a group on the B side: B with that axis moved to the front
+    (a view where the layout allows), the other grouped axes of the tensor — ``(position in
+    b_moved, axis)`` — to permute, and the groups acting on them. Its share ``A B̃ᵀ`` of
+    the group's cost matrix is kept only inside that sum; ``seen`` says which permutations
+    of the other groups the share was formed with."""
 
     spec: PermutationSpec
     group: str
@@ -112,17 +114,13 @@ class _Term:
     b_moved: Tensor
     others: tuple[tuple[int, int], ...]  # (position in b_moved, axis of the tensor)
     other_groups: tuple[str, ...]
-    cached_perms: tuple[Tensor, ...] | None = None
-    cached_b2: Tensor | None = None
     # B unpermuted as (n, -1) rows; per column its position along each other axis, and how
     # far apart in columns two neighbouring positions of that axis are
     b_rows: Tensor | None = None
     columns: tuple[Tensor, ...] = ()
     strides: tuple[int, ...] = ()
-    product: Tensor | None = None
-    product_perms: tuple[Tensor, ...] | None = None
-    product_sweep: int = 0  # the sweep of its last full recompute
-    flops: int = 0  # of the last product formed (full or update)
+    seen: tuple[Tensor, ...] | None = None
+    flops: int = 0  # of its last contribution to the cost matrix (formed or updated)
 
     def __post_init__(self) -> None:
         shape = self.b_moved.shape
@@ -137,54 +135,56 @@ class _Term:
         self.columns, self.strides = tuple(columns), tuple(strides)
         self.b_rows = group_rows(self.spec, self.name, self.axis, self.group, self.b_moved, 0)
 
-    def b2(self, perm: Mapping[str, Tensor]) -> Tensor:
-        """B̃ as an ``(n, -1)`` matrix: B with the other groups' current permutations."""
-        current = tuple(perm[h] for h in self.other_groups)
-        if self.cached_perms is None or not _same(current, self.cached_perms):
-            b = self.b_moved
-            for pos, other_axis in self.others:
-                index = axis_index(self.spec, self.name, other_axis, perm)
-                assert index is not None
-                b = b.index_select(pos, index)
-            self.cached_b2 = None  # one permuted copy at a time
-            self.cached_b2 = group_rows(self.spec, self.name, self.axis, self.group, b, 0)
-            self.cached_perms = current
-        return self.cached_b2
+    def current(self, perm: Mapping[str, Tensor]) -> tuple[Tensor, ...]:
+        """The other groups' permutations in ``perm``."""
+        return tuple(perm[h] for h in self.other_groups)
 
-    def multiply(
-        self, a2: Tensor, perm: Mapping[str, Tensor], sweep: int, delta: DeltaPolicy | None
-    ) -> Tensor:
-        """``A B̃ᵀ`` (``(n, n)``) with the other groups' current permutations. Under
-        ``delta``: the kept product if they have not moved since it was formed, else the kept
-        product plus ``A[:, D] (B̃_new[:, D] − B̃_old[:, D])ᵀ`` over the changed columns
-        ``D`` (both read straight from B's unpermuted rows) — unless they are too many or
-        the product is ``delta.refresh`` sweeps old — else a full product."""
-        current = tuple(perm[h] for h in self.other_groups)
-        if delta is not None and self.product is not None and _same(current, self.product_perms):
-            self.flops = 0
-            return self.product
+    def b2(self, perm: Mapping[str, Tensor]) -> Tensor:
+        """B̃ as an ``(n, -1)`` matrix: B with the other groups' permutations (a new copy;
+        not kept, so that at most one lives at a time). Gathered in B's own layout, which
+        is contiguous, then viewed with this term's axis first."""
+        b = self.b_moved.movedim(0, self.axis)
+        for _, other_axis in self.others:
+            index = axis_index(self.spec, self.name, other_axis, perm)
+            assert index is not None
+            b = b.index_select(other_axis, index)
+        return group_rows(self.spec, self.name, self.axis, self.group, b.movedim(self.axis, 0), 0)
+
+    def form(self, a2: Tensor, perm: Mapping[str, Tensor]) -> Tensor:
+        """``A B̃ᵀ`` (``(n, n)``) in full."""
+        product = a2 @ self.b2(perm).T
+        self.seen = self.current(perm)
+        self.flops = 2 * a2.shape[0] * a2.numel()
+        return product
+
+    def changed(self, perm: Mapping[str, Tensor]) -> tuple[list[Tensor], list[Tensor], Tensor]:
+        """The other axes' index vectors when the share was formed and now, and the columns
+        of the ``(n, -1)`` layout whose B̃ entries differ between them."""
+        assert self.seen is not None
+        before = self._indices(dict(zip(self.other_groups, self.seen, strict=True)))
+        after = self._indices(perm)
+        return before, after, self._changed_columns(before, after)
+
+    def update(
+        self,
+        cost: Tensor,
+        a2: Tensor,
+        perm: Mapping[str, Tensor],
+        before: list[Tensor],
+        after: list[Tensor],
+        cols: Tensor,
+    ) -> None:
+        """``cost += A[:, D] (B̃_new[:, D] − B̃_old[:, D])ᵀ`` over the changed columns ``D``
+        (both read straight from B's unpermuted rows), in chunks that keep the temporaries
+        to about a quarter of ``cost``."""
+        assert self.b_rows is not None
         n = a2.shape[0]
-        if (
-            delta is not None
-            and self.product is not None
-            and sweep - self.product_sweep < delta.refresh
-        ):
-            assert self.b_rows is not None and self.product_perms is not None
-            before = self._indices(dict(zip(self.other_groups, self.product_perms, strict=True)))
-            after = self._indices(perm)
-            cols = self._changed_columns(before, after)
-            if cols.numel() <= delta.max_fraction * self.b_rows.shape[1]:
-                new = self.b_rows.index_select(1, self._sources(after, cols))
-                change = new - self.b_rows.index_select(1, self._sources(before, cols))
-                self.product = self.product + a2.index_select(1, cols) @ change.T
-                self.product_perms = current
-                self.flops = 2 * n * n * cols.numel()
-                return self.product
-        self.product = None  # one product per term at a time
-        self.product = a2 @ self.b2(perm).T
-        self.product_perms, self.product_sweep = current, sweep
-        self.flops = 2 * n * a2.numel()
-        return self.product
+        for chunk in cols.split(max(1, n // 4)):
+            new = _take_columns(self.b_rows, self._sources(after, chunk))
+            change = new.sub_(_take_columns(self.b_rows, self._sources(before, chunk)))
+            cost.addmm_(_take_columns(a2, chunk), change.T)
+        self.seen = self.current(perm)
+        self.flops = 2 * n * n * cols.numel()
 
     def _indices(self, perm: Mapping[str, Tensor]) -> list[Tensor]:
         """The index vector of every other axis under ``perm``."""
@@ -215,9 +215,14 @@ class _Term:
             sources += (index[at] - at) * stride
         return sources
 
-    def forget(self) -> None:
-        """Drop the kept product (A is about to change)."""
-        self.product = self.product_perms = None
+
+def _take_columns(t: Tensor, index: Tensor) -> Tensor:
+    """``t[:, index]`` of an ``(n, m)`` matrix. A transposed view (a weight's input axis
+    as rows) is gathered by rows of the matrix it views: PyTorch's column gather on such a
+    view is an order of magnitude slower."""
+    if t.dim() == 2 and t.stride(0) == 1 and t.stride(1) != 1:
+        return t.T.index_select(0, index).T
+    return t.index_select(1, index)
 
 
 def _same(xs: tuple[Tensor, ...], ys: tuple[Tensor, ...] | None) -> bool:
@@ -226,11 +231,13 @@ def _same(xs: tuple[Tensor, ...], ys: tuple[Tensor, ...] | None) -> bool:
 
 @dataclass(frozen=True)
 class DeltaPolicy:
-    """When :class:`WeightMatcher` updates a kept cost-matrix term instead of forming it
-    again: when at most ``max_fraction`` of its columns changed, and its last full product
-    is fewer than ``refresh`` sweeps old (bounding the rounding that updates accumulate)."""
+    """When :class:`WeightMatcher` updates a group's kept cost matrix instead of forming it
+    again: when the columns its terms' neighbours moved are at most ``max_fraction`` of the
+    group's columns (beyond that, forming anew costs about as much as the updates' copies
+    and products), and it was formed fewer than ``refresh`` sweeps ago (bounding the
+    rounding that updates accumulate)."""
 
-    max_fraction: float = 0.5
+    max_fraction: float = 0.75
     refresh: int = 8
 
 
@@ -239,7 +246,7 @@ class WeightMatcher:
 
     ``WeightMatcher(spec, params_b).match(params_a, ...)`` returns what
     ``weight_matching(spec, params_a, params_b, ...)`` returns; the matcher keeps B's
-    layouts and permuted copies between calls.
+    layouts between calls.
 
     Args:
         spec: the permutation spec of both models.
@@ -278,7 +285,7 @@ class WeightMatcher:
                     if entry is not None and j != axis
                 )
                 other_groups = tuple(h for _, j in others for h in axis_groups(spec.axes[name][j]))
-                b_moved = params_b[name].movedim(axis, 0).contiguous()
+                b_moved = params_b[name].movedim(axis, 0)
                 self.terms[g].append(_Term(spec, g, name, axis, b_moved, others, other_groups))
         self.groups = [g for g in spec.groups if self.terms[g]]
         self.grouped = {t.name for g in self.groups for t in self.terms[g]}
@@ -295,14 +302,81 @@ class WeightMatcher:
             unit: tuple(sorted({h for g in unit for t in self.terms[g] for h in t.other_groups}))
             for unit in self.units
         }
+        # Each group's cost matrix as last formed or updated, and the sweep it was formed in.
+        self._costs: dict[str, Tensor] = {}
+        self._formed: dict[str, int] = {}
+        self._tensor_groups = {  # every group on any axis of a grouped tensor
+            name: tuple(h for entry in spec.axes[name] if entry for h in axis_groups(entry))
+            for name in self.grouped
+        }
+        # Where no tensor has two axes moved by one unit's groups, the objective is linear
+        # in that unit's permutations: a solve changes it by exactly its gain.
+        self._linear = {
+            unit: not any(
+                sum(1 for entry in spec.axes[name] if entry and set(axis_groups(entry)) & set(unit))
+                > 1
+                for name in self.grouped
+            )
+            for unit in self.units
+        }
 
     # -- the two steps of a coordinate update; ProfiledWeightMatcher wraps them ----------
-    def products(self, group: str, a2: Mapping[tuple[str, str, int], Tensor], perm) -> list[Tensor]:
-        """``A_(n,-1) B̃_(n,-1)ᵀ`` for every term of ``group``; their sum is ``C_group``."""
-        return [
-            t.multiply(a2[(group, t.name, t.axis)], perm, self._sweep, self.delta)
-            for t in self.terms[group]
-        ]
+    def cost(self, group: str, a2: Mapping[tuple[str, str, int], Tensor], perm) -> Tensor:
+        """``C_group = Σ_terms A_(n,-1) B̃_(n,-1)ᵀ`` (``(n, n)``, A's dtype and device) under
+        the other groups' permutations in ``perm``.
+
+        Under :class:`DeltaPolicy`: the kept matrix, each term whose neighbours moved since
+        updated in place over its changed columns — unless they are more than
+        ``max_fraction`` of the group's columns, or the matrix is ``refresh`` sweeps old;
+        then it is formed anew, term by term in the spec's order. Only one ``(n, n)`` matrix
+        per group is kept."""
+        terms = self.terms[group]
+        for t in terms:
+            t.flops = 0
+        kept, policy = self._costs.get(group), self.delta
+        if (
+            kept is not None
+            and policy is not None
+            and self._sweep - self._formed[group] < policy.refresh
+        ):
+            pending = []
+            for t in terms:
+                if not _same(t.current(perm), t.seen):
+                    pending.append((t, *t.changed(perm)))
+            width = sum(a2[(group, t.name, t.axis)].shape[1] for t in terms)
+            if sum(cols.numel() for *_, cols in pending) <= policy.max_fraction * width:
+                for t, before, after, cols in pending:
+                    t.update(kept, a2[(group, t.name, t.axis)], perm, before, after, cols)
+                return kept
+        self._costs.pop(group, None)  # one (n, n) matrix per group, even while forming
+        cost = None
+        for t in terms:
+            product = t.form(a2[(group, t.name, t.axis)], perm)
+            cost = product if cost is None else cost.add_(product)
+        assert cost is not None
+        self._costs[group], self._formed[group] = cost, self._sweep
+        return cost
+
+    def _objective(
+        self,
+        params_a: Params,
+        perm: Mapping[str, Tensor],
+        cache: dict[str, tuple[tuple[Tensor, ...], float]],
+    ) -> float:
+        """``Σ ⟨A, π(B)⟩`` over the grouped tensors, each recomputed only when a permutation
+        on its axes changed since ``cache`` last saw it (products in A's dtype, sums in
+        float64)."""
+        total = 0.0
+        for name in sorted(self.grouped):
+            used = tuple(perm[h] for h in self._tensor_groups[name])
+            hit = cache.get(name)
+            if hit is None or not _same(used, hit[0]):
+                b = self.params_b[name]
+                for axis in range(b.ndim):
+                    b = permute_spec_axis(b, self.spec, name, axis, perm)
+                hit = cache[name] = (used, _dot64(params_a[name], b))
+            total += hit[1]
+        return total
 
     def solve(self, gains: np.ndarray, duals: LapDuals | None) -> tuple[Tensor, LapDuals]:
         """The LAP maximising ``Σ_i gains[i, p[i]]``, warm-started from ``duals``."""
@@ -325,12 +399,19 @@ class WeightMatcher:
         progress: ProgressCallback | None = None,
         validate: bool = True,
         distances: bool = True,
+        objective: bool = True,
     ) -> MatchResult:
         """Match B onto ``params_a``; arguments as in :func:`weight_matching`.
 
-        ``validate=False`` skips the input checks and ``distances=False`` the two distance
-        passes (``distance_before``/``distance_after`` are then NaN): for callers that
-        re-match every step (STE, STE-MM) and checked their inputs once.
+        ``validate=False`` skips the input checks, ``distances=False`` the two distance
+        passes (``distance_before``/``distance_after`` are then NaN) and ``objective=False``
+        the objective's two passes (``history`` is then empty): for callers that re-match
+        every step (STE, STE-MM) and checked their inputs once.
+
+        The objective after each sweep is the exact one at the start plus the gains of the
+        accepted solves (linear in a group's permutation: ``Σ_i C[i, p(i)]``), re-evaluated
+        exactly after a sweep that moved a group appearing twice in one tensor; the last
+        entry of ``history`` is always evaluated exactly.
         """
         start = time.perf_counter()
         spec, params_b = self.spec, self.params_b
@@ -348,20 +429,18 @@ class WeightMatcher:
         dtype = params_a[next(iter(self.names))].dtype if self.names else torch.float32
         rel_tol = acceptance_tolerance(dtype)
         generator = torch.Generator().manual_seed(seed)
-        # Tensors outside every group contribute a constant; self-mapped tensors (linearised
-        # in each LAP) are re-evaluated exactly after each sweep.
-        constant = _inner(spec, params_a, params_b, perm, self.names - self.grouped)
-        exact_each_sweep = bool(spec.self_maps & self.names)
-        contributions: dict[str, float] = {}
         solved_with: dict[str, tuple[Tensor, ...]] = {}
         history: list[float] = []
         solves = skipped = sweeps = 0
-        for terms in self.terms.values():
-            for term in terms:
-                term.forget()
+        self._costs.clear()  # formed from another A
+        contributions: dict[str, tuple[tuple[Tensor, ...], float]] = {}
+        constant = running = math.nan
+        if objective:  # tensors outside every group contribute a constant
+            constant = _inner(spec, params_a, params_b, perm, self.names - self.grouped)
+            running = constant + self._objective(params_a, perm, contributions)
         for sweep in range(1, max_iter + 1):
             sweeps = self._sweep = sweep
-            improved = False
+            improved = stale = False
             for idx in torch.randperm(len(self.units), generator=generator).tolist():
                 unit = self.units[idx]
                 neighbours = tuple(perm[h] for h in self.neighbours[unit])
@@ -369,8 +448,7 @@ class WeightMatcher:
                 if last is not None and all(p is q for p, q in zip(neighbours, last, strict=True)):
                     skipped += 1
                     continue
-                products = {g: self.products(g, a2, perm) for g in unit}
-                gains64 = {g: _summed(products[g]) for g in unit}
+                gains64 = {g: _as_gains(self.cost(g, a2, perm)) for g in unit}
                 solves += 1
                 if len(unit) == 1 and unit[0] not in spec.heads:
                     g = unit[0]
@@ -384,23 +462,25 @@ class WeightMatcher:
                 else:
                     chosen = self.solve_heads(gains64, spec.heads[unit[0]][1])
                 old = {g: perm[g].cpu().numpy() for g in unit}
-                if improves_all(gains64, old, {g: p.numpy() for g, p in chosen.items()}, rel_tol):
+                new = {g: p.numpy() for g, p in chosen.items()}
+                if improves_all(gains64, old, new, rel_tol):
                     for g in unit:
                         perm[g] = chosen[g].to(device)
                     improved = True
+                    if self._linear[unit]:
+                        running += sum(_gain(gains64[g], old[g], new[g]) for g in unit)
+                    else:
+                        stale = True
                 solved_with[unit] = neighbours  # the permutations these were formed with
-                for g in unit:
-                    at = perm[g][:, None]
-                    for term, product in zip(self.terms[g], products[g], strict=True):
-                        contributions[term.name] = float(product.gather(1, at).double().sum())
-            if exact_each_sweep:
-                objective = constant + _inner(spec, params_a, params_b, perm, self.grouped)
-            else:
-                objective = constant + sum(contributions.values())
-            history.append(objective)
-            notify(progress, sweep, None, objective=objective)
+            if objective:
+                if stale or not improved:  # the last sweep's value is exact
+                    running = constant + self._objective(params_a, perm, contributions)
+                history.append(running)
+            notify(progress, sweep, None, objective=running if objective else None)
             if not improved:
                 break
+        if objective and improved:  # stopped by max_iter: the last value exactly too
+            history[-1] = constant + self._objective(params_a, perm, contributions)
         final = Permutation(spec, {g: p.cpu() for g, p in perm.items()})
         before = after = math.nan
         if distances:
@@ -434,10 +514,10 @@ class ProfiledWeightMatcher(WeightMatcher):
     every term requested in full would have cost). Counters accumulate per call.
     """
 
-    def products(self, group, a2, perm):
+    def cost(self, group, a2, perm):
         t0 = time.perf_counter()
-        out = super().products(group, a2, perm)
-        if out and out[0].is_cuda:
+        out = super().cost(group, a2, perm)
+        if out.is_cuda:
             torch.cuda.synchronize()
         self._gemm_seconds += time.perf_counter() - t0
         n = self.spec.groups[group]
@@ -471,6 +551,22 @@ class ProfiledWeightMatcher(WeightMatcher):
             full_recompute_flops=self._full_flops,
         )
         return result
+
+
+def _gain(gains: np.ndarray, old: np.ndarray, new: np.ndarray) -> float:
+    """How much ``Σ_i gains[i, p(i)]`` grows from ``old`` to ``new``."""
+    rows = np.arange(len(new))
+    return float(gains[rows, new].sum() - gains[rows, old].sum())
+
+
+def _dot64(a: Tensor, b: Tensor, chunk: int = 1 << 22) -> float:
+    """``⟨a, b⟩`` with the products in the tensors' dtype and the sum in float64, in chunks
+    (the temporaries stay small)."""
+    a, b = a.reshape(-1), b.reshape(-1)
+    return sum(
+        float((a[i : i + chunk] * b[i : i + chunk]).sum(dtype=torch.float64))
+        for i in range(0, a.numel(), chunk)
+    )
 
 
 def _inner(

@@ -72,6 +72,7 @@ def merge_many(
                 seed=seed + rounds,
                 validate=False,
                 distances=False,
+                objective=False,
             )
             duals[i] = r.duals
             if r.perm != perms[i]:

@@ -134,7 +134,13 @@ def ste_mm(
     def project(i: int) -> None:
         current = {**base, **{k: v.detach() for k, v in proxies[i].items()}}
         r = matchers[i].match(
-            current, init=perms[i], duals=duals[i], seed=seed, validate=False, distances=False
+            current,
+            init=perms[i],
+            duals=duals[i],
+            seed=seed,
+            validate=False,
+            distances=False,
+            objective=False,
         )
         perms[i], duals[i] = r.perm, r.duals
 
