@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lmckit import __version__
-from lmckit.errors import LmcError, UsageError
+from lmckit.errors import LmcError, ModelConfigError, UsageError
 
 # Zoo entries shown by `lmckit info`: the papers' configurations.
 INFO_MODELS: list[tuple[str, dict]] = [
@@ -291,7 +291,10 @@ def _model_from_class_path(target: str, model_args: str | None):
     module_name, _, class_name = target.partition(":")
     if not module_name or not class_name:
         raise UsageError(f"{target!r} is neither a checkpoint nor MODULE:CLASS")
-    cls = import_model_class(target)
+    try:
+        cls = import_model_class(target)
+    except ModelConfigError as exc:  # a bad argument of the command line: usage error
+        raise UsageError(str(exc)) from None
     try:
         kwargs = json.loads(model_args) if model_args else {}
     except json.JSONDecodeError as exc:
