@@ -8,12 +8,12 @@ import torch
 
 from lmckit.analysis import alignment, l2_distances, singular_values, taylor_barrier
 from lmckit.checkpoint import load_checkpoint
-from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.matching import load_permutation
 from lmckit.experiments.report import write_report
 from lmckit.experiments.runner import run_experiment
 from lmckit.experiments.spec import load_experiment
 from lmckit.experiments.store import Store
+from tests.experiments.conftest import read_ledger
 
 FILE = Path(__file__).parent / "files" / "analyses.toml"
 
@@ -23,12 +23,7 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("analyses")
     summary = run_experiment(load_experiment(FILE), out, log=lambda _: None)
     assert summary.complete and not summary.failed
-    ledger = Ledger(out / "ledger.sqlite")
-    try:
-        jobs = {j["name"]: j for j in ledger.jobs()}
-        metrics = {(m["name"], m["metric"]): m["value"] for m in ledger.metrics()}
-    finally:
-        ledger.close()
+    jobs, metrics = read_ledger(out)
     return out, jobs, metrics
 
 

@@ -8,12 +8,12 @@ from torch import nn
 
 from lmckit.checkpoint import load_checkpoint
 from lmckit.errors import CheckpointError
-from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.runner import run_experiment
 from lmckit.experiments.spec import ExperimentError, load_experiment, model_configs
 from lmckit.experiments.store import Store
 from lmckit.models import build_model, model_config, permutation_spec
 from lmckit.spec import trace
+from tests.experiments.conftest import read_ledger
 
 CLASS = "tests.experiments.test_custom:SmallNet"
 
@@ -65,12 +65,7 @@ def test_a_users_class_runs_through_an_experiment(tmp_path, digits):
     out = tmp_path / "run"
     summary = run_experiment(_experiment(tmp_path), out, log=lambda _m: None)
     assert summary.complete and len(summary.done) == 2 + 2 + 3 + 1  # train, match, curve, merge
-    ledger = Ledger(out / "ledger.sqlite")
-    try:
-        jobs = {j["name"]: j for j in ledger.jobs()}
-        metrics = {(m["name"], m["metric"]): m["value"] for m in ledger.metrics()}
-    finally:
-        ledger.close()
+    jobs, metrics = read_ledger(out)
     store = Store(out / "store")
     train = [j for j in jobs.values() if j["kind"] == "train"]
     folder = store.folder("checkpoint", train[0]["key"])

@@ -129,8 +129,9 @@ def test_updated_cost_matrices_choose_what_re_formed_ones_choose_on_traced_specs
     assert_updates_choose_as_re_forming(model, trace(model, x), seed=2, policy=policy)
 
 
-def assert_updates_choose_as_re_forming(model, spec, seed, policy=DeltaPolicy()):
+def assert_updates_choose_as_re_forming(model, spec, seed, policy=None):
     a, b = near_pair(model, spec)
+    policy = DeltaPolicy() if policy is None else policy
     updated = ProfiledWeightMatcher(spec, b, delta=policy).match(a, seed=seed)
     formed = ProfiledWeightMatcher(spec, b, delta=None).match(a, seed=seed)
     assert updated.perm == formed.perm
