@@ -24,9 +24,11 @@ acceptance rule, same permutations (tested on every zoo model) — doing less wo
 * **LAP duals are kept** (STE-MM Alg. 3): each group's solve starts from the duals of its
   previous solve — within a call and, through ``duals=``, across calls — so once the
   permutations settle each LAP is nearly solved before it starts.
-* **The objective is exact and incremental**: after each sweep every tensor's ⟨A, π(B)⟩ is
-  recomputed only if a permutation on its axes changed (products in A's dtype, sums in
-  float64).
+* **The objective costs two passes**: ⟨A, π(B)⟩ is evaluated exactly, tensor by tensor
+  (products in A's dtype, sums in float64), at the start and for the last sweep; between,
+  each accepted solve adds its gain ``Σ_i C[i, p_new(i)] − Σ_i C[i, p_old(i)]`` (exact
+  while no tensor has two axes moved by the solved groups; otherwise that sweep is
+  re-evaluated, only the tensors whose permutations changed).
 
 Timing and FLOP counting live in :class:`ProfiledWeightMatcher`, a subclass, so the
 algorithm carries no instrumentation.
