@@ -175,8 +175,8 @@ MUTATIONS = [
         "wm-objective-unpermuted",
         "the tracked objective pairs A with B as it is, not with the chosen permutation",
         "src/lmckit/match/weight_matcher.py",
-        "hit = cache[name] = (used, _dot64(params_a[name], b))",
-        "hit = cache[name] = (used, _dot64(params_a[name], self.params_b[name]))",
+        "    return _dot64(params_a[name], b)\n",
+        "    return _dot64(params_a[name], params_b[name])\n",
         ("tests/match/test_weight.py",),
     ),
     M(
@@ -445,8 +445,9 @@ MUTATIONS = [
         "wm-blocks-rows-per-entry",
         "WM lays B out with one row per entry of a blocked axis instead of one per unit",
         "src/lmckit/match/weight_matcher.py",
-        "        return group_rows(self.spec, self.name, self.axis, self.group, b, 0)",
-        "        return b.reshape(b.shape[0], -1)",
+        "        return group_rows("
+        "self.spec, self.name, self.axis, self.group, b.movedim(self.axis, 0), 0)",
+        "        b = b.movedim(self.axis, 0)\n        return b.reshape(b.shape[0], -1)",
         ("tests/test_perm_blocks.py", "tests/spec/test_trace.py"),
     ),
     M(
@@ -536,7 +537,7 @@ MUTATIONS = [
         "wm-delta-forgets-the-old-columns",
         "an updated cost-matrix term adds A[:, D] B̃_new[:, D]ᵀ without taking B̃_old's away",
         "src/lmckit/match/weight_matcher.py",
-        "            change = new.sub_(self.b_rows.index_select(1, self._sources(before, chunk)))",
+        "            change = new.sub_(_take_columns(self.b_rows, self._sources(before, chunk)))",
         "            change = new",
         ("tests/match/test_weight_matcher.py",),
     ),

@@ -427,13 +427,9 @@ def _load_checkpoints(paths: Sequence[Path], device: str):
 
 
 def _example_input(args: argparse.Namespace):
-    import torch
+    from lmckit.models.custom import example_batch
 
-    generator = torch.Generator().manual_seed(0)
-    shape = (getattr(args, "batch", 4), *args.input_shape)
-    if args.tokens is not None:
-        return torch.randint(0, args.tokens, shape, generator=generator)
-    return torch.randn(shape, generator=generator)
+    return example_batch(args.input_shape, args.tokens, getattr(args, "batch", 4))
 
 
 def _load_pair(args: argparse.Namespace):

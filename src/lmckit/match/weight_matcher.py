@@ -373,10 +373,8 @@ class WeightMatcher:
             used = tuple(perm[h] for h in self._tensor_groups[name])
             hit = cache.get(name)
             if hit is None or not _same(used, hit[0]):
-                b = self.params_b[name]
-                for axis in range(b.ndim):
-                    b = permute_spec_axis(b, self.spec, name, axis, perm)
-                hit = cache[name] = (used, _dot64(params_a[name], b))
+                value = _tensor_inner(self.spec, params_a, self.params_b, perm, name)
+                hit = cache[name] = (used, value)
             total += hit[1]
         return total
 
@@ -571,6 +569,16 @@ def _dot64(a: Tensor, b: Tensor, chunk: int = 1 << 22) -> float:
     )
 
 
+def _tensor_inner(
+    spec: PermutationSpec, params_a: Params, params_b: Params, perm: Mapping[str, Tensor], name: str
+) -> float:
+    """``⟨A, π(B)⟩`` of one tensor (products in its dtype, the sum in float64)."""
+    b = params_b[name]
+    for axis in range(b.ndim):
+        b = permute_spec_axis(b, spec, name, axis, perm)
+    return _dot64(params_a[name], b)
+
+
 def _inner(
     spec: PermutationSpec,
     params_a: Params,
@@ -578,11 +586,5 @@ def _inner(
     perm: Mapping[str, Tensor],
     names: set[str],
 ) -> float:
-    """``Σ_{name ∈ names} ⟨A, π(B)⟩`` in float64."""
-    total = 0.0
-    for name in names:
-        b = params_b[name]
-        for axis in range(b.ndim):
-            b = permute_spec_axis(b, spec, name, axis, perm)
-        total += float((params_a[name].double() * b.double()).sum())
-    return total
+    """``Σ_{name ∈ names} ⟨A, π(B)⟩``."""
+    return sum(_tensor_inner(spec, params_a, params_b, perm, name) for name in sorted(names))

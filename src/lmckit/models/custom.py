@@ -28,7 +28,7 @@ from torch import nn
 from lmckit.errors import ModelConfigError
 from lmckit.perm import PermutationSpec
 
-__all__ = ["build_custom", "import_model_class"]
+__all__ = ["build_custom", "example_batch", "import_model_class"]
 
 
 def import_model_class(target: str) -> type[nn.Module]:
@@ -114,20 +114,23 @@ def build_custom(
         if not cache:
             from lmckit.spec import trace
 
-            cache.append(trace(model, example_input(config, model)))
+            parameter = next(model.parameters(), None)
+            device = parameter.device if parameter is not None else torch.device("cpu")
+            example = example_batch(config["input_shape"], config.get("tokens")).to(device)
+            cache.append(trace(model, example))
         return cache[0]
 
     object.__setattr__(model, "permutation_spec", permutation_spec)
     return model
 
 
-def example_input(config: Mapping[str, Any], model: nn.Module, batch: int = 2) -> torch.Tensor:
-    """A seeded example batch for a custom model's ``config`` (token ids when it has
-    ``tokens``), on the model's device."""
-    parameter = next(model.parameters(), None)
-    device = parameter.device if parameter is not None else torch.device("cpu")
+def example_batch(
+    input_shape: Sequence[int], tokens: int | None = None, batch: int = 2
+) -> torch.Tensor:
+    """A seeded example batch of ``input_shape`` (token ids below ``tokens`` when given) —
+    what a traced spec is read from."""
     generator = torch.Generator().manual_seed(0)
-    shape = (batch, *config["input_shape"])
-    if config.get("tokens") is not None:
-        return torch.randint(0, config["tokens"], shape, generator=generator).to(device)
-    return torch.randn(shape, generator=generator).to(device)
+    shape = (batch, *input_shape)
+    if tokens is not None:
+        return torch.randint(0, tokens, shape, generator=generator)
+    return torch.randn(shape, generator=generator)
