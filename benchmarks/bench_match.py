@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from _timing import synchronize
 from lmckit.checkpoint import load_checkpoint
 from lmckit.match import ProfiledWeightMatcher, weight_matching
 from lmckit.models import permutation_spec
@@ -49,17 +50,22 @@ MODELS = {
 PROBE_SHAPES = ((512, 784), (512, 4608), (1024, 4608), (2048, 2048), (2048, 18432))
 
 
-def matmul_throughput(dtype=torch.float32) -> float:
-    """The best FLOP/s of ``A @ Bᵀ`` (A, B: n × k) over WM's typical shapes, best of 5 runs
-    each — the highest rate seen, so FLOPs divided by it is a lower bound on product time."""
+def matmul_throughput(dtype=torch.float32, device: str = "cpu") -> float:
+    """The best FLOP/s of ``A @ Bᵀ`` (A, B: n × k) over WM's typical shapes (on a GPU also
+    8192 × 8192), best of 5 runs each — the highest rate seen, so FLOPs divided by it is a
+    lower bound on product time."""
     best_rate = 0.0
-    for n, k in PROBE_SHAPES:
-        x, y = torch.randn(n, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
+    shapes = PROBE_SHAPES + (((8192, 8192),) if torch.device(device).type == "cuda" else ())
+    for n, k in shapes:
+        x = torch.randn(n, k, dtype=dtype, device=device)
+        y = torch.randn(n, k, dtype=dtype, device=device)
         x @ y.T
         best = float("inf")
         for _ in range(5):
+            synchronize()
             t = time.perf_counter()
             x @ y.T
+            synchronize()
             best = min(best, time.perf_counter() - t)
         best_rate = max(best_rate, 2 * n * k * n / best)
     return best_rate

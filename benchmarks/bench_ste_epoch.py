@@ -8,7 +8,7 @@ an STE epoch with lmckit's weight-matching engine, and an STE epoch with the pre
 engine (cost-matrix terms re-formed every time: ``WeightMatcher(delta=None)``), and
 reports the ratios and the share of the STE epoch spent in weight matching. Prints JSON.
 
-    python benchmarks/bench_ste_epoch.py --data-dir .data [--examples 60000]
+    python benchmarks/bench_ste_epoch.py --data-dir .data [--examples 60000] [--device cuda]
 
 (ResNet-20 runs on a quarter of ``--examples``, Fashion-MNIST padded to 32×32.)
 """
@@ -22,7 +22,7 @@ import json
 import time
 
 import lmckit.match.ste as ste_module
-from _timing import machine
+from _timing import add_device_argument, machine
 from lmckit.data import load_dataset
 from lmckit.match import ste_matching
 from lmckit.match.weight_matcher import WeightMatcher
@@ -30,12 +30,12 @@ from lmckit.models import permutation_spec
 from lmckit.train import TrainConfig, init_model, train
 
 
-def one_case(name, config, data, batch_size) -> dict:
-    a_model, b_model = init_model(name, config, 0), init_model(name, config, 1)
+def one_case(name, config, data, batch_size, device="cpu") -> dict:
+    a_model, b_model = (init_model(name, config, seed).to(device) for seed in (0, 1))
     spec = permutation_spec(a_model)
     cfg = TrainConfig(epochs=1, batch_size=batch_size, optimizer="adam", lr=1e-3, seed=0)
     # one-time costs (kernel selection, allocator growth) paid before anything is timed
-    warm = init_model(name, config, 2)
+    warm = init_model(name, config, 2).to(device)
     train(warm, head(data, 4 * batch_size), cfg, evaluate_each_epoch=False)
     ste_matching(
         spec, warm.state_dict(), b_model.state_dict(), model=warm,
@@ -88,17 +88,24 @@ def main() -> None:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--examples", type=int, default=60000)
     parser.add_argument("--batch-size", type=int, default=256)
+    add_device_argument(parser)
     args = parser.parse_args()
     flat = head(load_dataset("fashion-mnist", args.data_dir), args.examples)
     padded = head(load_dataset("fashion-mnist", args.data_dir, pad_to=32), args.examples // 4)
     rows = {
-        "mlp3x512": one_case("mlp", {"in_dim": 784}, flat, args.batch_size),
+        "mlp3x512": one_case("mlp", {"in_dim": 784}, flat, args.batch_size, args.device),
         "resnet20x1": one_case(
-            "resnet20", {"width_multiplier": 1, "in_channels": 1}, padded, args.batch_size
+            "resnet20",
+            {"width_multiplier": 1, "in_channels": 1},
+            padded,
+            args.batch_size,
+            args.device,
         ),
     }
     print(
-        json.dumps({"benchmark": "ste_epoch", "machine": machine("cpu"), "models": rows}, indent=2)
+        json.dumps(
+            {"benchmark": "ste_epoch", "machine": machine(args.device), "models": rows}, indent=2
+        )
     )
 
 

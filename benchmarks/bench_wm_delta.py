@@ -22,6 +22,16 @@ peak is what the run holds, not what the allocator kept from earlier blocks) —
 objective and the distance after, and two floors: the time of one full sweep's products at
 the machine's measured float32 GEMM rate, plus the run's own LAP time.
 
+With ``--device cuda`` the models live on the GPU (products there, LAPs on the CPU), the
+rows are ``delta`` (the default engine: there, matrices below ``gpu_min_flops`` formed
+anew), ``delta_no_overlap`` (the same with ``overlap=False``: nothing queued on the GPU
+while a LAP runs) and ``updates_on_gpu`` (every matrix updated as on a CPU,
+``gpu_min_flops=0``); times are then wall seconds (the CPU waits for the GPU), the floor
+uses the GPU's measured float32 GEMM rate, peak memory is the GPU's
+(``torch.cuda.max_memory_allocated`` above what the two models take), the fixed-threshold
+rerun is skipped and ``rebasin`` (a CPU library) is not run. ``--repeats N`` runs each
+variant N times in its process and reports the median by wall time.
+
 Pairs come from ``lmckit train`` checkpoints (``--pairs``: ``NAME=FOLDER`` with
 ``*-seed0`` and ``*-seed1`` in it) and ResNet-20 ×8/×16 trained briefly on the bundled
 8×8 digits here (``--resnet``). Prints one JSON document.
@@ -43,7 +53,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from _timing import machine
+from _timing import add_device_argument, machine
 from bench_match import flops_per_sweep, matmul_throughput
 from lmckit.checkpoint import load_checkpoint
 from lmckit.match.weight_matcher import DeltaPolicy, ProfiledWeightMatcher
@@ -64,19 +74,25 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def run_lmckit(spec, a, b, delta, seed: int) -> dict:
+def run_lmckit(spec, a, b, delta, seed: int, overlap: bool | None = None) -> dict:
+    cuda = next(iter(a.values())).is_cuda
     reset_peak()
     resident = rss_bytes("VmRSS")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        held = torch.cuda.memory_allocated()
     cpu = time.process_time()
-    result = ProfiledWeightMatcher(spec, b, delta=delta).match(a, seed=seed)
+    result = ProfiledWeightMatcher(spec, b, delta=delta, overlap=overlap).match(a, seed=seed)
     cpu = time.process_time() - cpu
     peak = rss_bytes("VmHWM") - resident
     info = result.info
-    return {
+    out = {
         "cpu_seconds": cpu,
         "wall_seconds": result.seconds,
         "sweeps": result.iterations,
         "lap_solves": info["lap_solves"],
+        "formed_ahead": info["formed_ahead"],
         "gflop_formed": info["gemm_flops"] / 1e9,
         "gflop_full_recompute": info["full_recompute_flops"] / 1e9,
         "gemm_seconds": info["gemm_seconds"],
@@ -87,6 +103,10 @@ def run_lmckit(spec, a, b, delta, seed: int) -> dict:
         "distance_after": result.distance_after,
         "perm": result.perm,
     }
+    if cuda:
+        out["host_peak_added_bytes"] = out.pop("peak_added_bytes")
+        out["peak_added_bytes"] = torch.cuda.max_memory_allocated() - held
+    return out
 
 
 def as_sequential(params: dict, widths: list[int]) -> nn.Module:
@@ -121,7 +141,7 @@ def run_rebasin(a, b, widths) -> dict:
     }
 
 
-def digits_resnet_pair(width: int, epochs: int):
+def digits_resnet_pair(width: int, epochs: int, device: str = "cpu"):
     from lmckit.data import load_dataset
     from lmckit.train import TrainConfig, train
 
@@ -129,13 +149,13 @@ def digits_resnet_pair(width: int, epochs: int):
     config = {"width_multiplier": width, "in_channels": 1}
     params, accuracy = [], []
     for seed in (0, 1):
-        model = init_model("resnet20", config, seed)
+        model = init_model("resnet20", config, seed).to(device)
         cfg = TrainConfig(
             epochs=epochs, batch_size=128, optimizer="sgd", lr=0.05, nesterov=True,
             weight_decay=5e-4, schedule="warmup_linear", seed=seed,
         )  # fmt: skip
         result = train(model, data, cfg, evaluate_each_epoch=False)
-        params.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        params.append({k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
         accuracy.append(result.test.accuracy)
     return permutation_spec(model), params, f"digits-trained ({epochs} epochs; test acc {accuracy})"
 
@@ -152,11 +172,34 @@ def load_pair(source: dict):
     return permutation_spec(model), a, b
 
 
+VARIANTS = {  # name: (cost-matrix policy, overlap)
+    "delta": (DeltaPolicy(), None),
+    "delta_no_overlap": (DeltaPolicy(), False),
+    "updates_on_gpu": (DeltaPolicy(gpu_min_flops=0), None),
+    "full": (None, None),
+}
+
+
 def child(source: dict, variant: str) -> None:
     """One variant in a fresh process, so its peak memory is its own."""
     torch.set_num_threads(1)
     spec, a, b = load_pair(source)
-    run = run_lmckit(spec, a, b, DeltaPolicy() if variant == "delta" else None, seed=0)
+    device = source.get("device", "cpu")
+    if torch.device(device).type == "cuda":
+        a, b = ({k: v.to(device) for k, v in p.items()} for p in (a, b))
+        # context, cuBLAS handle and pinned-memory pool made before the clock starts
+        warm = torch.ones(256, 256, device=device)
+        (warm @ warm).to("cpu", non_blocking=True)
+        torch.empty(1 << 20, pin_memory=True)
+        torch.cuda.synchronize()
+    policy, overlap = VARIANTS[variant]
+    runs = [
+        run_lmckit(spec, a, b, policy, seed=0, overlap=overlap) for _ in range(source["repeats"])
+    ]
+    # the median run by wall time; peak memory from the first (later ones reuse its pages)
+    run = sorted(runs, key=lambda r: r["wall_seconds"])[len(runs) // 2]
+    run["peak_added_bytes"] = runs[0]["peak_added_bytes"]
+    run["wall_seconds_each"] = [r["wall_seconds"] for r in runs]
     run["perm"] = run["perm"].to_dict()
     print(json.dumps(run))
 
@@ -179,32 +222,44 @@ FIXED_MMAP = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 def bench_pair(name, source, origin, throughput, with_rebasin, delta_only=False) -> dict:
     print(f"{name}: matching", file=sys.stderr, flush=True)
     spec, a, b = load_pair(source)
+    cuda = torch.device(source.get("device", "cpu")).type == "cuda"
     row: dict = {"pair": origin}
     params_bytes = sum(t.numel() * t.element_size() for t in a.values()) * 2
     row["two_models_bytes"] = params_bytes
-    variants = ("delta",) if delta_only else ("delta", "full")
+    if cuda:
+        variants = ["delta", "delta_no_overlap", "updates_on_gpu"]
+    else:
+        variants = ["delta"] + ([] if delta_only else ["full"])
     runs = {variant: in_child(source, variant) for variant in variants}
-    for variant in variants:
+    for variant in variants if not cuda else ():
         held = in_child(source, variant, FIXED_MMAP)["peak_added_bytes"]
         runs[variant]["peak_added_bytes_fixed_mmap_threshold"] = held
-    if not delta_only:
+    if "full" in runs:
         row["same_permutation"] = runs["delta"]["perm"] == runs["full"]["perm"]
         row["objective_relative_difference"] = abs(
             runs["delta"]["objective"] - runs["full"]["objective"]
         ) / abs(runs["full"]["objective"])
         row["delta_speedup_over_full"] = runs["full"]["cpu_seconds"] / runs["delta"]["cpu_seconds"]
+    if cuda:
+        for other in ("delta_no_overlap", "updates_on_gpu"):
+            row[f"speedup_over_{other}"] = (
+                runs[other]["wall_seconds"] / runs["delta"]["wall_seconds"]
+            )
+            row[f"same_permutation_as_{other}"] = runs["delta"]["perm"] == runs[other]["perm"]
     floor = flops_per_sweep(spec, a) / throughput
     for label, run in runs.items():
         run.pop("perm")
         run["floor_one_sweep_plus_laps"] = floor + run["lap_seconds"]
-        run["over_floor"] = run["cpu_seconds"] / run["floor_one_sweep_plus_laps"]
+        clock = run["wall_seconds" if cuda else "cpu_seconds"]
+        run["over_floor"] = clock / run["floor_one_sweep_plus_laps"]
         run["peak_over_two_models"] = run["peak_added_bytes"] / params_bytes
-        run["peak_over_two_models_fixed_mmap_threshold"] = (
-            run["peak_added_bytes_fixed_mmap_threshold"] / params_bytes
-        )
+        if not cuda:
+            run["peak_over_two_models_fixed_mmap_threshold"] = (
+                run["peak_added_bytes_fixed_mmap_threshold"] / params_bytes
+            )
         row[label] = run
     row["gflop_one_sweep"] = flops_per_sweep(spec, a) / 1e9
-    if with_rebasin:
+    if with_rebasin and not cuda:
         print(f"{name}: rebasin", file=sys.stderr, flush=True)
         widths = [a[f"layers.{i}.weight"].shape[0] for i in range(len(spec.groups))]
         rb = run_rebasin(a, b, widths)
@@ -214,6 +269,8 @@ def bench_pair(name, source, origin, throughput, with_rebasin, delta_only=False)
                 runs["delta"]["distance_after"] <= rb["distance_after"] + 1e-3
             )
         row["rebasin"] = rb
+    # each row as it finishes, so that a run stopped later still reports it
+    print(f"{name}: {json.dumps(row)}", file=sys.stderr, flush=True)
     return row
 
 
@@ -227,17 +284,25 @@ def main() -> None:
     parser.add_argument(
         "--delta-only", nargs="*", default=[], help="pairs timed without the previous engine"
     )
+    add_device_argument(parser)
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs per variant (the median is reported)"
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(json.loads(args.child[0]), args.child[1])
         return
     torch.set_num_threads(1)
-    throughput = matmul_throughput()
+    throughput = matmul_throughput(device=args.device)
     rows = {}
     for entry in args.pairs:
         name, folder = entry.split("=", 1)
-        source = {"folder": str(Path(folder).resolve())}
+        source = {
+            "folder": str(Path(folder).resolve()),
+            "device": args.device,
+            "repeats": args.repeats,
+        }
         found = sorted(Path(folder).glob("*-seed[01]*.safetensors"))
         origin = f"trained with lmckit train ({found[0].stem}, {found[1].stem})"
         rows[name] = bench_pair(
@@ -247,12 +312,12 @@ def main() -> None:
     for width in args.resnet:
         name = f"resnet20x{width}"
         print(f"{name}: training on digits", file=sys.stderr, flush=True)
-        _, (a, b), origin = digits_resnet_pair(width, args.resnet_epochs)
+        _, (a, b), origin = digits_resnet_pair(width, args.resnet_epochs, args.device)
         file = args.scratch / f"{name}.pt"
         torch.save((a, b), file)
         rows[name] = bench_pair(
             name,
-            {"resnet": width, "file": str(file)},
+            {"resnet": width, "file": str(file), "device": args.device, "repeats": args.repeats},
             origin,
             throughput,
             False,
@@ -262,8 +327,9 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "wm_delta",
-                "machine": machine("cpu"),
-                "matmul_gflops_one_thread": throughput / 1e9,
+                "machine": machine(args.device),
+                # float32 GEMM rate where the products run (on a CPU: one thread)
+                "matmul_gflops": throughput / 1e9,
                 "policy": vars(DeltaPolicy()),
                 "models": rows,
             },

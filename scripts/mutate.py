@@ -159,8 +159,8 @@ MUTATIONS = [
         "wm-skips-too-eagerly",
         "weight matching skips every group it has solved once",
         "src/lmckit/match/weight_matcher.py",
-        "if last is not None and all(p is q for p, q in zip(neighbours, last, strict=True)):",
-        "if last is not None:",
+        "return last is not None and all(p is q for p, q in zip(neighbours, last, strict=True))",
+        "return last is not None",
         ("tests/match/test_weight.py",),
     ),
     M(
@@ -548,6 +548,22 @@ MUTATIONS = [
         "        self._costs.clear()  # formed from another A",
         "        pass",
         ("tests/match/test_weight_matcher.py",),
+    ),
+    M(
+        "wm-overlap-ignores-dependence",
+        "the next unit's cost matrices are formed before this LAP even when they neighbour it",
+        "src/lmckit/match/weight_matcher.py",
+        "                    and not set(unit) & set(self.neighbours[following])\n",
+        "",
+        ("tests/match/test_weight_matcher.py",),
+    ),
+    M(
+        "wm-small-gpu-matrices-updated",
+        "on a GPU every kept matrix is updated, however cheap forming it again would be",
+        "src/lmckit/match/weight_matcher.py",
+        "        return not on_gpu or formation_flops >= self.gpu_min_flops\n",
+        "        return True\n",
+        ("tests/match/test_weight_matcher.py", "tests/test_device.py"),
     ),
     M(
         "sum-index-without-offset",

@@ -8,7 +8,8 @@ import torch
 
 from lmckit.analysis import alignment, taylor_barrier
 from lmckit.evaluate import bn_reset, interpolate
-from lmckit.match import ste_matching, weight_matching
+from lmckit.match import ProfiledWeightMatcher, ste_matching, weight_matching
+from lmckit.match.weight_matcher import DeltaPolicy
 from lmckit.merge import merge_many
 from lmckit.models import build_model, permutation_spec
 from lmckit.perm import Permutation
@@ -28,9 +29,38 @@ def pair(digits_pair):
 
 def test_weight_matching_finds_the_same_permutation(pair, device):
     _, spec, a, b = pair
-    cpu = weight_matching(spec, a, b, seed=0).perm
-    moved = weight_matching(spec, on(a, device), on(b, device), seed=0).perm
-    assert moved == cpu
+    cpu = weight_matching(spec, a, b, seed=0)
+    moved = weight_matching(spec, on(a, device), on(b, device), seed=0)
+    assert moved.perm == cpu.perm
+
+
+def test_weight_matching_overlaps_products_and_laps_on_a_gpu(device):
+    """Four hidden layers, so that a sweep's order often puts two non-neighbours in a row:
+    on a GPU their products are queued while the CPU solves the LAP before (CPU: never),
+    with the same outcome as on CPU."""
+    torch.manual_seed(0)
+    models = [build_model("mlp", in_dim=20, hidden=[48, 40, 32, 24], out_dim=5) for _ in "ab"]
+    spec = permutation_spec(models[0])
+    a, b = (m.state_dict() for m in models)
+    cpu = weight_matching(spec, a, b, seed=0)
+    moved = weight_matching(spec, on(a, device), on(b, device), seed=0)
+    assert moved.perm == cpu.perm and moved.iterations == cpu.iterations
+    assert (moved.info["formed_ahead"] > 0) == (torch.device(device).type == "cuda")
+
+
+def test_small_cost_matrices_are_formed_anew_on_a_gpu_and_updated_on_a_cpu(device):
+    """On a GPU an update's fixed costs exceed forming a small matrix again
+    (``DeltaPolicy.gpu_min_flops``); forced updates there choose the same."""
+    torch.manual_seed(0)
+    models = [build_model("mlp", in_dim=20, hidden=[48, 40, 32, 24], out_dim=5) for _ in "ab"]
+    spec = permutation_spec(models[0])
+    a, b = (on(m.state_dict(), device) for m in models)
+    default = ProfiledWeightMatcher(spec, b).match(a, seed=0)
+    formed_anew = default.info["gemm_flops"] == default.info["full_recompute_flops"]
+    assert formed_anew == (torch.device(device).type == "cuda")
+    forced = ProfiledWeightMatcher(spec, b, delta=DeltaPolicy(gpu_min_flops=0)).match(a, seed=0)
+    assert forced.info["gemm_flops"] < forced.info["full_recompute_flops"]
+    assert forced.perm == default.perm and forced.history == pytest.approx(default.history)
 
 
 def test_interpolation_curves_agree(pair, digits, device):

@@ -129,6 +129,42 @@ def test_updated_cost_matrices_choose_what_re_formed_ones_choose_on_traced_specs
     assert_updates_choose_as_re_forming(model, trace(model, x), seed=2, policy=policy)
 
 
+@pytest.mark.parametrize(
+    ("name", "config"),
+    [
+        ("mlp", {"in_dim": 20, "hidden": [24, 16, 12, 10], "out_dim": 5}),
+        ("resnet20", {"width_multiplier": 0.5, "in_channels": 1}),
+        ("transformer", {"in_dim": 8, "length": 8, "dim": 12, "depth": 2, "heads": 3}),
+    ],
+)
+def test_forming_the_next_units_matrices_ahead_changes_nothing(name, config):
+    """The GPU's overlap (the next unit's products queued before this LAP where this solve
+    cannot change them), run here on CPU: every solve, skip, objective and permutation as
+    without it, and matrices really formed ahead."""
+    torch.manual_seed(0)
+    model = nontrivial(build_model(name, **config))
+    spec = permutation_spec(model)
+    a, b = near_pair(model, spec)
+    for seed in range(3):
+        ahead = WeightMatcher(spec, b, overlap=True).match(a, seed=seed)
+        plain = WeightMatcher(spec, b, overlap=False).match(a, seed=seed)
+        assert ahead.perm == plain.perm and ahead.history == plain.history
+        assert ahead.info["lap_solves"] == plain.info["lap_solves"]
+        assert ahead.info["skipped_solves"] == plain.info["skipped_solves"]
+        assert ahead.info["formed_ahead"] > 0 and plain.info["formed_ahead"] == 0
+    # on the inputs' device by default: a CPU run forms nothing ahead
+    assert WeightMatcher(spec, b).match(a).info["formed_ahead"] == 0
+
+
+def test_on_a_gpu_only_costly_matrices_are_updated():
+    """An update's fixed costs on a GPU (a host synchronisation, small kernels) exceed
+    forming a small matrix again; on a CPU every kept matrix is worth updating."""
+    policy = DeltaPolicy(gpu_min_flops=1e11)
+    assert policy.updates_pay(10, on_gpu=False) and policy.updates_pay(10**13, on_gpu=False)
+    assert not policy.updates_pay(2 * 2048 * 2 * 2048 * 2048, on_gpu=True)  # 3×2048 hidden
+    assert policy.updates_pay(2 * 8192 * 2 * 8192 * 8192, on_gpu=True)  # 3×8192 hidden
+
+
 def assert_updates_choose_as_re_forming(model, spec, seed, policy=None):
     a, b = near_pair(model, spec)
     policy = DeltaPolicy() if policy is None else policy

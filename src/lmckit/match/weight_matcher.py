@@ -16,7 +16,8 @@ acceptance rule, same permutations (tested on every zoo model) — doing less wo
   convolution, the moved input channels × kernel positions), in chunks — unless more
   than :class:`DeltaPolicy`'s fraction of the group's columns moved, or the matrix is
   ``refresh`` sweeps old, when it is formed anew (bounding accumulated rounding). Late
-  sweeps move few units, so most of their products cost a few columns.
+  sweeps move few units, so most of their products cost a few columns. (On a GPU, only
+  matrices costly enough to form pay for an update's fixed costs.)
 * **Memory stays near the models'.** Only one ``(n, n)`` matrix per group is kept (the
   terms' shares live only in its sum), B̃ — B under the other groups' permutations — is
   formed only while a term is formed and then dropped, and update temporaries are
@@ -24,6 +25,10 @@ acceptance rule, same permutations (tested on every zoo model) — doing less wo
 * **LAP duals are kept** (STE-MM Alg. 3): each group's solve starts from the duals of its
   previous solve — within a call and, through ``duals=``, across calls — so once the
   permutations settle each LAP is nearly solved before it starts.
+* **On a GPU, the LAPs overlap the products.** A group's cost matrix goes to the CPU by
+  an asynchronous copy; when the next unit in the sweep's order does not neighbour the
+  one being solved (its cost matrix cannot change with this solve), its products are
+  queued on the GPU before this LAP runs on the CPU — the same matrices, formed sooner.
 * **The objective costs two passes**: ⟨A, π(B)⟩ is evaluated exactly, tensor by tensor
   (products in A's dtype, sums in float64), at the start and for the last sweep; between,
   each accepted solve adds its gain ``Σ_i C[i, p_new(i)] − Σ_i C[i, p_old(i)]`` (exact
@@ -99,6 +104,27 @@ def improves_all(
 def _as_gains(cost: Tensor) -> np.ndarray:
     """A group's cost matrix as the LAP's CPU float64 gains."""
     return cost.detach().to("cpu", torch.float64).numpy()
+
+
+class _OnTheWay:
+    """A cost matrix on its way to the CPU: on a GPU, an asynchronous copy into pinned
+    memory that later GPU work does not wait for; elsewhere, the matrix itself."""
+
+    def __init__(self, cost: Tensor) -> None:
+        self.event = None
+        if cost.is_cuda:
+            self.host = torch.empty(cost.shape, dtype=cost.dtype, pin_memory=True)
+            self.host.copy_(cost.detach(), non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = cost
+
+    def gains(self) -> np.ndarray:
+        """The LAP's CPU float64 gains, once the copy has arrived."""
+        if self.event is not None:
+            self.event.synchronize()
+        return _as_gains(self.host)
 
 
 @dataclass
@@ -227,6 +253,13 @@ def _take_columns(t: Tensor, index: Tensor) -> Tensor:
     return t.index_select(1, index)
 
 
+def _repeats(neighbours: tuple[Tensor, ...], last: tuple[Tensor, ...] | None) -> bool:
+    """Whether a unit was last solved with exactly these neighbour permutations (the same
+    objects: a permutation is replaced, never changed in place), so solving it again would
+    repeat that solve."""
+    return last is not None and all(p is q for p, q in zip(neighbours, last, strict=True))
+
+
 def _same(xs: tuple[Tensor, ...], ys: tuple[Tensor, ...] | None) -> bool:
     return ys is not None and all(x is y or torch.equal(x, y) for x, y in zip(xs, ys, strict=True))
 
@@ -237,10 +270,20 @@ class DeltaPolicy:
     again: when the columns its terms' neighbours moved are at most ``max_fraction`` of the
     group's columns (beyond that, forming anew costs about as much as the updates' copies
     and products), and it was formed fewer than ``refresh`` sweeps ago (bounding the
-    rounding that updates accumulate)."""
+    rounding that updates accumulate) — and, on a GPU, only when forming it anew takes at
+    least ``gpu_min_flops`` multiply-adds ×2: an update there costs a host synchronisation
+    and a dozen small kernels (about 2 ms per update measured on an H100, where forming a
+    3×2048 MLP's cost matrix anew takes about 1 ms), so smaller matrices are cheaper to
+    form again."""
 
     max_fraction: float = 0.75
     refresh: int = 8
+    gpu_min_flops: float = 1e11
+
+    def updates_pay(self, formation_flops: int, on_gpu: bool) -> bool:
+        """Whether updating a kept matrix can beat forming it anew with
+        ``formation_flops`` (multiply-adds ×2) on this device."""
+        return not on_gpu or formation_flops >= self.gpu_min_flops
 
 
 class WeightMatcher:
@@ -258,6 +301,9 @@ class WeightMatcher:
         delta: how cost-matrix terms are updated where only some of B̃'s columns changed
             (:class:`DeltaPolicy`); ``None`` forms every term anew (the earlier engine,
             kept for benchmarks and tests).
+        overlap: form the next unit's cost matrices before this unit's LAP where they
+            cannot depend on its outcome (same results). ``None`` (default): when the
+            products run on a GPU, where they then proceed while the CPU solves.
     """
 
     def __init__(
@@ -268,9 +314,11 @@ class WeightMatcher:
         include_running_stats: bool = True,
         lap_backend: str = "lapjv",
         delta: DeltaPolicy | None = DeltaPolicy(),
+        overlap: bool | None = None,
     ) -> None:
         self.spec = spec
         self.delta = delta
+        self.overlap = overlap
         self._sweep = 0
         self.params_b = params_b = detached(params_b)
         self.lap_backend = lap_backend
@@ -329,9 +377,9 @@ class WeightMatcher:
 
         Under :class:`DeltaPolicy`: the kept matrix, each term whose neighbours moved since
         updated in place over its changed columns — unless they are more than
-        ``max_fraction`` of the group's columns, or the matrix is ``refresh`` sweeps old;
-        then it is formed anew, term by term in the spec's order. Only one ``(n, n)`` matrix
-        per group is kept."""
+        ``max_fraction`` of the group's columns, the matrix is ``refresh`` sweeps old, or it
+        is a GPU matrix smaller than ``gpu_min_flops``; then it is formed anew, term by term
+        in the spec's order. Only one ``(n, n)`` matrix per group is kept."""
         terms = self.terms[group]
         for t in terms:
             t.flops = 0
@@ -340,6 +388,10 @@ class WeightMatcher:
             kept is not None
             and policy is not None
             and self._sweep - self._formed[group] < policy.refresh
+            and policy.updates_pay(
+                sum(2 * kept.shape[0] * a2[(group, t.name, t.axis)].numel() for t in terms),
+                kept.is_cuda,
+            )
         ):
             pending = []
             for t in terms:
@@ -431,7 +483,8 @@ class WeightMatcher:
         generator = torch.Generator().manual_seed(seed)
         solved_with: dict[str, tuple[Tensor, ...]] = {}
         history: list[float] = []
-        solves = skipped = sweeps = 0
+        solves = skipped = sweeps = formed_ahead = 0
+        overlap = self.overlap if self.overlap is not None else device.type == "cuda"
         self._costs.clear()  # formed from another A
         contributions: dict[str, tuple[tuple[Tensor, ...], float]] = {}
         constant = running = math.nan
@@ -441,14 +494,30 @@ class WeightMatcher:
         for sweep in range(1, max_iter + 1):
             sweeps = self._sweep = sweep
             improved = stale = False
-            for idx in torch.randperm(len(self.units), generator=generator).tolist():
-                unit = self.units[idx]
+            order = [self.units[i] for i in torch.randperm(len(self.units), generator=generator)]
+            ahead: dict[tuple[str, ...], dict[str, Tensor]] = {}  # formed before their turn
+            for position, unit in enumerate(order):
                 neighbours = tuple(perm[h] for h in self.neighbours[unit])
-                last = solved_with.get(unit)
-                if last is not None and all(p is q for p, q in zip(neighbours, last, strict=True)):
+                if _repeats(neighbours, solved_with.get(unit)):
                     skipped += 1
                     continue
-                gains64 = {g: _as_gains(self.cost(g, a2, perm)) for g in unit}
+                costs = ahead.pop(unit, None) or {g: self.cost(g, a2, perm) for g in unit}
+                copies = {g: _OnTheWay(c) for g, c in costs.items()}
+                old = {g: perm[g].cpu().numpy() for g in unit}
+                following = order[position + 1] if position + 1 < len(order) else None
+                if (
+                    overlap
+                    and following is not None
+                    and not set(unit) & set(self.neighbours[following])
+                    and not _repeats(
+                        tuple(perm[h] for h in self.neighbours[following]),
+                        solved_with.get(following),
+                    )
+                ):
+                    # this solve cannot change the following unit's matrices: queue them now
+                    ahead[following] = {g: self.cost(g, a2, perm) for g in following}
+                    formed_ahead += 1
+                gains64 = {g: c.gains() for g, c in copies.items()}
                 solves += 1
                 if len(unit) == 1 and unit[0] not in spec.heads:
                     g = unit[0]
@@ -461,7 +530,6 @@ class WeightMatcher:
                     chosen = {g: new}
                 else:
                     chosen = self.solve_heads(gains64, spec.heads[unit[0]][1])
-                old = {g: perm[g].cpu().numpy() for g in unit}
                 new = {g: p.numpy() for g, p in chosen.items()}
                 if improves_all(gains64, old, new, rel_tol):
                     for g in unit:
@@ -498,6 +566,7 @@ class WeightMatcher:
             info={
                 "lap_solves": solves,
                 "skipped_solves": skipped,
+                "formed_ahead": formed_ahead,
                 "warm_start": warm_start,
                 "lap_backend": self.lap_backend,
             },
@@ -508,18 +577,25 @@ class ProfiledWeightMatcher(WeightMatcher):
     """A :class:`WeightMatcher` that also measures where its time goes.
 
     After :meth:`match`, ``result.info`` also holds ``gemm_seconds`` (forming the cost
-    matrices, including the copy to CPU float64), ``lap_seconds``, ``gemm_flops`` (the
+    matrices: on a CPU the wall time of it; on a GPU the GPU's time between CUDA events
+    around each formation, so that timing does not synchronise away the overlap),
+    ``lap_seconds``, ``gemm_flops`` (the
     multiply-adds done: ``2·n·numel(A_term)`` per term formed in full, ``2·n²·|D|`` per
     term updated over ``|D|`` changed columns) and ``full_recompute_flops`` (what forming
     every term requested in full would have cost). Counters accumulate per call.
     """
 
     def cost(self, group, a2, perm):
-        t0 = time.perf_counter()
-        out = super().cost(group, a2, perm)
-        if out.is_cuda:
-            torch.cuda.synchronize()
-        self._gemm_seconds += time.perf_counter() - t0
+        if next(iter(a2.values())).is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = super().cost(group, a2, perm)
+            end.record()
+            self._gpu_intervals.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            out = super().cost(group, a2, perm)
+            self._gemm_seconds += time.perf_counter() - t0
         n = self.spec.groups[group]
         self._flops += sum(t.flops for t in self.terms[group])
         self._full_flops += sum(
@@ -543,7 +619,11 @@ class ProfiledWeightMatcher(WeightMatcher):
         """:meth:`WeightMatcher.match`, with timings and FLOPs added to ``info``."""
         self._gemm_seconds = self._lap_seconds = 0.0
         self._flops = self._full_flops = 0
+        self._gpu_intervals: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         result = super().match(params_a, **kwargs)
+        if self._gpu_intervals:
+            torch.cuda.synchronize()
+            self._gemm_seconds = sum(s.elapsed_time(e) for s, e in self._gpu_intervals) / 1e3
         result.info.update(
             gemm_seconds=self._gemm_seconds,
             lap_seconds=self._lap_seconds,
