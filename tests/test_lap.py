@@ -90,10 +90,44 @@ def test_a_warm_start_solves_the_cost_reduced_by_the_given_duals(monkeypatch):
     again, _ = solve_lap(c, duals=duals)
     expected = -c - duals.u[:, None] - duals.v[None, :]
     assert np.allclose(seen[-1], expected)
-    assert seen[-1].min() >= -1e-12 and np.abs(seen[-1][np.arange(60), p.numpy()]).max() < 1e-12
+    # feasible, and zero on the optimum up to the grid the reduced costs are rounded to
+    assert seen[-1].min() >= 0 and np.abs(seen[-1][np.arange(60), p.numpy()]).max() < 1e-9
     assert torch.equal(again, p)
     solve_lap(c)  # a cold solve starts from the reduction duals instead
     assert not np.allclose(seen[-1], expected)
+
+
+def test_stale_duals_are_made_feasible_by_lowering_each_rows_dual(monkeypatch):
+    """Duals of another problem leave negative reduced costs, from which JV can be far
+    slower than cold: each row's dual is lowered by its most negative entry first, so the
+    solver sees C − u1ᵀ − 1vᵀ − min(row minimum, 0) — non-negative, a zero in every row
+    that had a negative, the rest untouched — and the answer is still the optimum."""
+    import lmckit.lap as lap
+
+    seen = []
+    original = lap._lapjv.lapjv
+
+    class Recorder:
+        @staticmethod
+        def lapjv(cost, **kwargs):
+            seen.append(np.array(cost))
+            return original(cost, **kwargs)
+
+    rng = np.random.default_rng(4)
+    old, new = rng.standard_normal((50, 50)), rng.standard_normal((50, 50))
+    _, stale = solve_lap(old)
+    monkeypatch.setattr(lap, "_lapjv", Recorder)
+    p, duals = solve_lap(new, duals=stale)
+    reduced = -new - stale.u[:, None] - stale.v[None, :]
+    negative_rows = reduced.min(axis=1) < 0
+    assert 0 < negative_rows.sum() < 50
+    expected = reduced - np.minimum(reduced.min(axis=1), 0)[:, None]
+    assert np.allclose(seen[-1], expected, atol=1e-9) and seen[-1].min() >= 0
+    assert np.allclose(seen[-1][negative_rows].min(axis=1), 0, atol=1e-9)
+    assert_optimal(new, p)
+    # the returned duals are optimal for the new problem
+    red = -new - duals.u[:, None] - duals.v[None, :]
+    assert red.min() >= -1e-9 and np.abs(red[np.arange(50), p.numpy()]).max() < 1e-9
 
 
 def test_backends_agree_and_accept_tensors():

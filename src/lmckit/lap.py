@@ -24,6 +24,14 @@ Three traps, measured on this machine and handled here:
   duals therefore goes through :func:`assign` (SciPy); on benign matrices (uniform or
   correlated Gaussian, n ≤ 2048) JV is at most 2.7× faster than SciPy, so nothing is lost
   that matters.
+* Warm duals whose problem has moved on are infeasible (some reduced costs negative), and
+  JV started from them can be far slower than cold: in weight matching's second sweep,
+  after the first sweep's permutations moved every neighbour, one warm 1024×1024 solve
+  took 1.0 s against 0.05 s cold. Each row dual is therefore first lowered by its row's
+  most negative reduced cost, which makes the duals feasible while keeping them as close
+  to the previous ones as feasibility allows; measured over all the LAPs of WM runs on
+  trained 3×512 / 3×1024 Fashion-MNIST MLPs: 0.40 → 0.17 s and 2.24 → 0.75 s (cold
+  starts: 0.25 s and 1.22 s).
 * Jonker–Volgenant can loop for hours when two reduced costs of a row differ by a few ulps
   (a warm-started 128×128 weight-matching gain of two trained Fashion-MNIST MLPs with
   weight decay never returned). Reduced costs are therefore rounded to a power-of-two grid
@@ -73,9 +81,12 @@ def _as_cost(cost: Tensor | np.ndarray) -> np.ndarray:
     c = np.asarray(cost, dtype=np.float64)
     if c.ndim != 2 or c.shape[0] != c.shape[1] or c.shape[0] == 0:
         raise LapError(f"cost matrix must be square and non-empty, got shape {c.shape}")
-    if not np.isfinite(c).all():
+    # one pass: a NaN or infinity makes the sum non-finite (an overflowing sum of finite
+    # entries is told apart by the exact count)
+    if not math.isfinite(float(c.sum())):
         bad = int((~np.isfinite(c)).sum())
-        raise LapError(f"cost matrix has {bad} non-finite entries (NaN or ±inf)")
+        if bad:
+            raise LapError(f"cost matrix has {bad} non-finite entries (NaN or ±inf)")
     return c
 
 
@@ -131,31 +142,39 @@ def solve_lap(
     Raises:
         LapError: non-square, empty or non-finite cost; duals of the wrong length.
     """
-    c_min = _as_cost(cost)
-    if maximize:
-        c_min = -c_min
-    n = c_min.shape[0]
+    c = _as_cost(cost)
+    sign = -1.0 if maximize else 1.0  # duals refer to the minimisation form sign · c
+    n = c.shape[0]
     if duals is None:
-        duals = reduction_duals(c_min)
+        duals = reduction_duals(sign * c)
     elif duals.u.shape != (n,) or duals.v.shape != (n,):
         raise LapError(f"duals have lengths {duals.u.shape}, {duals.v.shape}; the cost is {n}×{n}")
     if backend == "scipy" or _lapjv is None:
         if backend not in BACKENDS:
             raise LapError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        _, cols = linear_sum_assignment(c_min)
+        _, cols = linear_sum_assignment(c, maximize=maximize)
         return torch.from_numpy(cols.astype(np.int64)), LapDuals(duals.u, duals.v, exact=False)
     if backend != "lapjv":
         raise LapError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    reduced = c_min - duals.u[:, None] - duals.v[None, :]
+    # C_min − u1ᵀ − 1vᵀ in two passes over one new array (the solves are LAP-bound at large
+    # n, and each extra pass over an n × n float64 matrix is a few percent of a warm solve)
+    reduced = np.subtract(-duals.u[:, None], c) if maximize else np.subtract(c, duals.u[:, None])
+    reduced -= duals.v[None, :]
     if n == 1:
         return torch.zeros(1, dtype=torch.long), LapDuals(duals.u + reduced[0], duals.v.copy())
-    reduced, quantum = _on_grid(reduced)
+    # feasible duals near the given ones: each row dual lowered by its most negative entry
+    shift = np.minimum(reduced.min(axis=1), 0.0)
+    lowered = np.flatnonzero(shift)
+    if lowered.size:
+        reduced[lowered] -= shift[lowered, None]
+    u = duals.u + shift
+    quantum = _on_grid(reduced)
     cols, _, (_, du, dv) = _lapjv.lapjv(reduced, force_doubles=True)
     perm = cols.astype(np.int64)
     if not _certified(reduced, perm, du, dv, quantum):  # never seen; do not trust it
-        _, cols = linear_sum_assignment(c_min)
-        return torch.from_numpy(cols.astype(np.int64)), LapDuals(duals.u, duals.v, exact=False)
-    return torch.from_numpy(perm), LapDuals(duals.u + du, duals.v + dv)
+        _, cols = linear_sum_assignment(c, maximize=maximize)
+        return torch.from_numpy(cols.astype(np.int64)), LapDuals(u, duals.v, exact=False)
+    return torch.from_numpy(perm), LapDuals(u + du, duals.v + dv)
 
 
 GRID_BITS = 36
@@ -164,8 +183,9 @@ GRID_BITS = 36
 :func:`_on_grid`."""
 
 
-def _on_grid(reduced: np.ndarray) -> tuple[np.ndarray, float]:
-    """``reduced`` rounded to a power-of-two grid ~2e-11 of its largest magnitude.
+def _on_grid(reduced: np.ndarray) -> float:
+    """Round ``reduced`` (non-negative) in place to a power-of-two grid ~2e-11 of its
+    largest entry; returns the grid step (0 for an all-zero matrix).
 
     Jonker–Volgenant's augmenting row reduction lowers a column's price by the gap between
     a row's two smallest reduced costs; on raw float64 costs that gap can be a few ulps, and
@@ -176,14 +196,14 @@ def _on_grid(reduced: np.ndarray) -> tuple[np.ndarray, float]:
     the rounded costs, so it is within ``n × step`` of optimal for the exact ones — ~3e-11
     relative per row, far below what float32 weights resolve.
     """
-    scale = max(float(reduced.max()), -float(reduced.min()))
+    scale = float(reduced.max())
     if scale == 0.0:
-        return reduced, 0.0
+        return 0.0
     quantum = 2.0 ** (math.ceil(math.log2(scale)) - GRID_BITS)
-    grid = reduced * (1.0 / quantum)  # a power of two: exact, like the multiply back
-    np.rint(grid, out=grid)
-    grid *= quantum
-    return grid, quantum
+    reduced *= 1.0 / quantum  # a power of two: exact, like the multiply back
+    np.rint(reduced, out=reduced)
+    reduced *= quantum
+    return quantum
 
 
 def _certified(reduced: np.ndarray, perm: np.ndarray, du, dv, quantum: float) -> bool:
@@ -192,10 +212,11 @@ def _certified(reduced: np.ndarray, perm: np.ndarray, du, dv, quantum: float) ->
     n = len(perm)
     if perm.min() < 0 or np.bincount(perm, minlength=n).max() != 1:
         return False
-    slack = np.subtract(reduced, du[:, None])
-    slack -= dv[None, :]
-    tol = 1e-9 * max(float(reduced.max()), -float(reduced.min()), quantum, 1e-300) * n
-    return bool(slack.min() >= -tol and np.abs(slack[np.arange(n), perm]).max() <= tol)
+    # reduced ≥ 0 with its largest entry below 2^GRID_BITS steps
+    tol = 1e-9 * max(quantum * 2.0**GRID_BITS, 1e-300) * n
+    slack_rows = np.subtract(reduced, dv[None, :]).min(axis=1) - du
+    tight = reduced[np.arange(n), perm] - du - dv[perm]
+    return bool(slack_rows.min() >= -tol and np.abs(tight).max() <= tol)
 
 
 def assign_heads(gains: Mapping[str, Tensor | np.ndarray], heads: int) -> dict[str, Tensor]:
