@@ -214,9 +214,12 @@ def _certified(reduced: np.ndarray, perm: np.ndarray, du, dv, quantum: float) ->
         return False
     # reduced ≥ 0 with its largest entry below 2^GRID_BITS steps
     tol = 1e-9 * max(quantum * 2.0**GRID_BITS, 1e-300) * n
-    slack_rows = np.subtract(reduced, dv[None, :]).min(axis=1) - du
+    lowest = min(  # min over (reduced − du − dv), by row blocks (no n × n temporary)
+        float((np.subtract(reduced[i : i + 256], dv[None, :]).min(axis=1) - du[i : i + 256]).min())
+        for i in range(0, n, 256)
+    )
     tight = reduced[np.arange(n), perm] - du - dv[perm]
-    return bool(slack_rows.min() >= -tol and np.abs(tight).max() <= tol)
+    return bool(lowest >= -tol and np.abs(tight).max() <= tol)
 
 
 def assign_heads(gains: Mapping[str, Tensor | np.ndarray], heads: int) -> dict[str, Tensor]:

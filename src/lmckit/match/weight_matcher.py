@@ -52,7 +52,7 @@ from torch import Tensor
 
 from lmckit.lap import LapDuals, assign_heads, solve_lap
 from lmckit.match.result import MatchResult, check_inputs, matched_names
-from lmckit.params import Params, detached, params_distance
+from lmckit.params import Params, detached, floating_names
 from lmckit.perm import (
     Permutation,
     PermutationSpec,
@@ -552,8 +552,8 @@ class WeightMatcher:
         final = Permutation(spec, {g: p.cpu() for g, p in perm.items()})
         before = after = math.nan
         if distances:
-            before = params_distance(params_a, params_b)
-            after = params_distance(params_a, final.apply(params_b))
+            before = _distance(spec, params_a, params_b, None)
+            after = _distance(spec, params_a, params_b, perm)
         return MatchResult(
             perm=final,
             method="weight_matching[warm]" if warm_start else "weight_matching",
@@ -647,6 +647,25 @@ def _dot64(a: Tensor, b: Tensor, chunk: int = 1 << 22) -> float:
         float((a[i : i + chunk] * b[i : i + chunk]).sum(dtype=torch.float64))
         for i in range(0, a.numel(), chunk)
     )
+
+
+def _distance(
+    spec: PermutationSpec, params_a: Params, params_b: Params, perm: Mapping[str, Tensor] | None
+) -> float:
+    """``params_distance(A, π(B))`` (``perm=None``: of A and B) without a permuted copy of
+    B or a float64 copy of a whole tensor: one tensor permuted at a time, its difference
+    squared and summed in float64 by chunks — these were the largest transients of a run."""
+    total = 0.0
+    for name in floating_names(params_a):
+        b = params_b[name]
+        if perm is not None:
+            for axis in range(b.ndim):
+                b = permute_spec_axis(b, spec, name, axis, perm)
+        diff = (params_a[name] - b).reshape(-1)
+        for chunk in diff.split(1 << 18):
+            chunk = chunk.double()
+            total += float(chunk @ chunk)
+    return math.sqrt(total)
 
 
 def _tensor_inner(
