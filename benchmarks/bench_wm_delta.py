@@ -30,7 +30,8 @@ while a LAP runs) and ``updates_on_gpu`` (every matrix updated as on a CPU,
 uses the GPU's measured float32 GEMM rate, peak memory is the GPU's
 (``torch.cuda.max_memory_allocated`` above what the two models take), the fixed-threshold
 rerun is skipped and ``rebasin`` (a CPU library) is not run. ``--repeats N`` runs each
-variant N times in its process and reports the median by wall time.
+variant N times in its process and reports the median by wall time (rebasin: N runs, the
+median by CPU time, its objective compared with the best of its runs).
 
 Pairs come from ``lmckit train`` checkpoints (``--pairs``: ``NAME=FOLDER`` with
 ``*-seed0`` and ``*-seed1`` in it) and ResNet-20 ×8/×16 trained briefly on the bundled
@@ -125,19 +126,27 @@ def as_sequential(params: dict, widths: list[int]) -> nn.Module:
     return seq
 
 
-def run_rebasin(a, b, widths) -> dict:
+def run_rebasin(a, b, widths, repeats: int = 1) -> dict:
+    """rebasin's ``PermutationCoordinateDescent`` ``repeats`` times: the median CPU time,
+    and every run's time and distance (its layer order is random, so its optimum varies)."""
     try:
         from rebasin import PermutationCoordinateDescent
     except ImportError:
         return {"installed": False}
-    seq_a, seq_b = as_sequential(a, widths), as_sequential(b, widths)
-    cpu = time.process_time()
-    PermutationCoordinateDescent(seq_a, seq_b, torch.randn(2, 1, 28, 28)).rebasin()
-    cpu = time.process_time() - cpu
+    seconds, distances = [], []
+    for _ in range(repeats):
+        seq_a, seq_b = as_sequential(a, widths), as_sequential(b, widths)
+        cpu = time.process_time()
+        PermutationCoordinateDescent(seq_a, seq_b, torch.randn(2, 1, 28, 28)).rebasin()
+        seconds.append(time.process_time() - cpu)
+        distances.append(params_distance(seq_a.state_dict(), seq_b.state_dict()))
+    middle = sorted(range(repeats), key=seconds.__getitem__)[repeats // 2]
     return {
         "installed": True,
-        "cpu_seconds": cpu,
-        "distance_after": params_distance(seq_a.state_dict(), seq_b.state_dict()),
+        "cpu_seconds": seconds[middle],
+        "distance_after": distances[middle],
+        "cpu_seconds_each": seconds,
+        "distance_after_each": distances,
     }
 
 
@@ -262,11 +271,12 @@ def bench_pair(name, source, origin, throughput, with_rebasin, delta_only=False)
     if with_rebasin and not cuda:
         print(f"{name}: rebasin", file=sys.stderr, flush=True)
         widths = [a[f"layers.{i}.weight"].shape[0] for i in range(len(spec.groups))]
-        rb = run_rebasin(a, b, widths)
+        rb = run_rebasin(a, b, widths, source["repeats"])
         if rb.get("installed"):
             rb["speedup_delta_over_rebasin"] = rb["cpu_seconds"] / runs["delta"]["cpu_seconds"]
+            # against rebasin's best optimum over its runs
             rb["delta_distance_at_most_rebasin_plus_1e-3"] = (
-                runs["delta"]["distance_after"] <= rb["distance_after"] + 1e-3
+                runs["delta"]["distance_after"] <= min(rb["distance_after_each"]) + 1e-3
             )
         row["rebasin"] = rb
     # each row as it finishes, so that a run stopped later still reports it
