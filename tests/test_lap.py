@@ -70,9 +70,9 @@ def test_warm_start_is_optimal_for_the_original_cost(name, c):
     assert_optimal(c, p_stale)  # even unrelated duals give the optimum
 
 
-def test_a_warm_start_solves_the_cost_reduced_by_the_given_duals(monkeypatch):
-    """Alg. 3 of STE-MM: the solver sees C − u1ᵀ − 1vᵀ, which the given optimal duals
-    leave already solved: zero on an optimal assignment, non-negative elsewhere."""
+@pytest.fixture
+def lapjv_inputs(monkeypatch):
+    """The matrices ``lapjv`` is handed from now on, in call order."""
     import lmckit.lap as lap
 
     seen = []
@@ -84,9 +84,16 @@ def test_a_warm_start_solves_the_cost_reduced_by_the_given_duals(monkeypatch):
             seen.append(np.array(cost))
             return original(cost, **kwargs)
 
+    monkeypatch.setattr(lap, "_lapjv", Recorder)
+    return seen
+
+
+def test_a_warm_start_solves_the_cost_reduced_by_the_given_duals(lapjv_inputs):
+    """Alg. 3 of STE-MM: the solver sees C − u1ᵀ − 1vᵀ, which the given optimal duals
+    leave already solved: zero on an optimal assignment, non-negative elsewhere."""
+    seen = lapjv_inputs
     c = np.random.default_rng(3).standard_normal((60, 60))
     p, duals = solve_lap(c)
-    monkeypatch.setattr(lap, "_lapjv", Recorder)
     again, _ = solve_lap(c, duals=duals)
     expected = -c - duals.u[:, None] - duals.v[None, :]
     assert np.allclose(seen[-1], expected)
@@ -97,26 +104,15 @@ def test_a_warm_start_solves_the_cost_reduced_by_the_given_duals(monkeypatch):
     assert not np.allclose(seen[-1], expected)
 
 
-def test_stale_duals_are_made_feasible_by_lowering_each_rows_dual(monkeypatch):
+def test_stale_duals_are_made_feasible_by_lowering_each_rows_dual(lapjv_inputs):
     """Duals of another problem leave negative reduced costs, from which JV can be far
     slower than cold: each row's dual is lowered by its most negative entry first, so the
     solver sees C − u1ᵀ − 1vᵀ − min(row minimum, 0) — non-negative, a zero in every row
     that had a negative, the rest untouched — and the answer is still the optimum."""
-    import lmckit.lap as lap
-
-    seen = []
-    original = lap._lapjv.lapjv
-
-    class Recorder:
-        @staticmethod
-        def lapjv(cost, **kwargs):
-            seen.append(np.array(cost))
-            return original(cost, **kwargs)
-
+    seen = lapjv_inputs
     rng = np.random.default_rng(4)
     old, new = rng.standard_normal((50, 50)), rng.standard_normal((50, 50))
     _, stale = solve_lap(old)
-    monkeypatch.setattr(lap, "_lapjv", Recorder)
     p, duals = solve_lap(new, duals=stale)
     reduced = -new - stale.u[:, None] - stale.v[None, :]
     negative_rows = reduced.min(axis=1) < 0
