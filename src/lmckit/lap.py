@@ -10,7 +10,7 @@ the reduced problem ``C' = C − u1ᵀ − 1vᵀ`` — which has the same optima
 return ``(u + u', v + v')``. When the duals are still nearly optimal, ``C'`` is almost
 solved already and Jonker–Volgenant finishes in a fraction of a cold solve.
 
-Three traps, measured on this machine and handled here:
+Four traps, measured on this machine and handled here:
 
 * ``lapjv`` computes in float32 unless ``force_doubles=True``; we always pass float64.
 * Cold Jonker–Volgenant can be pathologically slow on cost matrices with strong row/column

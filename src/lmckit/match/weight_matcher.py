@@ -579,10 +579,10 @@ class ProfiledWeightMatcher(WeightMatcher):
     After :meth:`match`, ``result.info`` also holds ``gemm_seconds`` (forming the cost
     matrices: on a CPU the wall time of it; on a GPU the GPU's time between CUDA events
     around each formation, so that timing does not synchronise away the overlap),
-    ``lap_seconds``, ``gemm_flops`` (the
-    multiply-adds done: ``2·n·numel(A_term)`` per term formed in full, ``2·n²·|D|`` per
-    term updated over ``|D|`` changed columns) and ``full_recompute_flops`` (what forming
-    every term requested in full would have cost). Counters accumulate per call.
+    ``lap_seconds``, ``gemm_flops`` (the multiply-adds done: ``2·n·numel(A_term)`` per
+    term formed in full, ``2·n²·|D|`` per term updated over ``|D|`` changed columns) and
+    ``full_recompute_flops`` (what forming every term requested in full would have cost).
+    Counters accumulate per call.
     """
 
     def cost(self, group, a2, perm):
