@@ -574,6 +574,22 @@ MUTATIONS = [
         ("tests/test_lap.py",),
     ),
     M(
+        "lap-contended-cold-solve-left-to-jv",
+        "a cold solve whose rows all prefer a few columns stays with Jonker-Volgenant",
+        "src/lmckit/lap.py",
+        "    if cold and n > 1 and _contended(sign * c, duals):\n",
+        "    if False:\n",
+        ("tests/test_lap.py",),
+    ),
+    M(
+        "lap-dual-passes-stop-early",
+        "duals_of stops after one pass, before the constraints have settled",
+        "src/lmckit/lap.py",
+        "        if np.array_equal(settled, v):\n",
+        "        if True:\n",
+        ("tests/test_lap.py",),
+    ),
+    M(
         "sum-index-without-offset",
         "a direct sum's segments are indexed from 0 instead of from their start",
         "src/lmckit/perm.py",

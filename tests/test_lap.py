@@ -201,3 +201,52 @@ def test_a_matrix_that_stalled_lapjv_is_solved_optimally():
     p = np.load(io.BytesIO(done.stdout))
     c = np.load(path)["cost"]
     assert_optimal(c, p, maximize=False)
+
+
+def _contended_matrix(n, seed):
+    """Every row prefers the same few columns (rank one plus noise), as the first sweep
+    over a ResNet's convolutions produces."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.uniform(0.5, 1.5, n), rng.uniform(0.0, 1.0, n) ** 4
+    return np.outer(a, b) + 0.01 * rng.standard_normal((n, n))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_duals_of_an_optimal_assignment_prove_it_optimal(seed):
+    from lmckit.lap import duals_of
+
+    rng = np.random.default_rng(seed)
+    for c in (rng.standard_normal((40, 40)), -_contended_matrix(60, seed)):
+        _, p = linear_sum_assignment(c)
+        duals = duals_of(c, p)
+        assert_optimal_duals(c, p, duals, maximize=False)
+        reduced = c - duals.u[:, None] - duals.v[None, :]
+        # a worse assignment has a negative cycle: its constraints never settle
+        worse = p.copy()
+        i, j = 0, int(np.argmax(reduced[0] > 1e-6))
+        k = int(np.flatnonzero(p == j)[0])
+        worse[[i, k]] = worse[[k, i]]
+        assert objective(c, worse) > objective(c, p) + 1e-9
+        assert duals_of(c, worse, max_passes=100) is None
+
+
+def test_a_contended_cold_solve_goes_through_scipy_and_stays_optimal(monkeypatch):
+    import lmckit.lap as lap
+
+    calls = []
+    original = lap.linear_sum_assignment
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(lap, "linear_sum_assignment", counting)
+    c = _contended_matrix(200, 3)
+    p, duals = solve_lap(c)
+    assert len(calls) == 1 and duals.exact
+    assert_optimal(c, p)
+    assert_optimal_duals(c, p, duals)
+    # spread preferences (a Gaussian matrix) and warm solves stay with Jonker–Volgenant
+    solve_lap(np.random.default_rng(3).standard_normal((200, 200)))
+    solve_lap(c, duals=duals)
+    assert len(calls) == 1
