@@ -36,6 +36,7 @@ __all__ = [
     "pairwise_inner_sum",
     "params_distance",
     "params_inner",
+    "squared_distance",
 ]
 
 Params = Mapping[str, Tensor]
@@ -167,11 +168,20 @@ def params_inner(params_a: Params, params_b: Params) -> float:
 def params_distance(params_a: Params, params_b: Params) -> float:
     """Euclidean distance ``sqrt(Σ_k ‖A_k − B_k‖²)`` over the floating tensors, in float64."""
     check_params_compatible(params_a, params_b)
-    sq = 0.0
-    for k in floating_names(params_a):
-        diff = (params_a[k].detach() - params_b[k].detach()).flatten().double()
-        sq += float(diff @ diff)
-    return math.sqrt(sq)
+    return math.sqrt(
+        sum(squared_distance(params_a[k], params_b[k]) for k in floating_names(params_a))
+    )
+
+
+def squared_distance(a: Tensor, b: Tensor, chunk: int = 1 << 18) -> float:
+    """``‖a − b‖²`` in float64, by chunks of the difference (no float64 copy of a whole
+    tensor)."""
+    diff = (a.detach() - b.detach()).reshape(-1)
+    total = 0.0
+    for part in diff.split(chunk):
+        part = part.double()
+        total += float(part @ part)
+    return total
 
 
 def pairwise_inner_sum(params_list: Sequence[Params]) -> Tensor:

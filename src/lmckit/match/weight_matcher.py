@@ -52,7 +52,7 @@ from torch import Tensor
 
 from lmckit.lap import LapDuals, assign_heads, solve_lap
 from lmckit.match.result import MatchResult, check_inputs, matched_names
-from lmckit.params import Params, detached, floating_names
+from lmckit.params import Params, detached, floating_names, squared_distance
 from lmckit.perm import (
     Permutation,
     PermutationSpec,
@@ -653,18 +653,15 @@ def _distance(
     spec: PermutationSpec, params_a: Params, params_b: Params, perm: Mapping[str, Tensor] | None
 ) -> float:
     """``params_distance(A, π(B))`` (``perm=None``: of A and B) without a permuted copy of
-    B or a float64 copy of a whole tensor: one tensor permuted at a time, its difference
-    squared and summed in float64 by chunks — these were the largest transients of a run."""
+    B: one tensor permuted at a time (a whole permuted B was the largest transient of a
+    run)."""
     total = 0.0
     for name in floating_names(params_a):
         b = params_b[name]
         if perm is not None:
             for axis in range(b.ndim):
                 b = permute_spec_axis(b, spec, name, axis, perm)
-        diff = (params_a[name] - b).reshape(-1)
-        for chunk in diff.split(1 << 18):
-            chunk = chunk.double()
-            total += float(chunk @ chunk)
+        total += squared_distance(params_a[name], b)
     return math.sqrt(total)
 
 
