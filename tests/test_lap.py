@@ -8,7 +8,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from lmckit.errors import LapError
-from lmckit.lap import assign, solve_lap
+from lmckit.lap import LapDuals, assign, solve_lap
 
 
 def objective(c, p):
@@ -250,3 +250,56 @@ def test_a_contended_cold_solve_goes_through_scipy_and_stays_optimal(monkeypatch
     solve_lap(np.random.default_rng(3).standard_normal((200, 200)))
     solve_lap(c, duals=duals)
     assert len(calls) == 1
+
+
+def test_float32_costs_are_read_exactly_without_a_float64_copy():
+    """A float32 cost enters the float64 reduced costs exactly: the same permutations and
+    bit-identical duals as the same matrix converted to float64 first, cold and warm."""
+    rng = np.random.default_rng(7)
+    c32 = rng.standard_normal((90, 90)).astype(np.float32)
+    for maximize in (True, False):
+        p32, d32 = solve_lap(c32, maximize=maximize)
+        p64, d64 = solve_lap(c32.astype(np.float64), maximize=maximize)
+        assert torch.equal(p32, p64)
+        assert np.array_equal(d32.u, d64.u) and np.array_equal(d32.v, d64.v)
+        drifted = (c32 + 0.1 * rng.standard_normal(c32.shape)).astype(np.float32)
+        w32 = solve_lap(torch.from_numpy(drifted), maximize=maximize, duals=d32)
+        w64 = solve_lap(drifted.astype(np.float64), maximize=maximize, duals=d64)
+        assert torch.equal(w32[0], w64[0]) and np.array_equal(w32[1].u, w64[1].u)
+        assert_optimal(drifted.astype(np.float64), w32[0], maximize)
+
+
+@pytest.mark.parametrize("maximize", [True, False])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_entry_is_named_on_the_warm_path_too(maximize, bad):
+    """The warm path has no pass of its own for finiteness (the reduced costs' row minima
+    and maximum show it); every kind of bad entry is still reported as such."""
+    c = np.random.default_rng(8).standard_normal((30, 30))
+    _, duals = solve_lap(c, maximize=maximize)
+    c[4, 7] = bad
+    with pytest.raises(LapError, match="1 non-finite"):
+        solve_lap(c, maximize=maximize, duals=duals)
+    with pytest.raises(LapError, match="1 non-finite"):
+        solve_lap(c.astype(np.float32), maximize=maximize, duals=duals)
+
+    with pytest.raises(LapError, match="1 non-finite"):  # 1×1: no grid, no solver call
+        solve_lap(np.array([[bad]]), maximize=maximize, duals=LapDuals(np.zeros(1), np.zeros(1)))
+    c[4, 7] = 0.0
+    with pytest.raises(LapError, match="warm-start duals"):
+        solve_lap(c, maximize=maximize, duals=LapDuals(duals.u, np.where(duals.v > 0, bad, 0.0)))
+
+
+def test_the_grid_rounding_equals_scaling_rounding_and_scaling_back():
+    """``_on_grid`` rounds by adding and subtracting 1.5·2^52 steps; the result must be
+    ``rint(x / step) · step`` bit for bit — ties to even included — at every scale."""
+    from lmckit.lap import _on_grid
+
+    rng = np.random.default_rng(9)
+    for scale in (1e-200, 1e-9, 1.0, 3.7e5, 1e12, 1e300, 1e307):  # the last: no magic
+        x = np.abs(rng.standard_normal((40, 50))) * scale
+        step = 2.0 ** (np.ceil(np.log2(x.max())) - 36)
+        x[0, :6] = step * np.array([0.5, 1.5, 2.5, 7.5, 1.25, 3.0])  # ties and exact steps
+        expected = np.rint(x / step) * step
+        got = x.copy()
+        assert _on_grid(got) == step
+        assert np.array_equal(got, expected)

@@ -82,24 +82,16 @@ class LapDuals:
 
 
 def _as_cost(cost: Tensor | np.ndarray) -> np.ndarray:
-    if isinstance(cost, Tensor):
-        cost = cost.detach().to("cpu", torch.float64).numpy()
-    c = np.asarray(cost, dtype=np.float64)
-    if c.ndim != 2 or c.shape[0] != c.shape[1] or c.shape[0] == 0:
-        raise LapError(f"cost matrix must be square and non-empty, got shape {c.shape}")
-    # one pass: a NaN or infinity makes the sum non-finite (an overflowing sum of finite
-    # entries is told apart by the exact count)
-    if not math.isfinite(float(c.sum())):
-        bad = int((~np.isfinite(c)).sum())
-        if bad:
-            raise LapError(f"cost matrix has {bad} non-finite entries (NaN or ±inf)")
+    """``cost`` as a checked float64 array (square, non-empty, finite) for SciPy."""
+    c = _as_matrix(cost).astype(np.float64, copy=False)
+    _check_entries(c)
     return c
 
 
 def reduction_duals(c_min: np.ndarray) -> LapDuals:
     """Row-then-column reduction: ``u = row minima``, ``v = column minima of C − u``."""
-    u = c_min.min(axis=1)
-    v = (c_min - u[:, None]).min(axis=0)
+    u = c_min.min(axis=1).astype(np.float64)  # float64 even for a float32 cost
+    v = np.subtract(c_min, u[:, None]).min(axis=0)
     return LapDuals(u, v, exact=False)
 
 
@@ -181,7 +173,9 @@ def solve_lap(
     """Solve ``max (or min) Σ_i cost[i, p[i]]`` over permutations ``p``.
 
     Args:
-        cost: ``(n, n)`` matrix (tensor or array; copied to CPU float64).
+        cost: ``(n, n)`` matrix, tensor or array, float32 or float64 (other dtypes are
+            converted to float64). Read in place — a CPU float32 matrix is not copied to
+            float64 first: its entries enter the float64 reduced costs exactly.
         maximize: maximise (weight matching's gains) or minimise.
         duals: duals of a similar earlier problem (minimisation form) to warm-start from.
         backend: ``"lapjv"`` (default; exact duals) or ``"scipy"`` (reference).
@@ -192,46 +186,95 @@ def solve_lap(
         permutation convention — and the new duals for the next warm start.
 
     Raises:
-        LapError: non-square, empty or non-finite cost; duals of the wrong length.
+        LapError: non-square, empty or non-finite cost; duals of the wrong length or not
+        finite.
     """
-    c = _as_cost(cost)
+    c = _as_matrix(cost)
     sign = -1.0 if maximize else 1.0  # duals refer to the minimisation form sign · c
     n = c.shape[0]
-    cold = duals is None
-    if duals is None:
-        duals = reduction_duals(sign * c)
-    elif duals.u.shape != (n,) or duals.v.shape != (n,):
+    if backend not in BACKENDS:
+        raise LapError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if duals is not None and (duals.u.shape != (n,) or duals.v.shape != (n,)):
         raise LapError(f"duals have lengths {duals.u.shape}, {duals.v.shape}; the cost is {n}×{n}")
+    cold = duals is None
+    if cold or backend == "scipy" or _lapjv is None:  # checked before SciPy sees it
+        _check_entries(c)
+    if cold:
+        c_min = sign * c
+        duals = reduction_duals(c_min)
     if backend == "scipy" or _lapjv is None:
-        if backend not in BACKENDS:
-            raise LapError(f"backend must be one of {BACKENDS}, got {backend!r}")
         _, cols = linear_sum_assignment(c, maximize=maximize)
         return torch.from_numpy(cols.astype(np.int64)), LapDuals(duals.u, duals.v, exact=False)
-    if backend != "lapjv":
-        raise LapError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if cold and n > 1 and _contended(sign * c, duals):
+    if cold and n > 1 and _contended(c_min, duals):
         # SciPy's assignment, its exact duals, and JV from them (which then only certifies)
         _, cols = linear_sum_assignment(c, maximize=maximize)
-        duals = duals_of(sign * c, cols) or duals
-    # C_min − u1ᵀ − 1vᵀ in two passes over one new array (the solves are LAP-bound at large
-    # n, and each extra pass over an n × n float64 matrix is a few percent of a warm solve)
+        duals = duals_of(c_min, cols) or duals
+    # C_min − u1ᵀ − 1vᵀ in two passes over one new float64 array, the first reading the
+    # cost in its own dtype (the solves are LAP-bound at large n, and each extra pass over
+    # an n × n float64 matrix is a few percent of a warm solve)
     reduced = np.subtract(-duals.u[:, None], c) if maximize else np.subtract(c, duals.u[:, None])
     reduced -= duals.v[None, :]
+    # a NaN or -inf in the reduced costs shows in its row's minimum, +inf in the maximum
+    # that _on_grid takes: no separate pass over the cost for finiteness
+    row_min = reduced.min(axis=1)
+    _check_finite(c, row_min, duals)
     if n == 1:
         return torch.zeros(1, dtype=torch.long), LapDuals(duals.u + reduced[0], duals.v.copy())
     # feasible duals near the given ones: each row dual lowered by its most negative entry
-    shift = np.minimum(reduced.min(axis=1), 0.0)
+    shift = np.minimum(row_min, 0.0)
     lowered = np.flatnonzero(shift)
     if lowered.size:
         reduced[lowered] -= shift[lowered, None]
     u = duals.u + shift
     quantum = _on_grid(reduced)
+    if not math.isfinite(quantum):
+        _check_finite(c, np.array([np.inf]), duals)
     cols, _, (_, du, dv) = _lapjv.lapjv(reduced, force_doubles=True)
     perm = cols.astype(np.int64)
     if not _certified(reduced, perm, du, dv, quantum):  # never seen; do not trust it
         _, cols = linear_sum_assignment(c, maximize=maximize)
         return torch.from_numpy(cols.astype(np.int64)), LapDuals(u, duals.v, exact=False)
     return torch.from_numpy(perm), LapDuals(u + du, duals.v + dv)
+
+
+def _as_matrix(cost: Tensor | np.ndarray) -> np.ndarray:
+    """``cost`` as a CPU float32 or float64 array (no copy where it already is one),
+    checked square and non-empty; finiteness is left to the caller's own passes."""
+    if isinstance(cost, Tensor):
+        cost = cost.detach()
+        if cost.dtype not in (torch.float32, torch.float64):
+            cost = cost.to(torch.float64)
+        cost = cost.cpu().numpy()
+    c = np.asarray(cost)
+    if c.dtype not in (np.float32, np.float64):
+        c = c.astype(np.float64)
+    if c.ndim != 2 or c.shape[0] != c.shape[1] or c.shape[0] == 0:
+        raise LapError(f"cost matrix must be square and non-empty, got shape {c.shape}")
+    return c
+
+
+def _check_entries(c: np.ndarray) -> None:
+    """Raise if ``c`` has a NaN or infinite entry (one pass: such an entry makes its row's
+    sum non-finite; a row sum that merely overflows is told apart by the exact count)."""
+    if not np.isfinite(c.sum(axis=1)).all():
+        _raise_if_non_finite(c)
+
+
+def _raise_if_non_finite(c: np.ndarray) -> None:
+    bad = int((~np.isfinite(c)).sum())
+    if bad:
+        raise LapError(f"cost matrix has {bad} non-finite entries (NaN or ±inf)")
+
+
+def _check_finite(c: np.ndarray, summary: np.ndarray, duals: LapDuals) -> None:
+    """Raise if ``summary`` — row minima or the maximum of the reduced costs, non-finite
+    whenever an entry of ``c`` or of ``duals`` is — is not finite, naming the culprit."""
+    if np.isfinite(summary).all():
+        return
+    _raise_if_non_finite(c)
+    if not (np.isfinite(duals.u).all() and np.isfinite(duals.v).all()):
+        raise LapError("warm-start duals have non-finite entries (NaN or ±inf)")
+    raise LapError("reduced costs overflow float64: cost or duals too large in magnitude")
 
 
 GRID_BITS = 36
@@ -242,7 +285,8 @@ GRID_BITS = 36
 
 def _on_grid(reduced: np.ndarray) -> float:
     """Round ``reduced`` (non-negative) in place to a power-of-two grid ~2e-11 of its
-    largest entry; returns the grid step (0 for an all-zero matrix).
+    largest entry; returns the grid step (0 for an all-zero matrix; the maximum itself,
+    untouched, if it is not finite).
 
     Jonker–Volgenant's augmenting row reduction lowers a column's price by the gap between
     a row's two smallest reduced costs; on raw float64 costs that gap can be a few ulps, and
@@ -254,12 +298,20 @@ def _on_grid(reduced: np.ndarray) -> float:
     relative per row, far below what float32 weights resolve.
     """
     scale = float(reduced.max())
-    if scale == 0.0:
-        return 0.0
+    if scale == 0.0 or not math.isfinite(scale):
+        return scale  # 0: nothing to round; ±inf/NaN: the caller reports it
     quantum = 2.0 ** (math.ceil(math.log2(scale)) - GRID_BITS)
-    reduced *= 1.0 / quantum  # a power of two: exact, like the multiply back
-    np.rint(reduced, out=reduced)
-    reduced *= quantum
+    # Adding 1.5 · 2^52 steps puts every entry (all below 2^GRID_BITS steps) where float64's
+    # spacing is exactly one step, so the sum is rounded to the grid (ties to even, as
+    # np.rint); subtracting it again is exact. Two passes instead of scale, rint, unscale.
+    magic = 1.5 * 2.0**52 * quantum
+    if math.isfinite(magic):
+        reduced += magic
+        reduced -= magic
+    else:  # scales near float64's largest: scale by a power of two, round, scale back
+        reduced *= 1.0 / quantum
+        np.rint(reduced, out=reduced)
+        reduced *= quantum
     return quantum
 
 

@@ -80,9 +80,7 @@ def acceptance_tolerance(dtype: torch.dtype) -> float:
 
 def improves(gains: np.ndarray, old: np.ndarray, new: np.ndarray, rel_tol: float) -> bool:
     """Whether assignment ``new`` beats ``old`` on ``gains`` by more than ``rel_tol``."""
-    rows = np.arange(len(old))
-    old_gain = float(gains[rows, old].sum())
-    new_gain = float(gains[rows, new].sum())
+    old_gain, new_gain = _total(gains, old), _total(gains, new)
     return new_gain > old_gain + rel_tol * max(abs(old_gain), abs(new_gain), 1e-30)
 
 
@@ -96,14 +94,25 @@ def improves_all(
     if len(gains) == 1:
         g = next(iter(gains))
         return improves(gains[g], old[g], new[g], rel_tol)
-    old_gain = sum(float(c[np.arange(len(old[g])), old[g]].sum()) for g, c in gains.items())
-    new_gain = sum(float(c[np.arange(len(new[g])), new[g]].sum()) for g, c in gains.items())
+    old_gain = sum(_total(c, old[g]) for g, c in gains.items())
+    new_gain = sum(_total(c, new[g]) for g, c in gains.items())
     return new_gain > old_gain + rel_tol * max(abs(old_gain), abs(new_gain), 1e-30)
 
 
+def _total(gains: np.ndarray, p: np.ndarray) -> float:
+    """``Σ_i gains[i, p[i]]``, summed in float64 whatever the gains' dtype."""
+    return float(gains[np.arange(len(p)), p].sum(dtype=np.float64))
+
+
 def _as_gains(cost: Tensor) -> np.ndarray:
-    """A group's cost matrix as the LAP's CPU float64 gains."""
-    return cost.detach().to("cpu", torch.float64).numpy()
+    """A group's CPU cost matrix as the LAP's gains: a NumPy view in its own dtype (the
+    solver reads float32 into its float64 reduced costs exactly, so no float64 copy is
+    made). The view shares the kept matrix, which is changed in place only when its group
+    is next formed or updated — after this unit's solve has been accepted or not."""
+    cost = cost.detach()
+    if cost.dtype not in (torch.float32, torch.float64):
+        cost = cost.to(torch.float64)
+    return cost.numpy()
 
 
 class _OnTheWay:
@@ -635,8 +644,7 @@ class ProfiledWeightMatcher(WeightMatcher):
 
 def _gain(gains: np.ndarray, old: np.ndarray, new: np.ndarray) -> float:
     """How much ``Σ_i gains[i, p(i)]`` grows from ``old`` to ``new``."""
-    rows = np.arange(len(new))
-    return float(gains[rows, new].sum() - gains[rows, old].sum())
+    return _total(gains, new) - _total(gains, old)
 
 
 def _dot64(a: Tensor, b: Tensor, chunk: int = 1 << 22) -> float:
