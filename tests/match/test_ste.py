@@ -68,3 +68,47 @@ def test_ste_needs_model_data_and_sane_options(digits):
     one_shot = iter(digits.loader("train", batch_size=256))
     with pytest.raises(DataError, match="one-shot iterator"):
         ste_matching(spec, a, b, model=model, data=one_shot)
+
+
+def test_straight_through_mixture_has_the_naive_estimators_value_and_gradients():
+    """The wired mixture against the autograd formulation it replaces —
+    ``Σ_i w_i (proxy_i + (π_i(θ_i) − proxy_i).detach())`` plus members without a proxy —
+    for the loss of a real network: same forward values, same gradient on every proxy."""
+    from lmckit.functional import forward
+    from lmckit.match._functional import straight_through
+    from lmckit.params import average_params
+    from lmckit.train import init_model
+
+    config = {"in_dim": 12, "hidden": [9, 7], "out_dim": 4}
+    model = init_model("mlp", config, 0)
+    members = [dict(init_model("mlp", config, s).state_dict()) for s in range(3)]
+    weights = [0.2, 0.5, 0.3]
+    x, y = torch.randn(16, 12, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 4
+
+    proxies = {
+        i: {k: (v * 0.9).requires_grad_(True) for k, v in members[i].items() if "weight" in k}
+        for i in (1, 2)
+    }
+    naive_members = [
+        {
+            k: proxies[i][k] + (v - proxies[i][k]).detach()
+            if i in proxies and k in proxies[i]
+            else v
+            for k, v in m.items()
+        }
+        for i, m in enumerate(members)
+    ]
+    naive = average_params(naive_members, weights)
+    loss = torch.nn.functional.cross_entropy(forward(model, naive, x), y)
+    expected = torch.autograd.grad(loss, [t for i in (1, 2) for t in proxies[i].values()])
+
+    with torch.no_grad():
+        mixture = average_params(members, weights)
+    wired = straight_through(mixture, [(proxies[i], weights[i]) for i in (1, 2)])
+    for k in mixture:
+        assert torch.allclose(wired[k], naive[k], atol=1e-6)
+    loss = torch.nn.functional.cross_entropy(forward(model, wired, x), y)
+    got = torch.autograd.grad(loss, [t for i in (1, 2) for t in proxies[i].values()])
+    assert len(got) == len(expected) == 2 * sum("weight" in k for k in members[0])
+    for g, e in zip(got, expected, strict=True):
+        assert g.abs().sum() > 0 and torch.allclose(g, e, rtol=1e-5, atol=1e-7)

@@ -3,7 +3,7 @@ midpoint objective, STE-MM): argument checks, the batch loss, straight-through g
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -52,12 +52,39 @@ def parameter_names(model: nn.Module, params: Params) -> list[str]:
     return names
 
 
-def straight_through(proxy: Mapping[str, Tensor], projected: Mapping[str, Tensor]) -> dict:
-    """Forward values of ``projected``, gradients to ``proxy`` (for the keys it has):
-    ``proxy + (projected − proxy).detach()``; other entries pass through unchanged."""
-    return {
-        k: proxy[k] + (v - proxy[k]).detach() if k in proxy else v for k, v in projected.items()
-    }
+class _ThroughTo(torch.autograd.Function):
+    """Forward: a given value, unchanged; backward: the gradient times a weight for each
+    of the proxies it stands for."""
+
+    @staticmethod
+    def forward(ctx, value: Tensor, weights: tuple[float, ...], *proxies: Tensor) -> Tensor:
+        ctx.weights = weights
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return (None, None, *(grad * w for w in ctx.weights))
+
+
+def straight_through(
+    value: Mapping[str, Tensor], proxies: Sequence[tuple[Mapping[str, Tensor], float]]
+) -> dict[str, Tensor]:
+    """The straight-through estimator of a weighted mixture of projections.
+
+    ``value`` is the mixture ``Σ_i w_i π_i(θ_i)`` (plus any members without a proxy),
+    computed without autograd; ``proxies`` lists ``(proxy_i, w_i)`` for the members whose
+    projection ``π_i`` is treated as the identity in the backward pass. Returns ``value``'s
+    tensors, each wired so that ``proxy_i[k]`` receives ``w_i`` times its gradient — the
+    gradient of ``Σ_i w_i (proxy_i + (π_i(θ_i) − proxy_i).detach())`` — without forming
+    that sum: the forward costs nothing and the backward one multiply per proxy tensor.
+    Keys no proxy has pass through as they are."""
+    out = {}
+    for k, v in value.items():
+        wired = [(proxy[k], w) for proxy, w in proxies if k in proxy]
+        if wired:
+            v = _ThroughTo.apply(v, tuple(w for _, w in wired), *(t for t, _ in wired))
+        out[k] = v
+    return out
 
 
 def optimise(optimizer: torch.optim.Optimizer, loss: Tensor) -> float:

@@ -124,8 +124,9 @@ def ste_matching(
                 wm = project(perm, duals)
                 wm_seconds += time.perf_counter() - t0
                 perm, duals = wm.perm, wm.duals
-                straight = straight_through(proxy, perm.apply(params_b))
-                loss = batch_loss(model, lerp_params(params_a, straight, 0.5), x, y)
+                with torch.no_grad():
+                    mid = lerp_params(params_a, perm.apply(params_b), 0.5)
+                loss = batch_loss(model, straight_through(mid, [(proxy, 0.5)]), x, y)
                 value = optimise(optimizer, loss)
                 steps += 1
                 loss_sum += value

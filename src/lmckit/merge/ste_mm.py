@@ -156,14 +156,13 @@ def ste_mm(
                     if fixed_weights is not None
                     else simplex_weights(n, generator, weights)
                 )
-                members = [
-                    dict(base)
-                    if i == ref
-                    else straight_through(proxies[i], perms[i].apply(params_list[i]))
-                    for i in range(n)
-                ]
-                mixture = average_params(members, lam)
-                value = optimise(optimizer, batch_loss(model, mixture, x, y))
+                with torch.no_grad():
+                    members = [
+                        base if i == ref else perms[i].apply(params_list[i]) for i in range(n)
+                    ]
+                    mixture = average_params(members, lam)
+                wired = straight_through(mixture, [(proxies[i], float(lam[i])) for i in others])
+                value = optimise(optimizer, batch_loss(model, wired, x, y))
                 steps += 1
                 loss_sum += value
                 count += 1
