@@ -222,9 +222,8 @@ def solve_lap(
         return torch.zeros(1, dtype=torch.long), LapDuals(duals.u + reduced[0], duals.v.copy())
     # feasible duals near the given ones: each row dual lowered by its most negative entry
     shift = np.minimum(row_min, 0.0)
-    lowered = np.flatnonzero(shift)
-    if lowered.size:
-        reduced[lowered] -= shift[lowered, None]
+    if shift.any():  # in place over every row (x − 0 is x): no gather and scatter back
+        reduced -= shift[:, None]
     u = duals.u + shift
     quantum = _on_grid(reduced)
     if not math.isfinite(quantum):
