@@ -130,7 +130,7 @@ class _OnTheWay:
             self.host = cost
 
     def gains(self) -> np.ndarray:
-        """The LAP's CPU float64 gains, once the copy has arrived."""
+        """The LAP's CPU gains (see :func:`_as_gains`), once the copy has arrived."""
         if self.event is not None:
             self.event.synchronize()
         return _as_gains(self.host)
@@ -526,26 +526,26 @@ class WeightMatcher:
                     # this solve cannot change the following unit's matrices: queue them now
                     ahead[following] = {g: self.cost(g, a2, perm) for g in following}
                     formed_ahead += 1
-                gains64 = {g: c.gains() for g, c in copies.items()}
+                unit_gains = {g: c.gains() for g, c in copies.items()}
                 solves += 1
                 if len(unit) == 1 and unit[0] not in spec.heads:
                     g = unit[0]
                     previous = lap_duals.get(g)
                     if previous is not None and previous.u.shape != (spec.groups[g],):
                         previous = None
-                    new, new_duals = self.solve(gains64[g], previous)
+                    new, new_duals = self.solve(unit_gains[g], previous)
                     if warm_start:
                         lap_duals[g] = new_duals
                     chosen = {g: new}
                 else:
-                    chosen = self.solve_heads(gains64, spec.heads[unit[0]][1])
+                    chosen = self.solve_heads(unit_gains, spec.heads[unit[0]][1])
                 new = {g: p.numpy() for g, p in chosen.items()}
-                if improves_all(gains64, old, new, rel_tol):
+                if improves_all(unit_gains, old, new, rel_tol):
                     for g in unit:
                         perm[g] = chosen[g].to(device)
                     improved = True
                     if self._linear[unit]:
-                        running += sum(_gain(gains64[g], old[g], new[g]) for g in unit)
+                        running += sum(_gain(unit_gains[g], old[g], new[g]) for g in unit)
                     else:
                         stale = True
                 solved_with[unit] = neighbours  # the permutations these were formed with
