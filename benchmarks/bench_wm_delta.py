@@ -131,14 +131,16 @@ def as_sequential(params: dict, widths: list[int]) -> nn.Module:
 
 
 def run_rebasin(a, b, widths, repeats: int = 1) -> dict:
-    """rebasin's ``PermutationCoordinateDescent`` ``repeats`` times: the median CPU time,
-    and every run's time and distance (its layer order is random, so its optimum varies)."""
+    """rebasin's ``PermutationCoordinateDescent`` ``repeats`` times, run ``i`` with torch's
+    global seed ``i`` (its layer order comes from it): the median CPU time, and every run's
+    time and distance (the order decides the optimum)."""
     try:
         from rebasin import PermutationCoordinateDescent
     except ImportError:
         return {"installed": False}
     seconds, distances = [], []
-    for _ in range(repeats):
+    for i in range(repeats):
+        torch.manual_seed(i)  # its random layer order: run i is reproducible, as our seed i
         seq_a, seq_b = as_sequential(a, widths), as_sequential(b, widths)
         cpu = time.process_time()
         PermutationCoordinateDescent(seq_a, seq_b, torch.randn(2, 1, 28, 28)).rebasin()
