@@ -593,7 +593,7 @@ MUTATIONS = [
         "lap-warm-path-skips-finiteness",
         "a warm solve no longer checks the reduced costs' row minima for NaN or -inf",
         "src/lmckit/lap.py",
-        "    _check_finite(c, row_min, duals)\n",
+        "    if not np.isfinite(row_min).all():\n        _raise_non_finite(c, duals)\n",
         "",
         ("tests/test_lap.py",),
     ),

@@ -83,7 +83,7 @@ class LapDuals:
 
 def _as_cost(cost: Tensor | np.ndarray) -> np.ndarray:
     """``cost`` as a checked float64 array (square, non-empty, finite) for SciPy."""
-    c = _as_matrix(cost).astype(np.float64, copy=False)
+    c = cost_array(cost).astype(np.float64, copy=False)
     _check_entries(c)
     return c
 
@@ -94,6 +94,10 @@ def reduction_duals(c_min: np.ndarray) -> LapDuals:
     v = np.subtract(c_min, u[:, None]).min(axis=0)
     return LapDuals(u, v, exact=False)
 
+
+ROW_BLOCK = 256
+"""Rows per block where a pass over an ``n × n`` matrix needs a temporary: it stays a
+block, not a matrix."""
 
 CONTENDED = 0.25
 """A cold solve goes through SciPy when its rows' smallest reduced costs (after the
@@ -120,8 +124,8 @@ def duals_of(c_min: np.ndarray, perm: np.ndarray, max_passes: int = DUAL_PASSES)
     for _ in range(max_passes):
         reach = np.full(n, np.inf)
         offset = diag - v[perm]  # c[i, j] − offset[i] bounds v_j through row i
-        for i in range(0, n, 256):
-            block = c_min[i : i + 256] - offset[i : i + 256, None]
+        for i in range(0, n, ROW_BLOCK):
+            block = c_min[i : i + ROW_BLOCK] - offset[i : i + ROW_BLOCK, None]
             np.minimum(reach, block.min(axis=0), out=reach)
         settled = np.minimum(v, reach)
         if np.array_equal(settled, v):
@@ -135,9 +139,9 @@ def _contended(c_min: np.ndarray, duals: LapDuals) -> bool:
     columns (the matrices cold Jonker–Volgenant is slowest on)."""
     n = c_min.shape[0]
     best = np.empty(n, dtype=np.int64)
-    for i in range(0, n, 256):
-        block = c_min[i : i + 256] - duals.v[None, :]
-        best[i : i + 256] = block.argmin(axis=1)
+    for i in range(0, n, ROW_BLOCK):
+        block = c_min[i : i + ROW_BLOCK] - duals.v[None, :]
+        best[i : i + ROW_BLOCK] = block.argmin(axis=1)
     return np.unique(best).size < CONTENDED * n
 
 
@@ -189,7 +193,7 @@ def solve_lap(
         LapError: non-square, empty or non-finite cost; duals of the wrong length or not
         finite.
     """
-    c = _as_matrix(cost)
+    c = cost_array(cost)
     sign = -1.0 if maximize else 1.0  # duals refer to the minimisation form sign · c
     n = c.shape[0]
     if backend not in BACKENDS:
@@ -217,7 +221,8 @@ def solve_lap(
     # a NaN or -inf in the reduced costs shows in its row's minimum, +inf in the maximum
     # that _on_grid takes: no separate pass over the cost for finiteness
     row_min = reduced.min(axis=1)
-    _check_finite(c, row_min, duals)
+    if not np.isfinite(row_min).all():
+        _raise_non_finite(c, duals)
     if n == 1:
         return torch.zeros(1, dtype=torch.long), LapDuals(duals.u + reduced[0], duals.v.copy())
     # feasible duals near the given ones: each row dual lowered by its most negative entry
@@ -227,7 +232,7 @@ def solve_lap(
     u = duals.u + shift
     quantum = _on_grid(reduced)
     if not math.isfinite(quantum):
-        _check_finite(c, np.array([np.inf]), duals)
+        _raise_non_finite(c, duals)
     cols, _, (_, du, dv) = _lapjv.lapjv(reduced, force_doubles=True)
     perm = cols.astype(np.int64)
     if not _certified(reduced, perm, du, dv, quantum):  # never seen; do not trust it
@@ -236,9 +241,10 @@ def solve_lap(
     return torch.from_numpy(perm), LapDuals(u + du, duals.v + dv)
 
 
-def _as_matrix(cost: Tensor | np.ndarray) -> np.ndarray:
-    """``cost`` as a CPU float32 or float64 array (no copy where it already is one),
-    checked square and non-empty; finiteness is left to the caller's own passes."""
+def cost_array(cost: Tensor | np.ndarray) -> np.ndarray:
+    """``cost`` as a CPU float32 or float64 NumPy array — a view, no copy, where it already
+    is one (other dtypes become float64) — checked square and non-empty; finiteness is
+    left to the solver's own passes. What :func:`solve_lap` reads."""
     if isinstance(cost, Tensor):
         cost = cost.detach()
         if cost.dtype not in (torch.float32, torch.float64):
@@ -265,11 +271,8 @@ def _raise_if_non_finite(c: np.ndarray) -> None:
         raise LapError(f"cost matrix has {bad} non-finite entries (NaN or ±inf)")
 
 
-def _check_finite(c: np.ndarray, summary: np.ndarray, duals: LapDuals) -> None:
-    """Raise if ``summary`` — row minima or the maximum of the reduced costs, non-finite
-    whenever an entry of ``c`` or of ``duals`` is — is not finite, naming the culprit."""
-    if np.isfinite(summary).all():
-        return
+def _raise_non_finite(c: np.ndarray, duals: LapDuals) -> None:
+    """The reduced costs ``c − u − v`` came out non-finite: name the culprit."""
     _raise_if_non_finite(c)
     if not (np.isfinite(duals.u).all() and np.isfinite(duals.v).all()):
         raise LapError("warm-start duals have non-finite entries (NaN or ±inf)")
@@ -323,8 +326,13 @@ def _certified(reduced: np.ndarray, perm: np.ndarray, du, dv, quantum: float) ->
     # reduced ≥ 0 with its largest entry below 2^GRID_BITS steps
     tol = 1e-9 * max(quantum * 2.0**GRID_BITS, 1e-300) * n
     lowest = min(  # min over (reduced − du − dv), by row blocks (no n × n temporary)
-        float((np.subtract(reduced[i : i + 256], dv[None, :]).min(axis=1) - du[i : i + 256]).min())
-        for i in range(0, n, 256)
+        float(
+            (
+                np.subtract(reduced[i : i + ROW_BLOCK], dv[None, :]).min(axis=1)
+                - du[i : i + ROW_BLOCK]
+            ).min()
+        )
+        for i in range(0, n, ROW_BLOCK)
     )
     tight = reduced[np.arange(n), perm] - du - dv[perm]
     return bool(lowest >= -tol and np.abs(tight).max() <= tol)

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lmckit.lap import LapDuals, assign_heads, solve_lap
+from lmckit.lap import LapDuals, assign_heads, cost_array, solve_lap
 from lmckit.match.result import MatchResult, check_inputs, matched_names
 from lmckit.params import Params, detached, floating_names, squared_distance
 from lmckit.perm import (
@@ -109,10 +109,7 @@ def _as_gains(cost: Tensor) -> np.ndarray:
     solver reads float32 into its float64 reduced costs exactly, so no float64 copy is
     made). The view shares the kept matrix, which is changed in place only when its group
     is next formed or updated — after this unit's solve has been accepted or not."""
-    cost = cost.detach()
-    if cost.dtype not in (torch.float32, torch.float64):
-        cost = cost.to(torch.float64)
-    return cost.numpy()
+    return cost_array(cost)
 
 
 class _OnTheWay:
