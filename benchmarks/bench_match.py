@@ -80,7 +80,7 @@ def flops_per_sweep(spec, params) -> int:
     )
 
 
-def profiled_wm(spec, a, b, *, lap_backend: str = "lapjv", **options):
+def profiled_wm(spec, a, b, *, lap_backend: str = "jv", **options):
     """Weight matching with time and FLOP counters (``result.info``)."""
     return ProfiledWeightMatcher(spec, b, lap_backend=lap_backend).match(a, **options)
 

@@ -1,5 +1,6 @@
 """LAP solver: optimal for the original cost, cold and warm-started, on hard inputs."""
 
+import importlib.util
 import itertools
 
 import numpy as np
@@ -9,6 +10,12 @@ from scipy.optimize import linear_sum_assignment
 
 from lmckit.errors import LapError
 from lmckit.lap import LapDuals, assign, solve_lap
+
+# lmckit's compiled solver needs numba (a dependency); where it is missing — a device machine
+# without the wheel — "jv" solves through lapjv, and the tests of the kernel itself skip
+needs_numba = pytest.mark.skipif(
+    importlib.util.find_spec("numba") is None, reason="numba is not installed"
+)
 
 
 def objective(c, p):
@@ -57,63 +64,145 @@ def test_cold_solution_is_optimal(name, c, maximize):
     assert_optimal_duals(c, p, duals, maximize)
 
 
+@pytest.mark.parametrize("backend", ["jv", "lapjv"])
 @pytest.mark.parametrize(("name", "c"), list(matrices()), ids=[n for n, _ in matrices()])
-def test_warm_start_is_optimal_for_the_original_cost(name, c):
+def test_warm_start_is_optimal_for_the_original_cost(name, c, backend):
     rng = np.random.default_rng(1)
-    _, duals = solve_lap(c)
+    _, duals = solve_lap(c, backend=backend)
     for step in range(4):  # a drifting sequence of costs, as inside weight matching
         c = c + 0.05 * np.abs(c).max() * rng.standard_normal(c.shape) * (step % 2)
-        p, duals = solve_lap(c, duals=duals)
+        p, duals = solve_lap(c, duals=duals, backend=backend)
         assert_optimal(c, p)
         assert_optimal_duals(c, p, duals)  # the returned duals are the original cost's
-    p_stale, _ = solve_lap(c, duals=solve_lap(rng.standard_normal(c.shape))[1])
+        assert np.array_equal(duals.assignment, p.numpy())
+    stale = solve_lap(rng.standard_normal(c.shape), backend=backend)[1]
+    p_stale, _ = solve_lap(c, duals=stale, backend=backend)
     assert_optimal(c, p_stale)  # even unrelated duals give the optimum
 
 
-@pytest.fixture
-def lapjv_inputs(monkeypatch):
-    """The matrices ``lapjv`` is handed from now on, in call order."""
+def _hints(n, rng):
+    """Earlier assignments a warm solve may be handed: right, wrong, or malformed."""
+    yield None
+    yield rng.permutation(n)
+    yield np.arange(n)[::-1].copy()
+    yield np.zeros(n, dtype=np.int64)  # every row claims column 0
+    yield np.full(n, n + 3, dtype=np.int64)  # out of range
+    yield np.arange(n + 1)  # wrong length: ignored
+
+
+@pytest.mark.parametrize("maximize", [True, False])
+def test_the_compiled_warm_solver_is_optimal_by_brute_force_whatever_its_hint(maximize):
+    """lmckit's own Jonker–Volgenant (the default backend): against every permutation, on
+    random costs, integer ties, dead rows and columns, from cold, exact and stale duals,
+    with earlier assignments that are right, wrong or malformed — a hint may cost time,
+    never optimality — and with duals that prove the answer."""
+    rng = np.random.default_rng(11)
+    cases = []
+    for n in (2, 3, 5, 7):
+        cases += [rng.standard_normal((n, n)), rng.integers(0, 3, (n, n)).astype(float)]
+    dead = rng.standard_normal((7, 7))
+    dead[[1, 4]] = 0.0
+    dead[:, 2] = 0.0
+    cases.append(dead)
+    for c in cases:
+        n = len(c)
+        values = [objective(c, q) for q in itertools.permutations(range(n))]
+        want = max(values) if maximize else min(values)
+        exact = solve_lap(c, maximize=maximize, backend="scipy")[1]
+        starts = [solve_lap(c, maximize=maximize)[1], solve_lap(-c, maximize=maximize)[1]]
+        for start in [*starts, LapDuals(np.zeros(n), np.zeros(n)), exact]:
+            for hint in _hints(n, rng):
+                duals = LapDuals(start.u, start.v, assignment=hint)
+                p, out = solve_lap(c, maximize=maximize, duals=duals)
+                assert sorted(p.tolist()) == list(range(n))
+                assert objective(c, p) == pytest.approx(want, abs=1e-9)
+                assert_optimal_duals(c, p, out, maximize)
+
+
+@needs_numba
+def test_a_warm_solve_keeps_an_earlier_assignment_that_is_still_optimal():
+    """Where many assignments are optimal (ties), the warm solve returns the earlier one
+    handed to it — its rows are kept, not solved again — while ``lapjv``, which takes no
+    assignment, settles on whichever optimum its search meets first."""
+    rng = np.random.default_rng(12)
+    for c in (np.zeros((40, 40)), rng.integers(0, 2, (60, 60)).astype(float)):
+        n = len(c)
+        p0, duals = solve_lap(c)
+        # another optimum: p0 with two rows swapped where that keeps the objective
+        swapped = p0.numpy().copy()
+        i, k = next(
+            (i, k)
+            for i in range(n)
+            for k in range(i + 1, n)
+            if c[i, swapped[k]] + c[k, swapped[i]] == c[i, swapped[i]] + c[k, swapped[k]]
+        )
+        swapped[[i, k]] = swapped[[k, i]]
+        hint = LapDuals(duals.u, duals.v, assignment=swapped)
+        p, _ = solve_lap(c, duals=hint)
+        assert np.array_equal(p.numpy(), swapped)
+        p, _ = solve_lap(c, duals=hint, backend="lapjv")
+        assert not np.array_equal(p.numpy(), swapped)
+
+
+@pytest.fixture(params=["jv", "lapjv"])
+def solver_inputs(request, monkeypatch):
+    """``(backend, seen)``: the reduced matrices that backend's Jonker–Volgenant is handed
+    from now on, in call order."""
+    import types
+
     import lmckit.lap as lap
 
     seen = []
-    original = lap._lapjv.lapjv
+    if request.param == "lapjv":
+        original = lap._lapjv.lapjv
 
-    class Recorder:
-        @staticmethod
         def lapjv(cost, **kwargs):
             seen.append(np.array(cost))
             return original(cost, **kwargs)
 
-    monkeypatch.setattr(lap, "_lapjv", Recorder)
-    return seen
+        monkeypatch.setattr(lap, "_lapjv", types.SimpleNamespace(lapjv=lapjv))
+    else:
+        if importlib.util.find_spec("numba") is None:
+            pytest.skip("numba is not installed")
+        kernels = lap._warm_kernels()
+
+        def warm_jv(reduced, row_min, previous):
+            seen.append(np.array(reduced))
+            return kernels.warm_jv(reduced, row_min, previous)
+
+        recorder = types.SimpleNamespace(
+            reduce_on_grid=kernels.reduce_on_grid, warm_jv=warm_jv, certified=kernels.certified
+        )
+        monkeypatch.setattr(lap, "_warm_kernels", lambda: recorder)
+    return request.param, seen
 
 
-def test_a_warm_start_solves_the_cost_reduced_by_the_given_duals(lapjv_inputs):
+def test_a_warm_start_solves_the_cost_reduced_by_the_given_duals(solver_inputs):
     """Alg. 3 of STE-MM: the solver sees C − u1ᵀ − 1vᵀ, which the given optimal duals
     leave already solved: zero on an optimal assignment, non-negative elsewhere."""
-    seen = lapjv_inputs
+    backend, seen = solver_inputs
     c = np.random.default_rng(3).standard_normal((60, 60))
-    p, duals = solve_lap(c)
-    again, _ = solve_lap(c, duals=duals)
+    p, duals = solve_lap(c, backend=backend)
+    again, _ = solve_lap(c, duals=duals, backend=backend)
     expected = -c - duals.u[:, None] - duals.v[None, :]
     assert np.allclose(seen[-1], expected)
     # feasible, and zero on the optimum up to the grid the reduced costs are rounded to
     assert seen[-1].min() >= 0 and np.abs(seen[-1][np.arange(60), p.numpy()]).max() < 1e-9
     assert torch.equal(again, p)
-    solve_lap(c)  # a cold solve starts from the reduction duals instead
+    solve_lap(c, backend=backend)  # a cold solve starts from the reduction duals instead
     assert not np.allclose(seen[-1], expected)
 
 
-def test_stale_duals_are_made_feasible_by_lowering_each_rows_dual(lapjv_inputs):
+def test_stale_duals_are_made_feasible_by_lowering_each_rows_dual(solver_inputs):
     """Duals of another problem leave negative reduced costs, from which JV can be far
     slower than cold: each row's dual is lowered by its most negative entry first, so the
     solver sees C − u1ᵀ − 1vᵀ − min(row minimum, 0) — non-negative, a zero in every row
     that had a negative, the rest untouched — and the answer is still the optimum."""
-    seen = lapjv_inputs
+    backend, seen = solver_inputs
     rng = np.random.default_rng(4)
     old, new = rng.standard_normal((50, 50)), rng.standard_normal((50, 50))
-    _, stale = solve_lap(old)
-    p, duals = solve_lap(new, duals=stale)
+    _, stale = solve_lap(old, backend=backend)
+    p, duals = solve_lap(new, duals=stale, backend=backend)
     reduced = -new - stale.u[:, None] - stale.v[None, :]
     negative_rows = reduced.min(axis=1) < 0
     assert 0 < negative_rows.sum() < 50
@@ -230,7 +319,8 @@ def test_duals_of_an_optimal_assignment_prove_it_optimal(seed):
         assert duals_of(c, worse, max_passes=100) is None
 
 
-def test_a_contended_cold_solve_goes_through_scipy_and_stays_optimal(monkeypatch):
+@pytest.mark.parametrize("backend", ["jv", "lapjv"])
+def test_a_contended_cold_solve_goes_through_scipy_and_stays_optimal(monkeypatch, backend):
     import lmckit.lap as lap
 
     calls = []
@@ -242,13 +332,13 @@ def test_a_contended_cold_solve_goes_through_scipy_and_stays_optimal(monkeypatch
 
     monkeypatch.setattr(lap, "linear_sum_assignment", counting)
     c = _contended_matrix(200, 3)
-    p, duals = solve_lap(c)
+    p, duals = solve_lap(c, backend=backend)
     assert len(calls) == 1 and duals.exact
     assert_optimal(c, p)
     assert_optimal_duals(c, p, duals)
     # spread preferences (a Gaussian matrix) and warm solves stay with Jonker–Volgenant
-    solve_lap(np.random.default_rng(3).standard_normal((200, 200)))
-    solve_lap(c, duals=duals)
+    solve_lap(np.random.default_rng(3).standard_normal((200, 200)), backend=backend)
+    solve_lap(c, duals=duals, backend=backend)
     assert len(calls) == 1
 
 
@@ -269,24 +359,74 @@ def test_float32_costs_are_read_exactly_without_a_float64_copy():
         assert_optimal(drifted.astype(np.float64), w32[0], maximize)
 
 
+@pytest.mark.parametrize("backend", ["jv", "lapjv"])
 @pytest.mark.parametrize("maximize", [True, False])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_a_non_finite_entry_is_named_on_the_warm_path_too(maximize, bad):
+def test_a_non_finite_entry_is_named_on_the_warm_path_too(maximize, bad, backend):
     """The warm path has no pass of its own for finiteness (the reduced costs' row minima
     and maximum show it); every kind of bad entry is still reported as such."""
     c = np.random.default_rng(8).standard_normal((30, 30))
-    _, duals = solve_lap(c, maximize=maximize)
+    _, duals = solve_lap(c, maximize=maximize, backend=backend)
     c[4, 7] = bad
     with pytest.raises(LapError, match="1 non-finite"):
-        solve_lap(c, maximize=maximize, duals=duals)
+        solve_lap(c, maximize=maximize, duals=duals, backend=backend)
     with pytest.raises(LapError, match="1 non-finite"):
-        solve_lap(c.astype(np.float32), maximize=maximize, duals=duals)
+        solve_lap(c.astype(np.float32), maximize=maximize, duals=duals, backend=backend)
 
     with pytest.raises(LapError, match="1 non-finite"):  # 1×1: no grid, no solver call
-        solve_lap(np.array([[bad]]), maximize=maximize, duals=LapDuals(np.zeros(1), np.zeros(1)))
+        one = LapDuals(np.zeros(1), np.zeros(1))
+        solve_lap(np.array([[bad]]), maximize=maximize, duals=one, backend=backend)
     c[4, 7] = 0.0
     with pytest.raises(LapError, match="warm-start duals"):
-        solve_lap(c, maximize=maximize, duals=LapDuals(duals.u, np.where(duals.v > 0, bad, 0.0)))
+        broken = LapDuals(duals.u, np.where(duals.v > 0, bad, 0.0))
+        solve_lap(c, maximize=maximize, duals=broken, backend=backend)
+
+
+@needs_numba
+def test_both_backends_hand_their_solver_the_same_reduced_costs(monkeypatch):
+    """The compiled kernel forms, lowers and rounds the reduced costs in one pass of its
+    own; they must be the NumPy path's bit for bit — cold and warm, stale duals (rows
+    lowered), float32 and float64 costs, both senses, and at a scale where the grid
+    rounding cannot use its magic constant."""
+    import types
+
+    import lmckit.lap as lap
+
+    kernels = lap._warm_kernels()
+    seen = {"jv": [], "lapjv": []}
+
+    def warm_jv(reduced, row_min, previous):
+        seen["jv"].append((np.array(reduced), np.array(row_min)))
+        return kernels.warm_jv(reduced, row_min, previous)
+
+    def lapjv(cost, **kwargs):
+        seen["lapjv"].append(np.array(cost))
+        return original(cost, **kwargs)
+
+    original = lap._lapjv.lapjv
+    monkeypatch.setattr(lap, "_lapjv", types.SimpleNamespace(lapjv=lapjv))
+    monkeypatch.setattr(
+        lap,
+        "_warm_kernels",
+        lambda: types.SimpleNamespace(
+            reduce_on_grid=kernels.reduce_on_grid, warm_jv=warm_jv, certified=kernels.certified
+        ),
+    )
+    rng = np.random.default_rng(13)
+    for scale in (1.0, 1e-30, 1e303):
+        old, new = (rng.standard_normal((70, 70)) * scale for _ in range(2))
+        for dtype in (np.float64, np.float32):
+            if dtype == np.float32 and scale != 1.0:
+                continue
+            for maximize in (True, False):
+                _, stale = solve_lap(old, maximize=maximize, backend="scipy")
+                for backend in ("jv", "lapjv"):
+                    solve_lap(new.astype(dtype), maximize=maximize, backend=backend)
+                    solve_lap(new.astype(dtype), maximize=maximize, duals=stale, backend=backend)
+    assert len(seen["jv"]) == len(seen["lapjv"]) == 16
+    for (reduced, row_min), expected in zip(seen["jv"], seen["lapjv"], strict=True):
+        assert np.array_equal(reduced, expected)
+        assert np.array_equal(row_min, expected.min(axis=1))
 
 
 def test_the_grid_rounding_equals_scaling_rounding_and_scaling_back():
@@ -303,3 +443,30 @@ def test_the_grid_rounding_equals_scaling_rounding_and_scaling_back():
         got = x.copy()
         assert _on_grid(got) == step
         assert np.array_equal(got, expected)
+
+
+def test_without_numba_the_default_backend_solves_through_lapjv(monkeypatch):
+    """numba is a dependency, but an environment without it (an old wheel, a machine
+    without a compiler cache) must still solve optimally: through ``lapjv``, warm and cold."""
+    import types
+
+    import lmckit.lap as lap
+
+    seen = []
+    original = lap._lapjv.lapjv
+
+    def lapjv(cost, **kwargs):
+        seen.append(cost.shape)
+        return original(cost, **kwargs)
+
+    monkeypatch.setattr(lap, "_lapjv", types.SimpleNamespace(lapjv=lapjv))
+    monkeypatch.setattr(lap, "_warm_kernels", lambda: None)
+    rng = np.random.default_rng(14)
+    c = rng.standard_normal((40, 40))
+    p, duals = solve_lap(c)
+    drifted = c + 0.1 * rng.standard_normal(c.shape)
+    q, again = solve_lap(drifted, duals=duals)
+    assert seen == [(40, 40), (40, 40)]
+    assert_optimal(c, p)
+    assert_optimal(drifted, q)
+    assert_optimal_duals(drifted, q, again)

@@ -92,7 +92,7 @@ def weight_matching(
     restarts: int = 1,
     include_running_stats: bool = True,
     warm_start: bool = True,
-    lap_backend: str = "lapjv",
+    lap_backend: str = "jv",
 ) -> MatchResult:
     """Find π maximising ``⟨θ_A, π(θ_B)⟩`` by coordinate descent over the groups.
 
@@ -116,7 +116,8 @@ def weight_matching(
         include_running_stats: count BatchNorm running means/variances in the objective.
         warm_start: keep and reuse LAP duals (STE-MM Alg. 3). Off: every LAP starts from
             its reduction duals. Both reach the same permutations.
-        lap_backend: ``"lapjv"`` or ``"scipy"`` (see :func:`lmckit.lap.solve_lap`).
+        lap_backend: ``"jv"`` (default), ``"lapjv"`` or ``"scipy"`` (see
+            :func:`lmckit.lap.solve_lap`).
 
     Returns:
         :class:`MatchResult` of the best restart: ``history`` is its objective after each
