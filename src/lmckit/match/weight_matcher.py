@@ -276,14 +276,18 @@ class DeltaPolicy:
     again: when the columns its terms' neighbours moved are at most ``max_fraction`` of the
     group's columns (beyond that, forming anew costs about as much as the updates' copies
     and products), and it was formed fewer than ``refresh`` sweeps ago (bounding the
-    rounding that updates accumulate) — and, on a GPU, only when forming it anew takes at
-    least ``gpu_min_flops`` multiply-adds ×2: an update there costs a host synchronisation
-    and a dozen small kernels (about 2 ms per update measured on an H100, where forming a
-    3×2048 MLP's cost matrix anew takes about 1 ms), so smaller matrices are cheaper to
-    form again."""
+    rounding that updates accumulate: ``benchmarks/bench_refresh_drift.py`` measured a
+    trained 3×512 MLP's kept matrices within 1.3× the error of a freshly formed float32
+    matrix for up to 40 updates, 1.9–2.2× after 48–64; 16 keeps them within 1.22×, and
+    spares most weight-matching runs, 11–21 sweeps, one or two re-formations of every
+    matrix, which at 8 cost 7–12 % of a run) — and, on a GPU, only when forming it anew
+    takes at least ``gpu_min_flops`` multiply-adds ×2: an update there costs a host
+    synchronisation and a dozen small kernels (about 2 ms per update measured on an H100,
+    where forming a 3×2048 MLP's cost matrix anew takes about 1 ms), so smaller matrices
+    are cheaper to form again."""
 
     max_fraction: float = 0.75
-    refresh: int = 8
+    refresh: int = 16
     gpu_min_flops: float = 1e11
 
     def updates_pay(self, formation_flops: int, on_gpu: bool) -> bool:
@@ -303,7 +307,8 @@ class WeightMatcher:
         spec: the permutation spec of both models.
         params_b: model B (kept by reference; do not modify it while the matcher lives).
         include_running_stats: count BatchNorm running statistics in the objective.
-        lap_backend: ``"lapjv"`` or ``"scipy"`` (see :func:`lmckit.lap.solve_lap`).
+        lap_backend: ``"jv"`` (default), ``"lapjv"`` or ``"scipy"`` (see
+            :func:`lmckit.lap.solve_lap`).
         delta: how cost-matrix terms are updated where only some of B̃'s columns changed
             (:class:`DeltaPolicy`); ``None`` forms every term anew (the earlier engine,
             kept for benchmarks and tests).
@@ -318,7 +323,7 @@ class WeightMatcher:
         params_b: Params,
         *,
         include_running_stats: bool = True,
-        lap_backend: str = "lapjv",
+        lap_backend: str = "jv",
         delta: DeltaPolicy | None = DeltaPolicy(),
         overlap: bool | None = None,
     ) -> None:
