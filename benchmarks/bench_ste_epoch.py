@@ -5,8 +5,10 @@ permutations of B by weight matching; its epoch costs a training epoch plus the
 projections. For the demo's MLP (3×512, Fashion-MNIST) and ResNet-20 ×1 it times, in one
 run and on the same data: a training epoch (``lmckit.train``, Adam, the given batch size),
 an STE epoch with lmckit's weight-matching engine, and an STE epoch with the previous
-engine (cost-matrix terms re-formed every time: ``WeightMatcher(delta=None)``), and
-reports the ratios and the share of the STE epoch spent in weight matching. Prints JSON.
+engine (cost-matrix terms re-formed every time: ``WeightMatcher(delta=None)``), an STE
+epoch with the engine as the previous stop left it (re-formed every 8 sweeps, LAPs by the
+``lapjv`` package), and reports the ratios and the share of the STE epoch spent in weight
+matching. Prints JSON.
 
     python benchmarks/bench_ste_epoch.py --data-dir .data [--examples 60000] [--device cuda]
 
@@ -25,7 +27,7 @@ import lmckit.match.ste as ste_module
 from _timing import add_device_argument, machine
 from lmckit.data import load_dataset
 from lmckit.match import ste_matching
-from lmckit.match.weight_matcher import WeightMatcher
+from lmckit.match.weight_matcher import DeltaPolicy, WeightMatcher
 from lmckit.models import permutation_spec
 from lmckit.train import TrainConfig, init_model, train
 
@@ -50,6 +52,10 @@ def one_case(name, config, data, batch_size, device="cpu") -> dict:
         "train_epoch_seconds": train_seconds,
     }
     engines = {"ste_previous_engine": functools.partial(WeightMatcher, delta=None)}
+    # as the previous stop left it: re-formed every 8 sweeps, every LAP by lapjv
+    engines["ste_previous_stop"] = functools.partial(
+        WeightMatcher, delta=DeltaPolicy(refresh=8), lap_backend="lapjv"
+    )
     engines["ste"] = WeightMatcher
     for label, engine in engines.items():
         ste_module.WeightMatcher = engine

@@ -9,10 +9,16 @@ a fresh process of its own, so that its peak memory is its own):
 * ``full``: the same engine forming every requested cost matrix anew (``delta=None``:
   the previous implementation's algorithm; skipped for pairs named in ``--delta-only``,
   whose rows then give its cost only as ``gflop_full_recompute``);
+* ``previous_stop``: the engine as the previous stop left it — the same updates, matrices
+  re-formed every 8 sweeps instead of 16, and every LAP by the ``lapjv`` package, which
+  takes no initial assignment, instead of lmckit's compiled warm-start Jonker–Volgenant
+  (skipped with ``full`` for ``--delta-only`` pairs);
 * ``rebasin``: PyPI ``rebasin`` 0.0.47's ``PermutationCoordinateDescent`` on the same MLP
   as an ``nn.Sequential`` (when importable and ``--rebasin`` names the pair);
 
-and reports CPU seconds (``time.process_time``), sweeps, GFLOP of products formed beside
+(numba's compiled LAP kernels are loaded in each process before its clock starts; the
+load, ~0.3 s from numba's on-disk cache, is reported as ``lap_kernels_load_seconds``) and
+reports CPU seconds (``time.process_time``), sweeps, GFLOP of products formed beside
 what forming every requested term would cost, the LAP share of the time, the peak resident
 memory added by the run (``VmHWM`` after resetting it through ``/proc/self/clear_refs``,
 minus the resident size before) against the two models' parameters — once as the process
@@ -55,12 +61,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
 from _timing import add_device_argument, machine
 from bench_match import flops_per_sweep, matmul_throughput
 from lmckit.checkpoint import load_checkpoint
+from lmckit.lap import solve_lap
 from lmckit.match.weight_matcher import DeltaPolicy, ProfiledWeightMatcher
 from lmckit.models import permutation_spec
 from lmckit.params import params_distance
@@ -79,7 +87,9 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def run_lmckit(spec, a, b, delta, seed: int, overlap: bool | None = None) -> dict:
+def run_lmckit(
+    spec, a, b, delta, seed: int, overlap: bool | None = None, lap_backend: str = "jv"
+) -> dict:
     cuda = next(iter(a.values())).is_cuda
     reset_peak()
     resident = rss_bytes("VmRSS")
@@ -88,7 +98,8 @@ def run_lmckit(spec, a, b, delta, seed: int, overlap: bool | None = None) -> dic
         torch.cuda.reset_peak_memory_stats()
         held = torch.cuda.memory_allocated()
     cpu = time.process_time()
-    result = ProfiledWeightMatcher(spec, b, delta=delta, overlap=overlap).match(a, seed=seed)
+    matcher = ProfiledWeightMatcher(spec, b, delta=delta, overlap=overlap, lap_backend=lap_backend)
+    result = matcher.match(a, seed=seed)
     cpu = time.process_time() - cpu
     peak = rss_bytes("VmHWM") - resident
     info = result.info
@@ -193,11 +204,13 @@ def load_pair(source: dict):
     return permutation_spec(model), a, b
 
 
-VARIANTS = {  # name: (cost-matrix policy, overlap)
-    "delta": (DeltaPolicy(), None),
-    "delta_no_overlap": (DeltaPolicy(), False),
-    "updates_on_gpu": (DeltaPolicy(gpu_min_flops=0), None),
-    "full": (None, None),
+VARIANTS = {  # name: (cost-matrix policy, overlap, LAP backend)
+    "delta": (DeltaPolicy(), None, "jv"),
+    "delta_no_overlap": (DeltaPolicy(), False, "jv"),
+    "updates_on_gpu": (DeltaPolicy(gpu_min_flops=0), None, "jv"),
+    "full": (None, None, "jv"),
+    # the engine as of the previous stop: matrices re-formed every 8 sweeps, lapjv's LAPs
+    "previous_stop": (DeltaPolicy(refresh=8), None, "lapjv"),
 }
 
 
@@ -213,11 +226,18 @@ def child(source: dict, variant: str) -> None:
         (warm @ warm).to("cpu", non_blocking=True)
         torch.empty(1 << 20, pin_memory=True)
         torch.cuda.synchronize()
-    policy, overlap = VARIANTS[variant]
+    policy, overlap, backend = VARIANTS[variant]
+    # numba's compiled LAP kernels loaded (or compiled, on a first run) before the clock, as
+    # the CUDA context above: a once-per-process cost, reported apart
+    load = time.perf_counter()
+    for dtype in (np.float32, np.float64):
+        solve_lap(np.eye(2, dtype=dtype), duals=solve_lap(np.eye(2, dtype=dtype))[1])
+    load = time.perf_counter() - load
     # repeat i uses seed i (WM's group order): times and optima over as many orders as
     # rebasin's runs draw
     runs = [
-        run_lmckit(spec, a, b, policy, seed=i, overlap=overlap) for i in range(source["repeats"])
+        run_lmckit(spec, a, b, policy, seed=i, overlap=overlap, lap_backend=backend)
+        for i in range(source["repeats"])
     ]
     # the median run by wall time; peak memory from the first (later ones reuse its pages);
     # permutation, objective and distance of seed 0, compared across variants
@@ -232,6 +252,7 @@ def child(source: dict, variant: str) -> None:
     for key in ("objective", "distance_after"):
         run[key] = runs[0][key]
     run["perm"] = runs[0]["perm"].to_dict()
+    run["lap_kernels_load_seconds"] = load
     print(json.dumps(run))
 
 
@@ -260,7 +281,7 @@ def bench_pair(name, source, origin, throughput, with_rebasin, delta_only=False)
     if cuda:
         variants = ["delta", "delta_no_overlap", "updates_on_gpu"]
     else:
-        variants = ["delta"] + ([] if delta_only else ["full"])
+        variants = ["delta"] + ([] if delta_only else ["full", "previous_stop"])
     runs = {variant: in_child(source, variant) for variant in variants}
     for variant in variants if not cuda else ():
         held = in_child(source, variant, FIXED_MMAP)["peak_added_bytes"]
@@ -272,6 +293,13 @@ def bench_pair(name, source, origin, throughput, with_rebasin, delta_only=False)
         ) / abs(runs["full"]["objective"])
         row["delta_speedup_over_full"] = (
             runs["full"]["cpu_seconds_total"] / runs["delta"]["cpu_seconds_total"]
+        )
+    if "previous_stop" in runs:
+        row["same_permutation_as_previous_stop"] = (
+            runs["delta"]["perm"] == runs["previous_stop"]["perm"]
+        )
+        row["delta_speedup_over_previous_stop"] = (
+            runs["previous_stop"]["cpu_seconds_total"] / runs["delta"]["cpu_seconds_total"]
         )
     if cuda:
         for other in ("delta_no_overlap", "updates_on_gpu"):

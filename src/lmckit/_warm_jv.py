@@ -116,9 +116,8 @@ def warm_jv(reduced, row_min, previous):  # pragma: no cover - compiled
     """Solve ``min Σ reduced[i, x[i]]`` for a non-negative ``(n, n)`` matrix on a grid
     with row minima ``row_min``, keeping the pairs of ``previous`` (an earlier assignment;
     an empty array for a cold solve) that are tight under the row-then-column reduction.
-    Returns
-    ``(x, u, v)``: the assignment and duals with ``reduced − u1ᵀ − 1vᵀ ≥ 0``, zero on the
-    assignment."""
+    Returns ``(x, u, v)``: the assignment and duals with ``reduced − u1ᵀ − 1vᵀ ≥ 0``, zero
+    on the assignment."""
     n = reduced.shape[0]
     if n == 1:  # no second column for the row reduction to compare with
         return np.zeros(1, np.int64), reduced[0].copy(), np.zeros(1)
