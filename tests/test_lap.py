@@ -470,3 +470,24 @@ def test_without_numba_the_default_backend_solves_through_lapjv(monkeypatch):
     assert_optimal(c, p)
     assert_optimal(drifted, q)
     assert_optimal_duals(drifted, q, again)
+
+
+@needs_numba
+def test_compile_kernels_readies_the_default_backend_for_both_dtypes():
+    """``make setup`` calls it so that numba's compilation is paid at install, not inside
+    the first match: afterwards every kernel has machine code for float32 and float64 costs
+    (what weight matching and a user's float64 matrices hand it)."""
+    import lmckit.lap as lap
+
+    assert lap.compile_kernels() > 0.0
+    kernels = lap._warm_kernels()
+    costs = {str(signature[0].dtype) for signature in kernels.reduce_on_grid.signatures}
+    assert {"float32", "float64"} <= costs
+    assert kernels.warm_jv.signatures and kernels.certified.signatures
+    rng = np.random.default_rng(15)
+    for dtype in (np.float32, np.float64):
+        c = rng.standard_normal((30, 30)).astype(dtype)
+        p, duals = solve_lap(c)
+        q, _ = solve_lap(c, duals=duals)
+        assert torch.equal(p, q)
+        assert_optimal(c.astype(np.float64), q)
