@@ -18,8 +18,9 @@ only the rest are reduced and augmented. Replayed on every LAP of ten WM runs of
 runs: 1.19 s against 2.40 s), the same permutations. Its cold solves, from the
 row-then-column reduction with each column given to a row at its minimum, were faster than
 ``lapjv``'s from the same duals on those runs' first sweeps (3.5–6 against 5–18 ms at
-n = 512, 22–42 against 32–84 ms at 1024) and no slower on the rank-one-dominated costs of
-``benchmarks/bench_lap.py`` (2048: 6.9 against 10.8 s; 4096: 73 against 72 s).
+n = 512, 22–42 against 32–84 ms at 1024) and level with it on the rank-one-dominated costs
+of ``benchmarks/bench_lap.py`` (interleaved, 2048: 9.3–13.6 against 10.1–12.3 s; 4096: 73
+against 72 s).
 
 Four traps, measured on this machine with ``lapjv`` and handled here for both
 Jonker–Volgenant backends alike (the compiled one is started from the same reduced costs,
