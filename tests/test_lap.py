@@ -144,37 +144,45 @@ def test_a_warm_solve_keeps_an_earlier_assignment_that_is_still_optimal():
         assert not np.array_equal(p.numpy(), swapped)
 
 
-@pytest.fixture(params=["jv", "lapjv"])
-def solver_inputs(request, monkeypatch):
-    """``(backend, seen)``: the reduced matrices that backend's Jonker–Volgenant is handed
-    from now on, in call order."""
+def _record_solver_inputs(monkeypatch, backends=("jv", "lapjv")):
+    """``{backend: [...]}``: from now on, each named backend's Jonker–Volgenant records the
+    reduced matrices it is handed (and the compiled kernel its row minima, under
+    ``"jv_row_min"``)."""
     import types
 
     import lmckit.lap as lap
 
-    seen = []
-    if request.param == "lapjv":
+    seen = {b: [] for b in (*backends, "jv_row_min")}
+    if "lapjv" in backends:
         original = lap._lapjv.lapjv
 
         def lapjv(cost, **kwargs):
-            seen.append(np.array(cost))
+            seen["lapjv"].append(np.array(cost))
             return original(cost, **kwargs)
 
         monkeypatch.setattr(lap, "_lapjv", types.SimpleNamespace(lapjv=lapjv))
-    else:
-        if importlib.util.find_spec("numba") is None:
-            pytest.skip("numba is not installed")
+    if "jv" in backends:
         kernels = lap._warm_kernels()
 
         def warm_jv(reduced, row_min, previous):
-            seen.append(np.array(reduced))
+            seen["jv"].append(np.array(reduced))
+            seen["jv_row_min"].append(np.array(row_min))
             return kernels.warm_jv(reduced, row_min, previous)
 
         recorder = types.SimpleNamespace(
             reduce_on_grid=kernels.reduce_on_grid, warm_jv=warm_jv, certified=kernels.certified
         )
         monkeypatch.setattr(lap, "_warm_kernels", lambda: recorder)
-    return request.param, seen
+    return seen
+
+
+@pytest.fixture(params=["jv", "lapjv"])
+def solver_inputs(request, monkeypatch):
+    """``(backend, seen)``: the reduced matrices that backend's Jonker–Volgenant is handed
+    from now on, in call order."""
+    if request.param == "jv" and importlib.util.find_spec("numba") is None:
+        pytest.skip("numba is not installed")
+    return request.param, _record_solver_inputs(monkeypatch, (request.param,))[request.param]
 
 
 def test_a_warm_start_solves_the_cost_reduced_by_the_given_duals(solver_inputs):
@@ -388,30 +396,7 @@ def test_both_backends_hand_their_solver_the_same_reduced_costs(monkeypatch):
     own; they must be the NumPy path's bit for bit — cold and warm, stale duals (rows
     lowered), float32 and float64 costs, both senses, and at a scale where the grid
     rounding cannot use its magic constant."""
-    import types
-
-    import lmckit.lap as lap
-
-    kernels = lap._warm_kernels()
-    seen = {"jv": [], "lapjv": []}
-
-    def warm_jv(reduced, row_min, previous):
-        seen["jv"].append((np.array(reduced), np.array(row_min)))
-        return kernels.warm_jv(reduced, row_min, previous)
-
-    def lapjv(cost, **kwargs):
-        seen["lapjv"].append(np.array(cost))
-        return original(cost, **kwargs)
-
-    original = lap._lapjv.lapjv
-    monkeypatch.setattr(lap, "_lapjv", types.SimpleNamespace(lapjv=lapjv))
-    monkeypatch.setattr(
-        lap,
-        "_warm_kernels",
-        lambda: types.SimpleNamespace(
-            reduce_on_grid=kernels.reduce_on_grid, warm_jv=warm_jv, certified=kernels.certified
-        ),
-    )
+    seen = _record_solver_inputs(monkeypatch)
     rng = np.random.default_rng(13)
     for scale in (1.0, 1e-30, 1e303):
         old, new = (rng.standard_normal((70, 70)) * scale for _ in range(2))
@@ -424,7 +409,9 @@ def test_both_backends_hand_their_solver_the_same_reduced_costs(monkeypatch):
                     solve_lap(new.astype(dtype), maximize=maximize, backend=backend)
                     solve_lap(new.astype(dtype), maximize=maximize, duals=stale, backend=backend)
     assert len(seen["jv"]) == len(seen["lapjv"]) == 16
-    for (reduced, row_min), expected in zip(seen["jv"], seen["lapjv"], strict=True):
+    for reduced, row_min, expected in zip(
+        seen["jv"], seen["jv_row_min"], seen["lapjv"], strict=True
+    ):
         assert np.array_equal(reduced, expected)
         assert np.array_equal(row_min, expected.min(axis=1))
 
@@ -448,25 +435,16 @@ def test_the_grid_rounding_equals_scaling_rounding_and_scaling_back():
 def test_without_numba_the_default_backend_solves_through_lapjv(monkeypatch):
     """numba is a dependency, but an environment without it (an old wheel, a machine
     without a compiler cache) must still solve optimally: through ``lapjv``, warm and cold."""
-    import types
-
     import lmckit.lap as lap
 
-    seen = []
-    original = lap._lapjv.lapjv
-
-    def lapjv(cost, **kwargs):
-        seen.append(cost.shape)
-        return original(cost, **kwargs)
-
-    monkeypatch.setattr(lap, "_lapjv", types.SimpleNamespace(lapjv=lapjv))
+    seen = _record_solver_inputs(monkeypatch, ("lapjv",))["lapjv"]
     monkeypatch.setattr(lap, "_warm_kernels", lambda: None)
     rng = np.random.default_rng(14)
     c = rng.standard_normal((40, 40))
     p, duals = solve_lap(c)
     drifted = c + 0.1 * rng.standard_normal(c.shape)
     q, again = solve_lap(drifted, duals=duals)
-    assert seen == [(40, 40), (40, 40)]
+    assert [m.shape for m in seen] == [(40, 40), (40, 40)]
     assert_optimal(c, p)
     assert_optimal(drifted, q)
     assert_optimal_duals(drifted, q, again)

@@ -232,19 +232,15 @@ def solve_lap(
     if cold:
         c_min = sign * c
         duals = reduction_duals(c_min)
-    if backend == "jv" and (kernels := _warm_kernels()) is not None:
-        if cold and n > 1 and _contended(c_min, duals):
-            # SciPy's assignment and its exact duals, which the warm solve then only certifies
+        if backend != "scipy" and n > 1 and _contended(c_min, duals):
+            # SciPy's assignment, its exact duals, and JV from them (which then only certifies)
             _, cols = linear_sum_assignment(c, maximize=maximize)
             exact = duals_of(c_min, cols) or duals
             duals = LapDuals(exact.u, exact.v, assignment=cols.astype(np.int64))
+    if backend == "jv" and (kernels := _warm_kernels()) is not None:
         return _solve_warm(kernels, c, maximize, duals)
     if backend == "scipy" or _lapjv is None:
         return _fallback(c, maximize, duals)
-    if cold and n > 1 and _contended(c_min, duals):
-        # SciPy's assignment, its exact duals, and JV from them (which then only certifies)
-        _, cols = linear_sum_assignment(c, maximize=maximize)
-        duals = duals_of(c_min, cols) or duals
     # C_min − u1ᵀ − 1vᵀ in two passes over one new float64 array, the first reading the
     # cost in its own dtype (the solves are LAP-bound at large n, and each extra pass over
     # an n × n float64 matrix is a few percent of a warm solve)
