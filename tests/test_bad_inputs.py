@@ -6,6 +6,7 @@ import torch
 
 from lmckit import LmcError, Permutation, PermutationSpec
 from lmckit.analysis import distance_ratios, multi_model_metrics, plane_landscape, sharpness
+from lmckit.analysis.spectral import singular_values
 from lmckit.data import TensorLoader, load_dataset
 from lmckit.evaluate import (
     bn_reset,
@@ -20,6 +21,7 @@ from lmckit.match import activation_matching, sinkhorn_matching, ste_matching, w
 from lmckit.merge import ccmm, merge_many, star, ste_mm
 from lmckit.models import build_model, permutation_spec
 from lmckit.params import average_params, lerp_params, params_distance
+from lmckit.spec import trace
 from lmckit.train import TrainConfig, train
 
 torch.manual_seed(0)
@@ -34,6 +36,13 @@ SYNTHETIC = load_dataset("synthetic")
 WRONG_X = TensorLoader(torch.randn(10, 7), torch.zeros(10, dtype=torch.long), batch_size=5)
 TEST = DIGITS.loader("test")
 MISFIT = "a batch of shape (5, 7) does not fit MLP"
+EMPTY = PermutationSpec(groups={}, axes={k: (None,) * v.ndim for k, v in A.items()})
+META = {k: v.to("meta") for k, v in A.items()}
+NAN = {k: v.clone() for k, v in A.items()}
+NAN["layers.0.weight"][0, 0] = float("nan")
+NAN_NET = build_model("mlp", in_dim=64, hidden=[8, 8], out_dim=10)
+NAN_NET.load_state_dict(NAN)
+LABEL_12 = TensorLoader(torch.randn(10, 64), torch.full((10,), 12), batch_size=5)
 
 CASES = {
     "wm-spec-none": (lambda: weight_matching(None, A, B), "spec must be a PermutationSpec"),
@@ -81,7 +90,8 @@ CASES = {
     "predict-model-str": (lambda: predict("m", A, TEST), "model must be a torch.nn.Module"),
     "bn-reset-misfit": (lambda: bn_reset(BN, BNP, WRONG_X), "does not fit MLP"),
     "bn-reset-no-batches": (lambda: bn_reset(BN, BNP, DIGITS, n_batches=0), "no batches"),
-    "repair-lambda": (lambda: repair(NET, A, B, "x", DIGITS), "λ must be a finite number"),
+    "repair-lambda": (lambda: repair(NET, A, B, "x", DIGITS), "lam must be a number in [0.0, 1.0]"),
+    "repair-lambda-outside": (lambda: repair(NET, A, B, 2, DIGITS), "lam must be a number in"),
     "repair-misfit": (lambda: repair(NET, A, B, 0.5, WRONG_X), MISFIT),
     "lerp-mismatch": (lambda: lerp_params(A, BNP, 0.5), "different keys"),
     "average-mismatch": (lambda: average_params([A, BNP]), "only in model 0"),
@@ -110,6 +120,42 @@ CASES = {
         lambda: train(build_model("mlp", in_dim=64, hidden=[4]), SYNTHETIC, TrainConfig(epochs=1)),
         "does not fit MLP",
     ),
+    # values that are not values: NaN, meta tensors, labels the model has no class for
+    "wm-empty-spec": (lambda: weight_matching(EMPTY, A, B), "no permutation groups"),
+    "sinkhorn-empty-spec": (lambda: sinkhorn_matching(EMPTY, A, B), "no permutation groups"),
+    "ccmm-empty-spec": (lambda: ccmm(EMPTY, [A, B]), "no permutation groups"),
+    "merge-many-empty-spec": (lambda: merge_many(EMPTY, [A, B]), "no permutation groups"),
+    "wm-meta": (lambda: weight_matching(SPEC, META, B), "meta device"),
+    "evaluate-meta": (lambda: evaluate(NET, META, TEST), "meta device"),
+    "evaluate-nan": (lambda: evaluate(NET, NAN, TEST), "NaN/infinite"),
+    "interpolate-nan": (lambda: interpolate(NET, A, NAN, {"test": TEST}), "params_b"),
+    "temperature-nan": (
+        lambda: fit_temperature(torch.full((4, 3), float("nan")), torch.zeros(4, dtype=torch.long)),
+        "non-finite",
+    ),
+    "temperature-float-labels": (
+        lambda: fit_temperature(torch.randn(4, 3), torch.zeros(4)),
+        "integer class indices",
+    ),
+    "ece-bins": (
+        lambda: calibration_metrics(torch.randn(4, 3), torch.zeros(4, dtype=torch.long), 0),
+        "n_bins",
+    ),
+    "ste-labels-out-of-range": (
+        lambda: ste_matching(SPEC, A, B, model=NET, data=LABEL_12),
+        "labels range over [12, 12]",
+    ),
+    "ste-mm-labels-out-of-range": (
+        lambda: ste_mm(SPEC, [A, B], model=NET, data=LABEL_12),
+        "labels range over [12, 12]",
+    ),
+    "singular-values-nan": (lambda: singular_values(NAN), "NaN/infinite"),
+    "trace-nan-input": (
+        lambda: trace(NET, torch.full((2, 64), float("nan"))),
+        "example inputs hold NaN",
+    ),
+    "trace-misfit-input": (lambda: trace(NET, torch.randn(2, 7)), "do not fit MLP"),
+    "trace-nan-model": (lambda: trace(NAN_NET, torch.randn(2, 64)), "NaN/infinite"),
 }
 
 

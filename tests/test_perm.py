@@ -123,8 +123,14 @@ def test_permutation_construction_errors():
         Permutation(spec, {**good, "h0": torch.tensor([0, 0, 1, 2])})
     with pytest.raises(PermutationError, match="not integer"):
         Permutation(spec, {**good, "h0": torch.arange(4.0)})
-    with pytest.raises(PermutationError, match="not lists of integers"):
+    with pytest.raises(PermutationError, match="expected a list of integers"):
         Permutation.from_dict({"h0": None, "h1": [0, 1, 2]}, spec)
+    # a file of floats or booleans is not a permutation, even where truncation would be one
+    for values in ([0.0, 1.0, 2.0, 3.0], [0, 1, 2.7, 3], [True, False, 2, 3]):
+        with pytest.raises(PermutationError, match="indices must be integers"):
+            Permutation.from_dict({"h0": values, "h1": [0, 1, 2]}, spec)
+    perm = Permutation.from_dict({"h0": [3, 2, 1, 0], "h1": [0, 1, 2]}, spec)
+    assert perm["h0"].tolist() == [3, 2, 1, 0]
 
 
 def test_log10_num_symmetries_matches_git_rebasin_table_1():

@@ -32,17 +32,19 @@ def check_number(
     low: float = -math.inf,
     high: float = math.inf,
     low_open: bool = False,
+    high_open: bool = False,
     where: str = "",
 ) -> float:
-    """``value`` is a finite real number in ``[low, high]`` (``(low, high]`` if ``low_open``)."""
+    """``value`` is a finite real number in ``[low, high]`` (an end is excluded where
+    ``low_open``/``high_open``)."""
     ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
     if ok:
-        ok = (value > low if low_open else value >= low) and value <= high
-    if not ok:
-        bracket = "(" if low_open else "["
-        raise ParamsError(
-            f"{where}{name} must be a number in {bracket}{low}, {high}], got {value!r}"
+        ok = (value > low if low_open else value >= low) and (
+            value < high if high_open else value <= high
         )
+    if not ok:
+        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+        raise ParamsError(f"{where}{name} must be a number in {lo}{low}, {high}{hi}, got {value!r}")
     return float(value)
 
 

@@ -54,6 +54,10 @@ class UsageError(LmcError, ValueError):
     checkpoint, one checkpoint given twice). The command line exits with status 2."""
 
 
+class InputMisfitError(SpecError, UsageError):
+    """Example inputs that do not run through the model they are meant to trace."""
+
+
 class OutputPathError(UsageError):
     """An output path that cannot be written: a file where a folder is needed or the
     reverse, a path under a file, or no permission."""

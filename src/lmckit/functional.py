@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from lmckit.errors import DataError, ParamsError
 from lmckit.params import short_list
 
-__all__ = ["check_model_fits", "forward", "module_mode"]
+__all__ = ["check_labels", "check_model_fits", "forward", "module_mode"]
 
 
 @contextlib.contextmanager
@@ -79,3 +79,17 @@ def forward(model: nn.Module, params: Mapping[str, Tensor] | None, x: Tensor) ->
         raise DataError(
             f"a batch of shape {tuple(x.shape)} does not fit {type(model).__name__}: {first}"
         ) from exc
+
+
+def check_labels(out: Tensor, y: Tensor, caller: str) -> None:
+    """Raise :class:`DataError` unless ``y`` holds one integer class index in
+    ``[0, classes)`` per row of the model's outputs ``out`` (``(N, classes)``)."""
+    if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+        raise DataError(f"{caller}: labels must be integer class indices, got {y.dtype}")
+    if y.ndim != 1 or len(y) != len(out):
+        raise DataError(f"{caller}: labels of shape {tuple(y.shape)} for {len(out)} outputs")
+    if len(y) and (int(y.min()) < 0 or int(y.max()) >= out.shape[-1]):
+        raise DataError(
+            f"{caller}: labels range over [{int(y.min())}, {int(y.max())}] but the model has "
+            f"{out.shape[-1]} outputs (classes 0..{out.shape[-1] - 1})"
+        )

@@ -17,8 +17,8 @@ from torch import Tensor, nn
 
 from lmckit.data import Dataset
 from lmckit.errors import DataError, ParamsError
-from lmckit.functional import check_model_fits, forward, module_mode
-from lmckit.params import Params
+from lmckit.functional import check_labels, check_model_fits, forward, module_mode
+from lmckit.params import Params, check_finite
 
 __all__ = ["Metrics", "batch_mean", "evaluate", "fixed_batches", "predict"]
 
@@ -45,6 +45,9 @@ def _outputs(
     logits' device. Raises :class:`DataError` for an empty loader."""
     if params is not None:
         check_model_fits(model, params)
+        check_finite(params, "params")
+    elif isinstance(model, nn.Module):
+        check_finite(model.state_dict(), f"{type(model).__name__}'s own weights")
     if device is None:
         first = next(iter(params.values())) if params else next(model.parameters())
         device = first.device
@@ -59,15 +62,7 @@ def _outputs(
             out = forward(model, params, x.to(device))
             seen = True
             y = y.to(out.device)
-            if y.ndim != 1 or len(y) != len(out):
-                raise DataError(
-                    f"{caller}(): labels of shape {tuple(y.shape)} for {len(out)} outputs"
-                )
-            if len(y) and (int(y.min()) < 0 or int(y.max()) >= out.shape[-1]):
-                raise DataError(
-                    f"{caller}(): labels range over [{int(y.min())}, {int(y.max())}] but the "
-                    f"model has {out.shape[-1]} outputs (classes 0..{out.shape[-1] - 1})"
-                )
+            check_labels(out, y, f"{caller}()")
             yield out, y
     if not seen:
         raise DataError(f"{caller}() got an empty loader")

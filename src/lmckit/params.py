@@ -88,9 +88,19 @@ def check_params_compatible(
 
 
 def check_finite(params: Params, what: str, *, error: type[Exception] = ParamsError) -> None:
-    """Raise ``error`` naming the first floating tensor with NaN or infinite entries."""
+    """Raise ``error`` naming the first entry that is not a tensor with values (a meta-device
+    tensor has none) or the first floating tensor with NaN or infinite entries."""
+    if not isinstance(params, Mapping):
+        raise error(f"{what} must be a dict of tensors, got {type(params).__name__}")
     for name, t in params.items():
-        if t.dtype.is_floating_point and not torch.isfinite(t).all():
+        if not isinstance(t, Tensor):
+            raise error(f"{what}: entry {name!r} is a {type(t).__name__}, not a tensor")
+        if t.device.type == "meta":
+            raise error(
+                f"{what}: tensor {name!r} is on the meta device and holds no values (load "
+                "weights into the model first, e.g. to_empty() then load_state_dict())"
+            )
+        if (t.dtype.is_floating_point or t.dtype.is_complex) and not torch.isfinite(t).all():
             bad = int((~torch.isfinite(t)).sum())
             raise error(f"{what}: tensor {name!r} has {bad} NaN/infinite value(s)")
 

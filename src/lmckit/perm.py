@@ -392,10 +392,22 @@ class Permutation:
             raise PermutationError(
                 f"expected a mapping group -> list of ints, got {type(data).__name__}"
             )
-        try:
-            perms = {g: torch.tensor(list(v), dtype=torch.long) for g, v in data.items()}
-        except (TypeError, ValueError) as exc:
-            raise PermutationError(f"permutation data is not lists of integers: {exc}") from None
+        perms = {}
+        for g, values in data.items():
+            # torch.tensor(dtype=long) would truncate 1.7 to 1 and read True as 1: a file
+            # holding anything but integers is not a permutation
+            if isinstance(values, str | bytes) or not isinstance(values, list | tuple):
+                raise PermutationError(
+                    f"group {g!r}: expected a list of integers, got {type(values).__name__}"
+                )
+            bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, int)), None)
+            if bad is not None:
+                raise PermutationError(
+                    f"group {g!r}: indices must be integers, found {bad!r} ({type(bad).__name__})"
+                )
+            if any(not -(2**63) <= v < 2**63 for v in values):
+                raise PermutationError(f"group {g!r}: an index is out of range")
+            perms[g] = torch.tensor(list(values), dtype=torch.long)
         return cls(spec, perms)
 
     # -- access ----------------------------------------------------------------------------

@@ -57,6 +57,15 @@ def test_a_random_permutation_leaves_the_outputs_unchanged(zoo_transformer):
     assert not torch.allclose(params["blocks.0.attn.q.weight"], permuted["blocks.0.attn.q.weight"])
 
 
+def test_a_float64_model_traces_to_the_same_spec(zoo_transformer):
+    """The tracer's example batch is float32; a model converted to float64 is traced from
+    it cast to the model's dtype (it used to fail with a dtype mismatch inside export)."""
+    model, config, _, spec = zoo_transformer
+    twin = build_model(model.config["name"], **config)
+    twin.load_state_dict(model.state_dict())
+    assert permutation_spec(twin.double()) == spec
+
+
 def test_weight_matching_recovers_a_planted_permutation(zoo_transformer):
     """On the small random-weight encoder classifier a single WM start stops in a local
     optimum for every planted permutation tried (seeds 7-11, L2 ≈ 12 left); the best of 5

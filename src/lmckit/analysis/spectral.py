@@ -110,7 +110,9 @@ def singular_values(
     """Descending singular values of every layer (float64); ``normalized`` divides each
     layer's by its largest (Ito et al. Fig. 1 raw, App. D.3 Fig. 7 normalised)."""
     out = {}
-    for name in _select(params, names):
+    selected = _select(params, names)
+    check_finite({k: params[k] for k in selected}, "singular_values")
+    for name in selected:
         t = params[name].detach()
         s = torch.linalg.svdvals(t.reshape(t.shape[0], -1).double())
         out[name] = s / s[0] if normalized and s[0] > 0 else s

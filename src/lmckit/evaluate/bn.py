@@ -19,6 +19,7 @@ from itertools import islice
 import torch
 from torch import Tensor, nn
 
+from lmckit._checks import check_number
 from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, forward, module_mode
@@ -206,6 +207,7 @@ def repair(
     Raises:
         ParamsError: the model has normalisation layers (use :func:`bn_reset`).
     """
+    lam = check_number("lam", lam, low=0.0, high=1.0)
     layers = repair_layers(model)
     if endpoints is None:
         endpoints = (

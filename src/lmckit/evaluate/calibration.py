@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from scipy.optimize import minimize_scalar
 from torch import Tensor
 
+from lmckit._checks import check_int, check_number, check_positive, check_seed
 from lmckit.data import holdout_split
 from lmckit.errors import ParamsError
 
@@ -29,14 +30,34 @@ def check_logits(logits: Tensor, labels: Tensor) -> None:
             f"expected logits (N, C) and labels (N,) with N ≥ 1, got {tuple(logits.shape)} and "
             f"{tuple(labels.shape)}"
         )
+    if not logits.dtype.is_floating_point:
+        raise ParamsError(f"logits must be floating point, got {logits.dtype}")
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise ParamsError(f"labels must be integer class indices, got {labels.dtype}")
     if int(labels.min()) < 0 or int(labels.max()) >= logits.shape[1]:
         raise ParamsError(f"labels must be in [0, {logits.shape[1]}) for {logits.shape[1]} classes")
+    bad = int((~torch.isfinite(logits)).sum())
+    if bad:
+        raise ParamsError(
+            f"logits hold {bad} non-finite value(s) (NaN or ±inf): the model diverged or its "
+            "parameters are not finite"
+        )
+
+
+def _pair(value: Any) -> tuple[Any, Any]:
+    if not isinstance(value, tuple | list) or len(value) != 2:
+        raise ParamsError(f"bounds must be a pair (low, high), got {value!r}")
+    return value[0], value[1]
 
 
 def fit_temperature(logits: Tensor, labels: Tensor, bounds=(1e-3, 1e3)) -> float:
     """The inverse temperature ``β`` minimising ``NLL(softmax(β · logits), labels)``
-    (a 1-D bounded search over ``log β``). ``logits``: ``(N, C)``; ``labels``: ``(N,)``."""
+    (a 1-D bounded search over ``log β``). ``logits``: ``(N, C)``; ``labels``: ``(N,)``;
+    ``bounds``: the search interval of β, ``0 < low < high``."""
     check_logits(logits, labels)
+    low, high = (check_positive(f"bounds[{i}]", b) for i, b in enumerate(_pair(bounds)))
+    if not low < high:
+        raise ParamsError(f"bounds must be (low, high) with low < high, got {bounds!r}")
     logits, labels = logits.double(), labels.long()
 
     def nll(log_beta: float) -> float:
@@ -44,7 +65,7 @@ def fit_temperature(logits: Tensor, labels: Tensor, bounds=(1e-3, 1e3)) -> float
 
     res = minimize_scalar(
         nll,
-        bounds=(math.log(bounds[0]), math.log(bounds[1])),
+        bounds=(math.log(low), math.log(high)),
         method="bounded",
         options={"xatol": 1e-6},
     )
@@ -62,8 +83,8 @@ def calibrated_loss(
         fitted on, "rest": indices the loss is measured on}`` (disjoint, covering all).
     """
     check_logits(logits, labels)
-    if not 0.0 < fraction < 1.0:
-        raise ParamsError(f"calibration fraction must be in (0, 1), got {fraction}")
+    fraction = check_number("fraction", fraction, low=0, high=1, low_open=True, high_open=True)
+    check_seed(seed)
     held, rest = holdout_split(len(labels), fraction, seed=seed)
     if len(held) == 0 or len(rest) == 0:
         raise ParamsError(
@@ -77,9 +98,12 @@ def calibrated_loss(
 def calibration_metrics(logits: Tensor, labels: Tensor, n_bins: int = 15) -> dict[str, Any]:
     """Expected calibration error and reliability-diagram data (equal-width confidence bins).
 
-    Returns ``{"ece", "bins": [{"lower", "upper", "confidence", "accuracy", "count"}]}``.
+    Bin ``k`` of ``n_bins`` holds the confidences in ``(k/n_bins, (k+1)/n_bins]`` (the first
+    also 0). Returns ``{"ece", "bins": [{"lower", "upper", "confidence", "accuracy",
+    "count"}]}`` with ``n_bins`` entries.
     """
     check_logits(logits, labels)
+    check_int("n_bins", n_bins)
     probs = logits.double().softmax(-1)
     conf, pred = probs.max(-1)
     correct = (pred == labels).double()

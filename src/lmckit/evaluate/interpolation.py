@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmckit._checks import check_seed
 from lmckit._io import atomic_write_bytes
 from lmckit.data import DataSource
 from lmckit.errors import ParamsError
@@ -38,7 +39,7 @@ from lmckit.evaluate.bn import bn_reset, channel_statistics, repair, repair_laye
 from lmckit.evaluate.calibration import calibrated_loss, calibration_metrics
 from lmckit.functional import check_model_fits
 from lmckit.metrics import predict
-from lmckit.params import Params, check_params_compatible, lerp_params
+from lmckit.params import Params, check_finite, check_params_compatible, lerp_params
 from lmckit.progress import ProgressCallback, notify
 
 __all__ = ["Curve", "barriers", "interpolate", "lambda_grid", "load_curves", "save_curves"]
@@ -213,6 +214,9 @@ def interpolate(
         raise ParamsError("pass bn_reset_data or repair_data, not both")
     check_params_compatible(params_a, params_b)
     check_model_fits(model, params_a, "params_a")
+    check_finite(params_a, "params_a")
+    check_finite(params_b, "params_b")
+    check_seed(seed)
     lams = lambda_grid(lambdas)
     device = next(iter(params_a.values())).device
     endpoints = None

@@ -62,6 +62,11 @@ def check_inputs(
     """
     if not isinstance(spec, PermutationSpec):
         raise SpecError(f"spec must be a PermutationSpec, got {type(spec).__name__}")
+    if not spec.groups:
+        raise SpecError(
+            "the spec has no permutation groups, so there is nothing to match or merge (a "
+            "traced spec is empty when every axis is frozen: see its report)"
+        )
     spec.validate(params_a, what="params_a")
     spec.validate(params_b, what="params_b")
     check_params_compatible(params_a, params_b)

@@ -39,11 +39,13 @@ embedding and output head) get the same axes, so they move together.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 import operator
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,8 +55,9 @@ from torch import Tensor, fx, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from lmckit.errors import SpecError
+from lmckit.errors import InputMisfitError, SpecError
 from lmckit.functional import module_mode
+from lmckit.params import check_finite
 from lmckit.perm import Permutation, PermutationSpec, axis_groups, random_index_vectors
 from lmckit.spec.rules import IGNORED, RULES, Axes
 
@@ -267,8 +270,9 @@ def trace_report(
         raise SpecError(f"trace() needs a torch.nn.Module, got {type(model).__name__}")
     args = (example_inputs,) if isinstance(example_inputs, Tensor) else tuple(example_inputs)
     kwargs = dict(example_kwargs or {})
+    args, kwargs = _check_trace_inputs(model, args, kwargs)
     start = time.perf_counter()
-    with module_mode(model, False), torch.no_grad():
+    with module_mode(model, False), torch.no_grad(), _quiet_torch_logs():
         try:
             exported = torch.export.export(model, args, kwargs, strict=False)
         except Exception as exc:  # export raises many types; all mean "cannot trace"
@@ -315,6 +319,64 @@ def trace_report(
         seconds=time.perf_counter() - start,
         numels={k: v.numel() for k, v in state.items()},
     )
+
+
+def _check_trace_inputs(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The example inputs, with floating tensors cast to the model's floating dtype (a
+    float64 model traces from float32 examples), after checking that the model's tensors
+    and the examples are finite and that one eager forward pass runs — so a misfit input
+    is reported as such, not as torch.export's internal log."""
+    state = model.state_dict()
+    check_finite(state, f"{type(model).__name__}'s weights", error=SpecError)
+    dtypes = {t.dtype for t in state.values() if t.dtype.is_floating_point}
+    target = dtypes.pop() if len(dtypes) == 1 else None
+
+    def fit(x: Any) -> Any:
+        if isinstance(x, Tensor) and x.dtype.is_floating_point:
+            if not torch.isfinite(x).all():
+                raise InputMisfitError("the example inputs hold NaN or infinite values")
+            if target is not None and x.dtype != target:
+                return x.to(target)
+        return x
+
+    args = tuple(pytree.tree_map(fit, list(args)))
+    kwargs = pytree.tree_map(fit, kwargs)
+    with module_mode(model, False), torch.no_grad():
+        try:
+            model(*args, **kwargs)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # the user's forward: any error means "does not fit"
+            shapes = [
+                tuple(a.shape) for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, Tensor)
+            ]
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise InputMisfitError(
+                f"example input(s) of shape {', '.join(map(str, shapes))} do not fit "
+                f"{type(model).__name__}: {type(exc).__name__}: {first}"
+            ) from None
+    return args, kwargs
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """Silence torch's own loggers (fake-tensor tracebacks that torch.export prints before
+    raising) for the block; the error itself is reported once, by lmckit."""
+    loggers = [
+        logging.getLogger(name)
+        for name in list(logging.root.manager.loggerDict)
+        if name == "torch" or name.startswith("torch.")
+    ]
+    saved = [lg.disabled for lg in loggers]
+    for lg in loggers:
+        lg.disabled = True
+    try:
+        yield
+    finally:
+        for lg, was in zip(loggers, saved, strict=True):
+            lg.disabled = was
 
 
 @dataclass
