@@ -16,7 +16,7 @@ $(BIN)/lmckit: pyproject.toml
 	touch $@
 
 setup: $(BIN)/lmckit
-	bash scripts/install-datasets.sh
+	bash scripts/install-datasets.sh $(BIN)/python
 
 demo: setup
 	$(BIN)/lmckit demo --out demo-out

@@ -843,6 +843,56 @@ MUTATIONS = [
         "        for chunk in cols.split(max(1, n // 4))[:1]:",
         ("tests/match/test_weight_matcher.py",),
     ),
+    # -- the bugs a reviewer found unnoticed (issue "Every input checked"): random choices,
+    # temperatures and initialisations a test could not tell from fixed ones --------------
+    M(
+        "ece-one-bin-short",
+        "the calibration error is computed over n_bins − 1 bins",
+        "src/lmckit/evaluate/calibration.py",
+        "edges = torch.linspace(0, 1, n_bins + 1, dtype=torch.float64)",
+        "edges = torch.linspace(0, 1, n_bins, dtype=torch.float64)",
+        ("tests/test_random_choices.py",),
+    ),
+    M(
+        "sinkhorn-ignores-tau",
+        "Sinkhorn's soft permutations are formed at temperature 1 whatever tau says",
+        "src/lmckit/match/sinkhorn.py",
+        "    def soft_b() -> dict:\n        soft = {g: log_sinkhorn(z / tau, sinkhorn_iters)",
+        "    def soft_b() -> dict:\n        soft = {g: log_sinkhorn(z, sinkhorn_iters)",
+        ("tests/test_random_choices.py",),
+    ),
+    M(
+        "sinkhorn-init-transposed",
+        "Sinkhorn's initial permutation is placed transposed (its inverse)",
+        "src/lmckit/match/sinkhorn.py",
+        "base[torch.arange(n), init[g]] += 5.0",
+        "base[init[g], torch.arange(n)] += 5.0",
+        ("tests/test_random_choices.py",),
+    ),
+    M(
+        "merge-many-fixed-order",
+        "MergeMany visits the models in index order instead of Alg. 3's random order",
+        "src/lmckit/merge/many.py",
+        "for i in torch.randperm(n, generator=generator).tolist():",
+        "for i in range(n):",
+        ("tests/test_random_choices.py",),
+    ),
+    M(
+        "random-merges-one-permutation",
+        "the width study's random merges draw one permutation for both models",
+        "src/lmckit/analysis/random_permutations.py",
+        "pi_a, pi_b = Permutation.random(spec, gen), Permutation.random(spec, gen)",
+        "pi_a = pi_b = Permutation.random(spec, gen)",
+        ("tests/test_random_choices.py",),
+    ),
+    M(
+        "calibrated-loss-ignores-beta",
+        "the calibrated loss is the raw loss on the held-out rest (β fitted, then unused)",
+        "src/lmckit/evaluate/calibration.py",
+        "F.cross_entropy(logits[rest].double() * beta, labels[rest].long())",
+        "F.cross_entropy(logits[rest].double(), labels[rest].long())",
+        ("tests/test_random_choices.py",),
+    ),
 ]
 
 

@@ -113,7 +113,8 @@ CASES = {
     "spec-axes-string": (lambda: PermutationSpec({"h": 3}, {"w": "h"}), "axes['w'] must be"),
     "spec-groups-list": (lambda: PermutationSpec([3], {}), "must be mappings"),
     "spec-size-str": (lambda: PermutationSpec({"h": "x"}, {"w": ("h",)}), "integer size"),
-    "model-hidden-str": (lambda: build_model("mlp", hidden="abc"), "invalid configuration"),
+    "model-hidden-str": (lambda: build_model("mlp", hidden="abc"), "hidden must be a list of"),
+    "model-hidden-digits": (lambda: build_model("mlp", hidden="16"), "hidden must be a list of"),
     "model-width-negative": (lambda: build_model("vgg", width_multiplier=-1), "width_multiplier"),
     "dataset-name-int": (lambda: load_dataset(42), "must be a string"),
     "train-data-misfit": (

@@ -28,7 +28,7 @@ def test_every_public_matcher_and_merger_is_registered_with_one_signature():
         lmckit.match.weight_matching_reference
     }
     assert {m.fn for m in MERGERS.values()} == {
-        lmckit.merge.average,
+        lmckit.merge.average,  # uniform and size-weighted (FedAvg)
         lmckit.merge.star,
         lmckit.merge.merge_many,
         lmckit.merge.ste_mm,
@@ -66,11 +66,32 @@ def test_matchers_need_what_the_registry_says(name, digits):
 def test_mergers_need_what_the_registry_says(name):
     _, spec, _, copies = planted_copies(2)
     method = MERGERS[name]
-    if method.needs_model or method.needs_data:
+    if method.needs_model or method.needs_data or method.needs_sizes:
         with pytest.raises(ParamsError, match="needs"):
             method(spec, copies)
     else:
         assert len(method(spec, copies).perms) == 2
+
+
+def test_options_that_do_nothing_are_refused_and_typed_ones_checked():
+    """Sinkhorn on the weight distance runs no epochs over data: offering ``epochs`` would
+    be an option that does nothing. Star-STE takes STE's options (it hands them on)."""
+    assert "epochs" not in MATCHERS["sinkhorn"].options()
+    assert "steps" not in MATCHERS["sinkhorn-mid"].options()
+    assert {"epochs", "lr", "batch_size"} <= set(MERGERS["star-ste"].options())
+    assert "restarts" in MERGERS["star-wm"].options()
+    _, spec, _, copies = planted_copies(2)
+    with pytest.raises(ParamsError, match=r"does not use \['epochs'\]"):
+        MATCHERS["sinkhorn"](spec, copies[0], copies[1], epochs=2)
+    with pytest.raises(ParamsError, match=r"takes no option\(s\) \['epochs'\]"):
+        MATCHERS["wm"].check_options({"epochs": 2})
+    with pytest.raises(ParamsError, match="epochs must be an integer ≥ 1, got True"):
+        MERGERS["star-ste"].check_options({"epochs": True})
+    with pytest.raises(ParamsError, match="lr must be a positive number, got '1e-3'"):
+        MATCHERS["ste"].check_options({"lr": "1e-3"})
+    with pytest.raises(ParamsError, match="lap_backend must be one of"):
+        MATCHERS["wm-fast"].check_options({"lap_backend": "hungarian"})
+    assert MERGERS["ste-mm"].check_options({"epochs": 2, "weights": [0.5, 0.5]})
 
 
 def test_options_are_the_methods_own_keywords():

@@ -9,6 +9,9 @@ import functools
 import inspect
 import json
 import os
+import re
+import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -26,13 +29,58 @@ def _default_mode() -> int:
     return 0o666 & ~umask
 
 
+def scratch_prefix(name: str) -> str:
+    """The start of a scratch file's or folder's name for ``name``: ``.<name>.<host>.<pid>.``
+    — so that :func:`clean_stale` can tell the scratch of a process that has died (killed
+    mid-write) from that of one still writing."""
+    return f".{name}.{_host()}.{os.getpid()}."
+
+
+def _host() -> str:
+    return socket.gethostname().replace(".", "-") or "host"
+
+
+_SCRATCH = re.compile(r"^\..+\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[^.]+\.(part|scratch)$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def clean_stale(folder: str | os.PathLike) -> list[Path]:
+    """Remove the scratch files (``*.part``) and folders (``*.scratch``) under ``folder``
+    that a process on this machine left when it was killed mid-write (its pid no longer
+    runs); those of live processes and of other hosts are kept. Returns what was removed."""
+    folder = Path(folder)
+    removed = []
+    host = _host()
+    for path in folder.rglob(".*"):
+        match = _SCRATCH.match(path.name)
+        if match is None or match["host"] != host or _alive(int(match["pid"])):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        removed.append(path)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``dest``; on success it is renamed to ``dest``, on any
     exception (including KeyboardInterrupt) it is removed and ``dest`` is left as it was."""
     dest = Path(dest)
+    claim(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=scratch_prefix(dest.name), suffix=".part")
     os.close(fd)
     try:
         yield Path(tmp)
@@ -126,21 +174,101 @@ def prepare_output_file(path: str | os.PathLike, what: str = "output file") -> P
     return path
 
 
+MANIFEST = ".lmckit-files.json"
+"""The list, in an output folder, of the entries lmckit wrote there (see :func:`claim`)."""
+
+
+class _Manifest:
+    """The top-level entries of an output folder that lmckit created: only those may be
+    written again. Anything else already in the folder — a user's file that happens to bear
+    an output's name, an experiment file, the inputs — is never overwritten."""
+
+    def __init__(self, folder: Path, adopt: bool) -> None:
+        self.folder = folder
+        self.path = folder / MANIFEST
+        self.entries: set[str] = set()
+        if self.path.is_file():
+            try:
+                data = json.loads(self.path.read_text())
+                self.entries = {str(e) for e in data["entries"]}
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise OutputPathError(
+                    f"{self.path} (lmckit's list of the files it wrote there) is unreadable: "
+                    f"{exc}; delete it only if everything in {folder} is lmckit's output"
+                ) from None
+        elif adopt:  # a folder an older lmckit wrote (locked, no list yet): all of it is ours
+            self.entries = {p.name for p in folder.iterdir() if not _internal(p.name)}
+            self._save()
+
+    def claim(self, path: Path) -> None:
+        top = path.relative_to(self.folder).parts[0]
+        if _internal(top) or top in self.entries:
+            return
+        existing = self.folder / top
+        if existing.exists() or existing.is_symlink():
+            raise OutputPathError(
+                f"refusing to write {path}: {existing} already exists and was not written by "
+                f"lmckit in {self.folder}; move it away or choose another output folder"
+            )
+        self.entries.add(top)
+        self._save()  # before the write: an interrupted write leaves its entry claimed
+
+    def _save(self) -> None:
+        data = (json.dumps({"entries": sorted(self.entries)}, indent=1) + "\n").encode()
+        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=scratch_prefix(MANIFEST), suffix=".part")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, self.path)
+
+
+def _internal(name: str) -> bool:
+    """lmckit's own bookkeeping in a folder (lock, file list, scratch files)."""
+    return name.startswith(".lmckit") or _SCRATCH.match(name) is not None
+
+
+_GUARDS: dict[Path, _Manifest] = {}  # guarded output folders this process holds
+
+
+def claim(path: str | os.PathLike) -> None:
+    """Check that ``path`` may be written: if it lies in an output folder this process
+    holds (:func:`locked_output`), it must be new there or written there by lmckit before.
+
+    Raises:
+        OutputPathError: ``path`` (or the top-level entry of the folder it is in) exists and
+            lmckit did not create it.
+    """
+    if not _GUARDS:
+        return
+    path = Path(os.path.abspath(path))
+    for folder in sorted(_GUARDS, key=lambda f: len(f.parts), reverse=True):
+        if path != folder and path.is_relative_to(folder):
+            _GUARDS[folder].claim(path)
+            return
+
+
 _HELD: dict[Path, int] = {}  # locks this process holds: folder -> nesting depth
 
 
 @contextlib.contextmanager
-def locked_output(folder: str | os.PathLike, what: str = "output folder") -> Iterator[Path]:
+def locked_output(
+    folder: str | os.PathLike, what: str = "output folder", *, guard: bool = True
+) -> Iterator[Path]:
     """Create ``folder`` (see :func:`prepare_output_dir`) and hold an exclusive lock on it
     for the ``with`` block, so two runs never write one folder at once. The lock is an
     ``flock`` on ``<folder>/.lmckit.lock``: the system releases it when the process ends,
     even on SIGKILL. Re-entrant within one process. A folder this call created is removed
-    again if the block fails before writing anything into it.
+    again if the block fails before writing anything into it. Scratch files of writers
+    that were killed (:func:`clean_stale`) are removed once the lock is held.
+
+    ``guard``: every write into the folder during the block goes through :func:`claim`,
+    so nothing lmckit did not write there is ever overwritten (``<folder>/`` holds the list
+    of what it wrote, :data:`MANIFEST`).
 
     Raises:
         OutputPathError: another process holds the folder (the message names its pid).
     """
     created = not Path(folder).exists()
+    locked_before = (Path(folder) / ".lmckit.lock").exists()
     path = prepare_output_dir(folder, what).resolve()
     if path in _HELD:
         _HELD[path] += 1
@@ -164,13 +292,18 @@ def locked_output(folder: str | os.PathLike, what: str = "output folder") -> Ite
     _HELD[path] = 1
     failed = True
     try:
+        clean_stale(path)
+        if guard:
+            _GUARDS[path] = _Manifest(path, adopt=locked_before)
         yield path
         failed = False
     finally:
         del _HELD[path]
-        if failed and created and [p.name for p in path.iterdir()] == [".lmckit.lock"]:
+        _GUARDS.pop(path, None)
+        if failed and created and all(_internal(p.name) for p in path.iterdir()):
             # a run that failed before writing anything leaves no empty folder behind
-            (path / ".lmckit.lock").unlink()
+            for p in path.iterdir():
+                p.unlink()
             path.rmdir()
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
@@ -179,14 +312,48 @@ def locked_output(folder: str | os.PathLike, what: str = "output folder") -> Ite
 def check_not_inputs(
     outputs: Iterable[str | os.PathLike], inputs: Iterable[str | os.PathLike], what: str = "--out"
 ) -> None:
-    """Raise :class:`OutputPathError` if a file a command will write is one of its inputs."""
-    taken = {Path(p).resolve(): Path(p) for p in inputs}
-    for out in outputs:
-        if Path(out).resolve() in taken:
+    """Raise :class:`OutputPathError` if a file a command will write is one of its inputs —
+    by path (symbolic links resolved) or as the same file (a hard link)."""
+    inputs = [Path(p) for p in inputs]
+    taken = {p.resolve(): p for p in inputs}
+    for out in map(Path, outputs):
+        same = taken.get(out.resolve())
+        if same is None and out.exists():
+            same = next((p for p in inputs if p.exists() and os.path.samefile(p, out)), None)
+        if same is not None:
             raise OutputPathError(
-                f"{what} would write {out}, which is one of the inputs "
-                f"({taken[Path(out).resolve()]}); choose another output"
+                f"{what} would write {out}, which is one of the inputs ({same}); choose "
+                "another output"
             )
+
+
+def check_output_file(
+    path: str | os.PathLike,
+    what: str,
+    *,
+    inputs: Iterable[str | os.PathLike] = (),
+    file_format: str,
+) -> Path:
+    """Check that the single file ``path`` may be written: not one of ``inputs``, and —
+    if it exists — a JSON file lmckit wrote with ``"format": file_format`` (its earlier
+    output), never some other file that happens to bear the name.
+
+    Raises:
+        OutputPathError: naming ``what``, the path and why.
+    """
+    path = Path(path)
+    check_not_inputs([path], inputs, what)
+    if path.is_symlink() or path.exists():
+        try:
+            found = json.loads(path.read_text()).get("format")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            found = None
+        if found != file_format:
+            raise OutputPathError(
+                f"{what} {path} exists and is not an lmckit {file_format} file; refusing to "
+                "overwrite it (choose another name, or remove it first)"
+            )
+    return path
 
 
 def writes_folder(argument: str = "out") -> Callable[[F], F]:

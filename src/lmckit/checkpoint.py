@@ -18,6 +18,7 @@ a file that needs arbitrary unpickling is refused, never executed.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -34,6 +35,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
+from safetensors.torch import load as load_tensors
 from safetensors.torch import load_file
 from safetensors.torch import save as save_tensors
 from torch import Tensor, nn
@@ -43,6 +45,7 @@ from lmckit._io import atomic_write_bytes, atomic_write_json
 from lmckit.errors import CheckpointError, LmcError, ParamsError
 from lmckit.functional import check_model_fits
 from lmckit.models import build_model, model_config, permutation_spec
+from lmckit.models.custom import class_source_digest
 from lmckit.params import check_finite, short_list
 from lmckit.perm import PermutationSpec
 
@@ -95,19 +98,27 @@ class Checkpoint:
     meta: dict[str, Any]
     path: Path
     traced_spec: PermutationSpec | None = None  # a user's model: the spec traced for it
+    weights_sha256: str = ""  # of the bytes read, computed on load (never the sidecar's word)
+    code_sha256: str | None = None  # a user's class: the digest of its source
+    foreign: bool = False  # a user's plain weights file, without an lmckit sidecar
 
     @property
     def content_hash(self) -> str:
-        """SHA-256 of the weights file (from the sidecar; computed for version-1 files)."""
-        recorded = self.meta.get("weights_sha256")
-        if recorded is None:
-            recorded = hashlib.sha256(self.path.read_bytes()).hexdigest()
-            self.meta["weights_sha256"] = recorded
-        return recorded
+        """What results computed from this checkpoint are keyed on: the SHA-256 of the
+        weights file as it was read — and, for a user's class, of that class's source too
+        (the same weights under changed code are another model)."""
+        if not self.weights_sha256:
+            raise CheckpointError(f"{self.path}: the checkpoint was not read by lmckit's loader")
+        if self.code_sha256 is None:
+            return self.weights_sha256
+        return hashlib.sha256(f"{self.weights_sha256}:{self.code_sha256}".encode()).hexdigest()
 
     @property
-    def files(self) -> tuple[Path, Path]:
-        """``(weights, sidecar)``: the files this checkpoint was read from."""
+    def files(self) -> tuple[Path, ...]:
+        """The files this checkpoint was read from: ``(weights, sidecar)``, or the user's
+        weights file alone."""
+        if self.foreign:
+            return (self.path,)
         return checkpoint_paths(self.path)
 
     @property
@@ -198,7 +209,7 @@ def load_checkpoint(
             "importing it runs its code, so name it to load it (lmckit: --model-class "
             "MODULE:CLASS --input-shape …; Python: load_checkpoint(..., classes=[...]))"
         )
-    buffer = read_checked(weights, meta)
+    buffer, sha256 = read_checked(weights, meta)
     header = parse_safetensors_header(buffer, weights)
     # The sidecar says what to build: check it against the file's header on the meta
     # device first, so an absurd or tampered config allocates nothing.
@@ -220,7 +231,8 @@ def load_checkpoint(
     # `params` does not share storage with the module, so loading other weights into the
     # module later (e.g. a merged model) never changes this checkpoint's parameters.
     params = {k: v.to(device) for k, v in params.items()}
-    return Checkpoint(model, params, meta, weights)
+    code = model.config.get("source_sha256") if custom else None
+    return Checkpoint(model, params, meta, weights, weights_sha256=sha256, code_sha256=code)
 
 
 CHUNK_BYTES = 1 << 20
@@ -248,21 +260,43 @@ def _hashers() -> ThreadPoolExecutor:
     return _HASHERS
 
 
-def read_checked(path: Path, meta: Mapping[str, Any]) -> bytearray:
-    """The weights file's bytes, verified against the sidecar's per-chunk SHA-256 digests.
+def read_checked(path: Path, meta: Mapping[str, Any]) -> tuple[bytearray, str]:
+    """The weights file's bytes and their SHA-256, verified against every digest the
+    sidecar records: the whole file's ``weights_sha256`` and the per-chunk
+    ``weights_sha256_chunks`` (both required from format version 2 on; a version-1 sidecar
+    that records either is held to it all the same).
 
     The chunks are hashed in parallel by a pool of threads (one per core; hashlib and file
-    reads release the GIL); a large file is hashed chunk by chunk while a thread is still
-    reading it, so verification costs little beyond the read itself. Sidecars of format
-    version 1 carry no digests and their weights are read unchecked.
+    reads release the GIL) while this thread hashes the whole file in order; a large file
+    is hashed while a thread is still reading it, so verification costs little beyond the
+    read itself.
 
     Raises:
-        CheckpointError: the file is missing, unreadable, or differs from the digests (the
-            message names the file and the first differing byte range).
+        CheckpointError: the file is missing, unreadable, or differs from a recorded digest
+            (the message names the file and, for chunks, the first differing byte range).
     """
     recorded = meta.get("weights_sha256_chunks")
-    if recorded is None and meta.get("format_version", 1) >= 2:
-        raise CheckpointError(f"{path}: its sidecar lacks the weights_sha256_chunks it must carry")
+    whole = meta.get("weights_sha256")
+    if meta.get("format_version", 1) >= 2:
+        lacking = [
+            k
+            for k, v in (("weights_sha256_chunks", recorded), ("weights_sha256", whole))
+            if v is None
+        ]
+        if lacking:
+            raise CheckpointError(
+                f"{path}: its sidecar lacks the {' and '.join(lacking)} it must carry"
+            )
+    if recorded is not None and not (
+        isinstance(recorded, Mapping)
+        and isinstance(recorded.get("bytes"), int)
+        and not isinstance(recorded.get("bytes"), bool)
+        and recorded["bytes"] > 0
+        and isinstance(recorded.get("digests"), list)
+    ):
+        raise CheckpointError(f"{path}: its sidecar's weights_sha256_chunks is malformed")
+    if whole is not None and not isinstance(whole, str):
+        raise CheckpointError(f"{path}: its sidecar's weights_sha256 is not a digest")
     try:
         size = path.stat().st_size
         handle = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the reader below
@@ -295,6 +329,8 @@ def read_checked(path: Path, meta: Mapping[str, Any]) -> bytearray:
     else:
         read()
     digests = []
+    sha = hashlib.sha256()
+    read_bytes = 0
     while (item := pieces.get()) is not None:
         if isinstance(item, OSError):
             if reader is not None:
@@ -302,8 +338,13 @@ def read_checked(path: Path, meta: Mapping[str, Any]) -> bytearray:
             raise CheckpointError(f"cannot read {path}: {item.strerror or item}")
         if recorded:
             digests.append(_hashers().submit(_sha256, view[item[0] : item[1]]))
+        sha.update(view[item[0] : item[1]])
+        read_bytes = item[1]
     if reader is not None:
         reader.join()
+    if read_bytes != size:
+        raise CheckpointError(f"cannot read {path}: it shrank while being read")
+    computed = sha.hexdigest()
     if recorded:
         expected = list(recorded["digests"])
         found = [d.result() for d in digests]
@@ -318,7 +359,13 @@ def read_checked(path: Path, meta: Mapping[str, Any]) -> bytearray:
                 f"{size}): the file is truncated, corrupted or was replaced; restore it or "
                 "delete the checkpoint"
             )
-    return buffer
+    if whole is not None and whole != computed:
+        raise CheckpointError(
+            f"{path} has SHA-256 {computed}, but its sidecar records {whole}: the weights or "
+            "the sidecar were changed after the checkpoint was written; restore them or "
+            "delete the checkpoint"
+        )
+    return buffer, computed
 
 
 def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
@@ -426,7 +473,8 @@ def load_foreign(
             (named), tensors that are not finite.
     """
     path = Path(path)
-    params = import_state_dict(path)
+    data = _read_bytes(path)
+    params = import_state_dict(path, data=data)
     try:
         check_model_fits(model, params, str(path))
         check_finite(params, str(path))
@@ -435,15 +483,35 @@ def load_foreign(
     model.load_state_dict(params)
     model.to(device)
     params = {k: v.detach().clone().to(device) for k, v in params.items()}
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256(data).hexdigest()
     meta = {"model": dict(description), "weights_sha256": digest, "foreign": True}
-    return Checkpoint(model=model, params=params, meta=meta, path=path, traced_spec=spec)
+    return Checkpoint(
+        model=model,
+        params=params,
+        meta=meta,
+        path=path,
+        traced_spec=spec,
+        weights_sha256=digest,
+        code_sha256=class_source_digest(type(model)),
+        foreign=True,
+    )
 
 
-def import_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
+def _read_bytes(path: Path) -> bytes:
+    if not path.is_file():
+        raise CheckpointError(f"weights file {path} not found")
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def import_state_dict(path: str | os.PathLike, *, data: bytes | None = None) -> dict[str, Tensor]:
     """Read a foreign weights file into a flat ``{name: tensor}`` dict, safely.
 
-    ``.safetensors`` is read directly; anything else with ``torch.load(weights_only=True)``,
+    ``data``: the file's bytes, when the caller has read them already (so that what is
+    parsed is what was hashed). ``.safetensors`` is read directly; anything else with
+    ``torch.load(weights_only=True)``,
     which refuses pickled code. A top-level ``state_dict``/``model``/``model_state_dict`` entry
     is unwrapped and a DataParallel ``module.`` prefix stripped.
 
@@ -451,12 +519,15 @@ def import_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
         CheckpointError: unreadable file, unsafe pickle, or content that is not tensors.
     """
     path = Path(path)
+    if data is None:
+        data = _read_bytes(path)
     if path.suffix == ".safetensors":
-        return read_safetensors(path)
-    if not path.is_file():
-        raise CheckpointError(f"weights file {path} not found")
+        try:
+            return load_tensors(bytes(data))
+        except (SafetensorError, ValueError) as exc:
+            raise CheckpointError(f"cannot read {path} as safetensors: {exc}") from None
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError, RuntimeError, EOFError, zip errors ...
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(

@@ -307,8 +307,13 @@ def _model_from_class_path(target: str, model_args: str | None):
         raise UsageError(f"{target}({kwargs}) failed: {type(exc).__name__}: {exc}") from None
 
 
+SPEC_FORMAT = "lmckit-trace-report"
+
+
 def cmd_spec(args: argparse.Namespace) -> int:
-    from lmckit._io import atomic_write_json, prepare_output_file
+    import inspect
+
+    from lmckit._io import atomic_write_json, check_output_file, prepare_output_file
     from lmckit.spec import trace_report
 
     if args.out is not None:
@@ -316,15 +321,29 @@ def cmd_spec(args: argparse.Namespace) -> int:
     path = Path(args.target)
     if ":" not in args.target or path.is_file():  # MODULE:CLASS always has a colon
         lmckit_checkpoint = argparse.Namespace(model_class=None, device="cpu")
-        model = _load_user_checkpoints([path], lmckit_checkpoint)[0].model
+        ckpt = _load_user_checkpoints([path], lmckit_checkpoint)[0]
+        model, inputs = ckpt.model, list(ckpt.files)
     else:
         model = _model_from_class_path(args.target, args.model_args)
+        inputs = [inspect.getfile(type(model))] if _has_source(type(model)) else []
+    if args.out is not None:
+        check_output_file(args.out, "--out", inputs=inputs, file_format=SPEC_FORMAT)
     report = trace_report(model, _example_input(args), strict=args.strict)
     print(report)
     if args.out is not None:
-        atomic_write_json(args.out, report.to_dict())
+        atomic_write_json(args.out, {"format": SPEC_FORMAT, **report.to_dict()})
         print(f"spec and report -> {args.out}")
     return 0
+
+
+def _has_source(cls: type) -> bool:
+    import inspect
+
+    try:
+        inspect.getfile(cls)
+    except (TypeError, OSError):
+        return False
+    return True
 
 
 def _split_option(args: argparse.Namespace) -> dict | None:
@@ -341,11 +360,12 @@ def _split_option(args: argparse.Namespace) -> dict | None:
             part = int(args.part)
         except ValueError:
             raise UsageError(f"--part must be a client number, got {args.part!r}") from None
-    from lmckit.data.splits import Split
+    from lmckit.data.splits import KIND_SETTINGS, Split
     from lmckit.errors import DataError
 
-    settings = {"kind": args.split, "part": part, "fraction": args.fraction}
-    settings.update(clients=args.clients, alpha=args.alpha, seed=args.split_seed)
+    settings = {"kind": args.split, "part": part, "seed": args.split_seed}
+    for name in KIND_SETTINGS[args.split]:  # the kind's own settings, defaults included
+        settings[name] = getattr(args, name)
     try:  # the split keeps the settings of its kind
         return Split.from_dict(settings).to_dict()
     except DataError as exc:
@@ -388,15 +408,28 @@ def cmd_train(args: argparse.Namespace) -> int:
             width_multiplier=args.width_multiplier,
             hidden=args.hidden,
             norm="default" if args.norm is None else (None if args.norm == "none" else args.norm),
-            skip=args.skip,
+            skip=True if args.skip else None,
         )
         config = TrainConfig.paper_defaults(
             args.model, data.name, **{k: v for k, v in options.items() if v is not None}
+        )
+    if "momentum" in args.given and config.optimizer != "sgd":
+        raise UsageError(f"--momentum does not apply here: the optimizer is {config.optimizer}")
+    if "warmup_epochs" in args.given and config.schedule != "warmup_linear":
+        raise UsageError(
+            f"--warmup-epochs does not apply here: the schedule is {config.schedule} "
+            "(use --schedule warmup_linear)"
         )
 
     def report(outcome) -> None:
         m = outcome.metrics
         state = "exists, skipped" if outcome.skipped else f"trained in {outcome.seconds:.1f}s"
+        if outcome.diverged:
+            d = outcome.diverged
+            state += (
+                f"; DIVERGED in epoch {d['epoch']} (loss {d['loss']:.4g} from "
+                f"{d['start_loss']:.4g}), kept as asked"
+            )
         on = f" on {config.split.describe()}" if config.split is not None else ""
         print(
             f"seed {outcome.seed}{on}: train acc {m.get('train_accuracy', float('nan')):.4f}, "
@@ -416,6 +449,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             progress=lambda seed: bars(f"{args.model} seed {seed}"),
             on_seed_done=report,
             device=args.device,
+            keep_diverged=args.keep_diverged,
         )
     return 0
 
@@ -433,8 +467,12 @@ def _example_input(args: argparse.Namespace):
 
 
 def _load_pair(args: argparse.Namespace):
-    """Checkpoints A and B (see :func:`_load_user_checkpoints`)."""
-    return _load_user_checkpoints([args.a, args.b], args)
+    """Checkpoints A and B (see :func:`_load_user_checkpoints`): two different models."""
+    from lmckit.experiments.matching import check_distinct
+
+    pair = _load_user_checkpoints([args.a, args.b], args)
+    check_distinct(pair)
+    return pair
 
 
 def _load_user_checkpoints(paths: Sequence[Path], args: argparse.Namespace):
@@ -488,16 +526,24 @@ def _data_for(ckpt, args: argparse.Namespace):
 
 
 def cmd_match(args: argparse.Namespace) -> int:
-    from lmckit._io import check_not_inputs, locked_output, prepare_output_file
-    from lmckit.experiments.matching import check_same_architecture, match_checkpoints, save_match
+    from lmckit._io import check_output_file, locked_output, prepare_output_file
+    from lmckit.experiments.matching import (
+        PERMUTATION_FORMAT,
+        check_same_architecture,
+        match_checkpoints,
+        save_match,
+    )
     from lmckit.match import METHODS
 
     prepare_output_file(args.out, "--out")
     a, b = _load_pair(args)
-    check_not_inputs([args.out], [*a.files, *b.files])
+    check_output_file(
+        args.out, "--out", inputs=[*a.files, *b.files], file_format=PERMUTATION_FORMAT
+    )
     check_same_architecture(a, b)
     data = _data_for(a, args) if METHODS[args.method].needs_data else None
-    with ProgressBars(not args.quiet) as bars, locked_output(args.out.parent, "--out's folder"):
+    folder = locked_output(args.out.parent, "--out's folder", guard=False)
+    with ProgressBars(not args.quiet) as bars, folder:
         result = match_checkpoints(
             a,
             b,
@@ -523,9 +569,12 @@ def cmd_match(args: argparse.Namespace) -> int:
 def cmd_interpolate(args: argparse.Namespace) -> int:
     from lmckit._io import check_output_dir
     from lmckit.experiments.interpolation import run_interpolate
+    from lmckit.params import has_batchnorm
 
     check_output_dir(args.out, "--out")
     a, b = _load_pair(args)
+    if "bn_batches" in args.given and not has_batchnorm(a.params):
+        raise UsageError("--bn-batches does not apply here: the model has no BatchNorm")
     data = _data_for(a, args)
     with ProgressBars(not args.quiet) as bars:
         summary = run_interpolate(
@@ -694,7 +743,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     options = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size}
     with ProgressBars(not args.quiet) as bars:
         if args.sweep_n:
-            methods = args.methods or ["star-wm", "merge-many", "ccmm", "ste-mm"]
+            methods = args.methods or list(SWEEP_METHODS)
             results = sweep(
                 ckpts,
                 methods,
@@ -815,22 +864,35 @@ class _JobBars:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
     from lmckit.experiments.ledger import STATUSES, Ledger
 
     path = args.out / "ledger.sqlite"
     if not path.is_file():
         raise UsageError(f"{args.out} holds no experiment ledger (ledger.sqlite)")
-    ledger = Ledger(path)
+    ledger = Ledger(path, create=False)
     try:
+        runs = ledger.runs()
+        if runs:
+            last = runs[-1]
+            when = datetime.fromtimestamp(last["started"]).strftime("%Y-%m-%d %H:%M")
+            sets = ", ".join(f"{k}={v!r}" for k, v in last["overrides"].items())
+            print(
+                f"run {len(runs)} of {len(runs)}, started {when}"
+                + (f", with --set {sets}" if sets else "")
+                + " (earlier runs are kept in the ledger; this shows the latest)"
+            )
         summary = ledger.summary()
-        print(f"{'step':<8} " + " ".join(f"{s:>8}" for s in STATUSES))
+        columns = (*STATUSES, "reused")
+        print(f"{'step':<8} " + " ".join(f"{s:>11}" for s in columns))
         for kind, counts in summary.items():
-            print(f"{kind:<8} " + " ".join(f"{counts[s]:>8}" for s in STATUSES))
+            print(f"{kind:<8} " + " ".join(f"{counts[s]:>11}" for s in columns))
         for job in ledger.jobs():
-            if job["status"] == "failed":
-                last = (job["error"] or "").strip().splitlines()
-                reason = last[-1] if last else ""
-                print(f"failed: {job['name']} ({job['attempts']} attempt(s)): {reason}")
+            if job["status"] in ("failed", "interrupted"):
+                lines = (job["error"] or "").strip().splitlines()
+                reason = lines[-1] if lines else ""
+                print(f"{job['status']}: {job['name']} ({job['attempts']} attempt(s)): {reason}")
         if args.csv:
             for path in ledger.export_csv(args.csv):
                 print(f"wrote {path}")
@@ -847,6 +909,154 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     print(f"report -> {write_report(args.out)}")
     return 0
+
+
+# -- options that do not apply: one table, checked before any command runs ---------------
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _needs(dest: str, why: str) -> Callable[[argparse.Namespace], str | None]:
+    """Applies only when ``dest`` was given too."""
+    return lambda a: None if dest in a.given else f"it needs {_flag(dest)} ({why})"
+
+
+def _excludes(dest: str, why: str) -> Callable[[argparse.Namespace], str | None]:
+    """Does not apply together with ``dest``."""
+    return lambda a: f"it conflicts with {_flag(dest)} ({why})" if dest in a.given else None
+
+
+def _method_option(registry_name: str, dest: str) -> Callable[[argparse.Namespace], str | None]:
+    """A method's keyword option: applies when the chosen method (or, for a merge sweep,
+    one of the swept methods) takes it — read from the method registry."""
+
+    def check(a: argparse.Namespace) -> str | None:
+        if registry_name == "match":
+            from lmckit.match import METHODS as registry
+        else:
+            from lmckit.merge import METHODS as registry
+        swept = getattr(a, "methods", None) or list(SWEEP_METHODS)
+        methods = swept if getattr(a, "sweep_n", None) else [a.method]
+        if any(dest in registry[m].options() for m in methods):
+            return None
+        if len(methods) == 1:
+            takes = ", ".join(registry[methods[0]].options()) or "none"
+            return f"method {methods[0]} takes no {dest} (its options: {takes})"
+        return f"none of the methods {', '.join(methods)} takes {dest}"
+
+    return check
+
+
+def _data_needed(a: argparse.Namespace) -> str | None:
+    from lmckit.match import METHODS
+
+    if METHODS[a.method].needs_data:
+        return None
+    return f"method {a.method} does not look at data"
+
+
+def _split_setting(dest: str, kinds: tuple[str, ...]) -> Callable[[argparse.Namespace], str | None]:
+    def check(a: argparse.Namespace) -> str | None:
+        if a.split is None:
+            return "it is a setting of --split"
+        if a.split not in kinds:
+            return f"--split {a.split} takes no {dest} (it is for {' and '.join(kinds)})"
+        return None
+
+    return check
+
+
+Check = Callable[[argparse.Namespace], str | None]
+_MODEL_CLASS: list[tuple[str, Check]] = [
+    (dest, _needs("model_class", "it describes a user's class"))
+    for dest in ("model_args", "input_shape", "tokens")
+]
+_MATCH_OPTIONS = ("epochs", "lr", "batch_size", "restarts")
+_DATA_OPTIONS = ("dataset", "data_dir", "no_download")
+SWEEP_METHODS = ("star-wm", "merge-many", "ccmm", "ste-mm")
+_FIXED = "it draws a fixed construction"
+APPLIES: dict[str, list[tuple[str, Check]]] = {
+    "match": [
+        *((d, _method_option("match", d)) for d in _MATCH_OPTIONS),
+        *((d, _data_needed) for d in _DATA_OPTIONS),
+        *_MODEL_CLASS,
+    ],
+    "interpolate": [
+        ("method", _excludes("perm", "the path uses the given permutation")),
+        *_MODEL_CLASS,
+    ],
+    "analyze": [
+        *(
+            (d, _excludes("counterexample", _FIXED))
+            for d in ("a", "b", "perm", "method", "gamma", "no_taylor", "layerwise", "no_data")
+        ),
+        *((d, _excludes("counterexample", _FIXED)) for d in (*_DATA_OPTIONS, "model_class")),
+        ("method", _excludes("perm", "the analysis uses the given permutation")),
+        *((d, _excludes("no_data", "weights only")) for d in _DATA_OPTIONS),
+        ("layerwise", _excludes("no_data", "the diagnostics run the models on data")),
+        ("no_taylor", _excludes("no_data", "without data there is no Taylor barrier anyway")),
+        *_MODEL_CLASS,
+    ],
+    "merge": [
+        *((d, _method_option("merge", d)) for d in ("epochs", "lr", "batch_size")),
+        ("methods", _needs("sweep_n", "use --method for a single merge")),
+        ("method", _excludes("sweep_n", "a sweep takes --methods")),
+        ("sharpness_probes", _excludes("sweep_n", "sharpness is measured for a single merge")),
+        ("landscape", _excludes("sweep_n", "the landscape is drawn for a single merge")),
+        *_MODEL_CLASS,
+    ],
+    "train": [
+        ("part", _needs("split", "the part of which partition")),
+        ("fraction", _split_setting("fraction", ("class-imbalanced",))),
+        ("clients", _split_setting("clients", ("dirichlet", "random"))),
+        ("alpha", _split_setting("alpha", ("dirichlet",))),
+        ("split_seed", _split_setting("split_seed", ("class-imbalanced", "dirichlet", "random"))),
+        ("hidden", _excludes("width_multiplier", "the MLP's widths are given or scaled")),
+    ],
+    "spec": [("model_args", lambda a: None if ":" in a.target else "the target is a checkpoint")],
+    "run": [("address", lambda a: None if a.executor == "ray" else "it is for --executor ray")],
+}
+"""For each command, the options that apply only in some cases: ``(dest, check)`` pairs,
+``check(args)`` saying why the option does not apply (``None`` when it does). An option
+given on the command line where it does not apply is an error, never silently ignored."""
+
+
+def _check_applicable(args: argparse.Namespace) -> None:
+    for dest, check in APPLIES.get(args.command, []):
+        if dest in args.given:
+            why = check(args)
+            if why:
+                name = dest.upper() if dest in ("a", "b") else _flag(dest)
+                raise UsageError(f"{name} does not apply here: {why}")
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    out = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out.extend(_subparsers(sub))
+    return out
+
+
+def given_options(argv: Sequence[str]) -> frozenset[str]:
+    """The destinations of the options ``argv`` sets explicitly (not by default): the same
+    parser with every default suppressed leaves only those in the namespace."""
+    shadow = build_parser()
+    positionals = set()
+    for parser in _subparsers(shadow):
+        for action in parser._actions:
+            if action.dest == "command":
+                continue
+            if action.option_strings:
+                action.default = argparse.SUPPRESS
+            else:  # argparse would run an optional positional's type on a string default
+                action.default = None
+                positionals.add(action.dest)
+        parser._defaults.clear()
+    namespace, _ = shadow.parse_known_args(list(argv))
+    given = {k for k, v in vars(namespace).items() if k not in positionals or v is not None}
+    return frozenset(given - {"command", "debug"})
 
 
 # -- the parser ----------------------------------------------------------------------------
@@ -928,7 +1138,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=_seed, nargs="+", default=[0], help="one model per seed")
     p.add_argument("--out", required=True, type=Path, help="folder for the checkpoints")
     p.add_argument("--epochs", type=_int_at_least(1))
-    p.add_argument("--width-multiplier", type=_positive, default=1.0)
+    p.add_argument(
+        "--width-multiplier", type=_positive, help="scales the model's widths (default 1)"
+    )
     p.add_argument(
         "--hidden", type=_int_at_least(1), nargs="+", help="MLP hidden widths (default 3×512·k)"
     )
@@ -977,6 +1189,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-download", action="store_true", help="never download datasets")
     p.add_argument("--device", type=_device, default="cpu")
     p.add_argument("--threads", type=_int_at_least(1), help="torch CPU threads")
+    p.add_argument(
+        "--keep-diverged",
+        action="store_true",
+        help="save a run whose loss rose far above its start (it fails otherwise, keeping "
+        "its last good state as <checkpoint>-last-good)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)
 
@@ -1209,11 +1427,14 @@ def _fail(message: str, status: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (see the module docstring)."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a one-line usage error already printed
         return exc.code if isinstance(exc.code, int) else 2
     try:
+        args.given = given_options(argv)
+        _check_applicable(args)
         return int(args.func(args) or 0)
     except Exception as exc:
         if args.debug:

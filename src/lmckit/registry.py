@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from lmckit.errors import ParamsError
+from lmckit.options import check_options
 
 __all__ = ["Method"]
 
@@ -29,6 +30,13 @@ class Method:
         needs_data: ``data=`` must be given (the method looks at examples).
         fixed: keyword options this entry fixes (``{"warm_start": False}`` for ``wm``).
         summary: one line for help texts.
+        unused: keyword options of ``fn`` that do nothing under ``fixed`` (Sinkhorn's
+            ``epochs`` when its objective is the weight distance): not offered, and an
+            error if passed.
+        passes_to: the method ``fn`` hands its remaining options to (star-STE's matcher):
+            its options are this method's too.
+        needs_sizes: ``sizes=`` must be given — how many examples each model trained on
+            (FedAvg's weights); callers that hold checkpoints read them from the sidecars.
     """
 
     name: str
@@ -37,29 +45,71 @@ class Method:
     needs_data: bool
     summary: str
     fixed: Mapping[str, Any] = field(default_factory=dict)
+    unused: tuple[str, ...] = ()
+    passes_to: Method | None = None
+    needs_sizes: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fixed", MappingProxyType(dict(self.fixed)))
 
-    def options(self) -> tuple[str, ...]:
-        """Keyword options the caller may still set (the function's keyword-only
-        parameters, less the family's common ones and those this entry fixes)."""
+    def own_options(self) -> tuple[str, ...]:
+        """``fn``'s own keyword options the caller may set (its keyword-only parameters,
+        less the family's common ones, those this entry fixes and those it does not use)."""
         common = {"model", "data", "init", "seed", "progress", "reference"}
+        if self.needs_sizes:
+            common.add("sizes")  # supplied by the caller from the models, not an option
         return tuple(
             name
             for name, p in inspect.signature(self.fn).parameters.items()
             if p.kind is inspect.Parameter.KEYWORD_ONLY
             and name not in common
             and name not in self.fixed
+            and name not in self.unused
         )
 
+    def options(self) -> tuple[str, ...]:
+        """Every keyword option the caller may set: :meth:`own_options`, then those of
+        :attr:`passes_to`."""
+        passed = self.passes_to.options() if self.passes_to is not None else ()
+        own = self.own_options()
+        return own + tuple(o for o in passed if o not in own)
+
+    def check_options(self, options: Mapping[str, Any], where: str = "") -> dict[str, Any]:
+        """``options`` checked against the signatures that declare them: a name this
+        method does not take, or a value of the wrong type or out of range, is a
+        :class:`~lmckit.errors.ParamsError` naming it (and the method)."""
+        if not isinstance(options, Mapping):
+            raise ParamsError(f"{where}options of {self.name!r} must be a table, got {options!r}")
+        allowed = self.options()
+        unknown = sorted(set(options) - set(allowed))
+        if unknown:
+            known = ", ".join(allowed) if allowed else "none"
+            raise ParamsError(
+                f"{where}method {self.name!r} takes no option(s) {unknown}; its options: {known}"
+            )
+        own = set(self.own_options())
+        check_options(self.fn, {k: v for k, v in options.items() if k in own}, where=where)
+        if self.passes_to is not None:
+            self.passes_to.check_options(
+                {k: v for k, v in options.items() if k not in own}, where=where
+            )
+        return dict(options)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Call ``fn`` with the fixed options; a fixed option passed again is an error."""
+        """Call ``fn`` with the fixed options; a fixed or unused option passed again is an
+        error."""
         clash = sorted(set(kwargs) & set(self.fixed))
         if clash:
             raise ParamsError(f"method {self.name!r} fixes {clash}; do not pass them")
+        unused = sorted(set(kwargs) & set(self.unused))
+        if unused:
+            raise ParamsError(f"method {self.name!r} does not use {unused}; do not pass them")
         if self.needs_model and kwargs.get("model") is None:
             raise ParamsError(f"method {self.name!r} needs model= (the network to run)")
         if self.needs_data and kwargs.get("data") is None:
             raise ParamsError(f"method {self.name!r} needs data= (a Dataset or batches)")
+        if self.needs_sizes and kwargs.get("sizes") is None:
+            raise ParamsError(
+                f"method {self.name!r} needs sizes= (the number of training examples of each model)"
+            )
         return self.fn(*args, **kwargs, **self.fixed)

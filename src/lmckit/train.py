@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import time
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -20,14 +21,16 @@ from torch import Tensor, nn
 
 from lmckit.data.datasets import Dataset
 from lmckit.data.splits import Split, indices_digest
-from lmckit.errors import DataError, TrainConfigError
-from lmckit.functional import forward
+from lmckit.errors import DataError, ParamsError, TrainConfigError
+from lmckit.functional import check_labels, forward
 from lmckit.metrics import Metrics, evaluate
 from lmckit.models import build_model
 from lmckit.optim import HESSIAN_INTERVAL, SophiaG
+from lmckit.options import Count, NonNegative, Positive, Range, check_value
 from lmckit.progress import ProgressCallback, notify
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "sophia")
+NONFINITE_CHECK_EVERY = 16  # batches between checks of the loss (each check syncs a GPU)
 SCHEDULES = ("constant", "warmup_linear")
 
 
@@ -62,22 +65,40 @@ class TrainConfig:
             part trained on.
     """
 
-    epochs: int = 10
-    batch_size: int = 512
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    momentum: float = 0.9
+    epochs: Count = 10
+    batch_size: Count = 512
+    optimizer: Literal[OPTIMIZERS] = "adam"
+    lr: Positive = 1e-3
+    momentum: Annotated[float, Range(0.0, 1.0, high_open=True)] = 0.9
     nesterov: bool = False
-    weight_decay: float = 0.0
-    schedule: str = "constant"
-    warmup_epochs: float | None = None
-    label_smoothing: float = 0.0
+    weight_decay: NonNegative = 0.0
+    schedule: Literal[SCHEDULES] = "constant"
+    warmup_epochs: NonNegative | None = None
+    label_smoothing: Annotated[float, Range(0.0, 1.0, high_open=True)] = 0.0
     augment: bool = False
-    seed: int = 0
-    init_seed: int | None = None
+    seed: Annotated[int, Range(0, 2**63 - 1)] = 0
+    init_seed: Annotated[int, Range(0, 2**63 - 1)] | None = None
     split: Split | None = None
 
     def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self), include_extras=True)
+        for f in fields(self):
+            if f.name != "split":  # a Split or its table, converted below
+                value = getattr(self, f.name)
+                try:
+                    check_value(f.name, value, hints[f.name])
+                except ParamsError as exc:
+                    raise TrainConfigError(str(exc)) from None
+                if (
+                    isinstance(value, int)
+                    and not isinstance(value, bool)
+                    and float
+                    in (
+                        hints[f.name],
+                        *typing.get_args(hints[f.name]),
+                    )
+                ):  # lr = 1 and lr = 1.0 are one configuration (and one store key)
+                    object.__setattr__(self, f.name, float(value))
         if isinstance(self.split, Mapping):
             try:
                 object.__setattr__(self, "split", Split.from_dict(self.split))
@@ -93,10 +114,6 @@ class TrainConfig:
             raise TrainConfigError(f"epochs must be ≥ 1, got {self.epochs}")
         if self.batch_size < 1:
             raise TrainConfigError(f"batch_size must be ≥ 1, got {self.batch_size}")
-        if self.optimizer not in OPTIMIZERS:
-            raise TrainConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if self.schedule not in SCHEDULES:
-            raise TrainConfigError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise TrainConfigError(f"lr must be a positive number, got {self.lr}")
         if self.weight_decay < 0 or not 0 <= self.label_smoothing < 1:
@@ -172,6 +189,14 @@ def split_record(config: TrainConfig, data: Dataset) -> dict[str, Any] | None:
         "examples": len(part),
         "indices_sha256": indices_digest(part),
     }
+
+
+def train_examples(config: TrainConfig, data: Dataset) -> int:
+    """How many training examples a run of ``config`` on ``data`` sees: its split's part,
+    or the whole training set (what FedAvg weights a client's model by)."""
+    if config.split is None:
+        return len(data.train_y)
+    return len(config.split.indices(data.train_y, data.num_classes))
 
 
 def lr_factor(config: TrainConfig, step: int, steps_per_epoch: int) -> float:
@@ -258,6 +283,37 @@ def _gnb_estimate(optimizer: SophiaG, logits: Tensor, seed: int, step: int) -> N
         p.grad = g
 
 
+DIVERGENCE_MARGIN = 1.0
+"""A run has diverged when an epoch's mean training loss exceeds the loss at the start
+(the first batch's, before any step) by more than ``max(DIVERGENCE_MARGIN, start)`` —
+more than doubled, or up by a nat for a small start — or is not finite."""
+
+
+class TrainingDiverged(TrainConfigError):
+    """Training diverged (see :data:`DIVERGENCE_MARGIN`). ``last_good`` holds the model's
+    state (CPU copies) after ``last_good_epoch`` epochs — 0: the initialisation —, the last
+    state before the divergence; ``history`` the epochs up to it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        epoch: int,
+        loss: float,
+        start_loss: float,
+        last_good: dict[str, Tensor],
+        last_good_epoch: int,
+        history: list[EpochStats],
+    ) -> None:
+        super().__init__(message)
+        self.epoch, self.loss, self.start_loss = epoch, loss, start_loss
+        self.last_good, self.last_good_epoch, self.history = last_good, last_good_epoch, history
+
+
+def _state_copy(model: nn.Module) -> dict[str, Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
 def train(
     model: nn.Module,
     data: Dataset,
@@ -268,12 +324,19 @@ def train(
     eval_batch_size: int = 1000,
     snapshots: Sequence[int] = (),
     on_snapshot: Callable[[int, TrainResult], None] | None = None,
+    keep_diverged: bool = False,
 ) -> TrainResult:
     """Train ``model`` in place on ``data.train_*``; returns history and final metrics.
 
     Final metrics are computed in eval mode on the full train and test sets (with
-    ``config.split``: on the part trained on, and the full test set). Training stops with an
-    error if the loss becomes non-finite (diverged learning rate).
+    ``config.split``: on the part trained on, and the full test set).
+
+    A run that diverges (an epoch's mean training loss above the start's by more than
+    :data:`DIVERGENCE_MARGIN`'s rule, or a non-finite batch loss) stops with
+    :class:`TrainingDiverged`, which carries the last good state; the model is left as
+    it was then. ``keep_diverged``: a run whose loss rose but stayed finite goes on to the
+    end instead, and its result records the divergence in ``extra["diverged"]`` (a
+    non-finite loss always stops: there are no weights left to keep).
 
     ``snapshots``: epochs (1 … ``epochs − 1``) after which ``on_snapshot(epoch, result)``
     is called with the model as it is then and the :class:`TrainResult` a run ending there
@@ -318,6 +381,23 @@ def train(
         raise TrainConfigError("snapshots need an on_snapshot callback")
     history: list[EpochStats] = []
     start = time.perf_counter()
+    last_good, last_good_epoch = _state_copy(model), 0
+    start_loss: float | None = None
+    diverged: dict[str, Any] | None = None
+
+    def stop(epoch: int, loss: float) -> TrainingDiverged:
+        model.load_state_dict(last_good)
+        return TrainingDiverged(
+            f"training diverged in epoch {epoch} (loss {loss:.4g}, at the start "
+            f"{start_loss:.4g}); lower the learning rate (lr={config.lr:g})",
+            epoch=epoch,
+            loss=loss,
+            start_loss=float(start_loss or 0.0),
+            last_good=last_good,
+            last_good_epoch=last_good_epoch,
+            history=list(history),
+        )
+
     for epoch in range(config.epochs):
         model.train()
         loader.set_epoch(epoch)
@@ -328,7 +408,13 @@ def train(
         for step, (x, y) in enumerate(loader):
             lr = optimizer.param_groups[0]["lr"]
             logits = forward(model, None, x)
+            if step == 0:
+                check_labels(logits, y, "training")
             loss = F.cross_entropy(logits, y, label_smoothing=config.label_smoothing)
+            if start_loss is None:
+                start_loss = loss.item()
+            if step % NONFINITE_CHECK_EVERY == 0 and not torch.isfinite(loss):
+                raise stop(epoch + 1, loss.item())
             optimizer.zero_grad(set_to_none=True)
             global_step = epoch * steps + step
             estimate = isinstance(optimizer, SophiaG) and global_step % HESSIAN_INTERVAL == 0
@@ -351,11 +437,16 @@ def train(
                     lr=lr,
                 )
         train_loss = loss_sum.item() / seen
+        assert start_loss is not None
         if not math.isfinite(train_loss):
-            raise TrainConfigError(
-                f"training diverged in epoch {epoch + 1} (loss {train_loss}); lower the "
-                f"learning rate (lr={config.lr})"
-            )
+            raise stop(epoch + 1, train_loss)
+        if train_loss > start_loss + max(DIVERGENCE_MARGIN, start_loss):
+            if not keep_diverged:
+                raise stop(epoch + 1, train_loss)
+            if diverged is None:
+                diverged = {"epoch": epoch + 1, "loss": train_loss, "start_loss": start_loss}
+        elif diverged is None:
+            last_good, last_good_epoch = _state_copy(model), epoch + 1
         test = evaluate(model, None, test_loader) if evaluate_each_epoch else None
         stats = EpochStats(
             epoch=epoch + 1,
@@ -372,7 +463,10 @@ def train(
         notify(progress, (epoch + 1) * steps, config.epochs * steps, epoch_done=True, **summary)
         if epoch + 1 in snapshots:
             on_snapshot(epoch + 1, _final_result(model, data, history, start, eval_batch_size))
-    return _final_result(model, data, history, start, eval_batch_size)
+    result = _final_result(model, data, history, start, eval_batch_size)
+    if diverged is not None:
+        result.extra["diverged"] = diverged
+    return result
 
 
 def _final_result(model, data, history, start: float, eval_batch_size: int) -> TrainResult:

@@ -53,12 +53,39 @@ def test_debian_package_location_is_used(tmp_path, monkeypatch):
 
 def test_missing_dataset_says_where_it_looked_and_how_to_get_it(tmp_path):
     assert not fashion_mnist_available()
-    (tmp_path / "empty").mkdir()
     with pytest.raises(DatasetNotFoundError) as exc:
-        load_dataset("fashion-mnist", tmp_path / "empty", download=False)
+        load_dataset("fashion-mnist", download=False)
     msg = str(exc.value)
-    assert str(tmp_path / "empty") in msg and "no-debian-package" in msg
+    assert "no-debian-package" in msg
     assert "apt-get install dataset-fashion-mnist" in msg and "LMCKIT_DATA" in msg
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetNotFoundError, match="not in the data folder") as exc:
+        load_dataset("fashion-mnist", tmp_path / "empty", download=False)
+    assert str(tmp_path / "empty") in str(exc.value)
+
+
+def test_an_explicit_folder_is_used_alone_never_a_copy_elsewhere(tmp_path, monkeypatch):
+    """A --data-dir that lacks some files is an error naming them, even where the cache or
+    the Debian package holds a complete copy (it used to fall back to that copy)."""
+    write_tiny_idx(tmp_path / "debian")
+    monkeypatch.setattr(ds, "DEBIAN_FASHION_MNIST", tmp_path / "debian")
+    write_tiny_idx(tmp_path / "cache" / "lmckit" / "fashion-mnist", n_train=9)
+    mine = tmp_path / "mine"
+    write_tiny_idx(mine)
+    for name in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        (mine / name).unlink()
+    with pytest.raises(DatasetNotFoundError, match="incomplete: t10k-images-idx3-ubyte"):
+        load_dataset("fashion-mnist", mine, download=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetNotFoundError, match="not in the data folder"):
+        load_dataset("fashion-mnist", tmp_path / "empty")
+    write_cifar_dir(tmp_path / "c" / "cifar-10-batches-py")
+    (tmp_path / "c" / "cifar-10-batches-py" / "test_batch").unlink()
+    with pytest.raises(DatasetNotFoundError, match="incomplete: test_batch missing"):
+        load_dataset("cifar10", tmp_path / "c", download=False)
+    with pytest.raises(DataError, match="needs no data folder"):
+        load_dataset("digits", mine)
+    assert len(load_dataset("fashion-mnist", download=False).train_x) == 9  # the cache
     with pytest.raises(DataError, match="unknown dataset 'imagenet'"):
         load_dataset("imagenet")
 

@@ -8,10 +8,12 @@ from torch import nn
 
 from lmckit.checkpoint import load_checkpoint
 from lmckit.errors import CheckpointError
+from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.runner import run_experiment
 from lmckit.experiments.spec import ExperimentError, load_experiment, model_configs
 from lmckit.experiments.store import Store
 from lmckit.models import build_model, model_config, permutation_spec
+from lmckit.models.custom import class_source_digest
 from lmckit.spec import trace
 from tests.experiments.conftest import read_ledger
 
@@ -72,7 +74,9 @@ def test_a_users_class_runs_through_an_experiment(tmp_path, digits):
     # the class's own keys: no wrapper, no prefix
     ckpt = load_checkpoint(folder / "model", classes=[CLASS])
     assert set(ckpt.params) == set(SmallNet(hidden=12).state_dict())
-    assert model_config(ckpt.model) == {
+    config = model_config(ckpt.model)
+    assert config.pop("source_sha256") == class_source_digest(SmallNet)
+    assert config == {
         "name": "custom", "class": CLASS, "args": {"hidden": 12}, "input_shape": [1, 8, 8]
     }  # fmt: skip
     # trained for real: well above chance on digits
@@ -122,3 +126,49 @@ def test_build_model_rebuilds_a_custom_model_from_its_config():
 def test_bad_custom_models_are_named_before_anything_runs(tmp_path, digits, model, message):
     with pytest.raises(ExperimentError, match=message):
         model_configs(_experiment(tmp_path, model), lambda _name: digits)
+
+
+USER_MODULE = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, hidden: int = 8):
+        super().__init__()
+        self.fc = nn.Linear(64, hidden)
+        self.out = nn.Linear(hidden, 10)
+
+    def forward(self, x):
+        return self.out(torch.ACTIVATION(self.fc(x.flatten(1))))
+"""
+
+
+def test_a_change_to_the_users_code_reuses_nothing(tmp_path, monkeypatch, digits):
+    """The same class name, arguments and weights under other code are another model: after
+    ReLU becomes tanh in the user's file, every job is computed again (none reused)."""
+    import importlib
+    import sys
+
+    package = tmp_path / "userpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    source = package / "nets.py"
+    source.write_text(USER_MODULE.replace("ACTIVATION", "relu"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = 'name = "custom"\nclass = "userpkg.nets:Net"'
+    out = tmp_path / "run"
+    first = run_experiment(_experiment(tmp_path, model), out, log=lambda _m: None)
+    assert first.complete  # (a curve whose permutation another method found too is shared)
+    again = run_experiment(_experiment(tmp_path, model), out, log=lambda _m: None)
+    assert not again.done and len(again.reused) == len(first.done) + len(first.reused)
+    source.write_text(USER_MODULE.replace("ACTIVATION", "tanh"))
+    for name in ("userpkg.nets", "userpkg"):
+        sys.modules.pop(name, None)
+    importlib.invalidate_caches()
+    changed = run_experiment(_experiment(tmp_path, model), out, log=lambda _m: None)
+    assert changed.complete
+    ledger = Ledger(out / "ledger.sqlite")
+    keys = [{j["key"] for j in ledger.jobs(run)} for run in (1, 2, 3)]
+    ledger.close()
+    assert keys[0] == keys[1] and not keys[0] & keys[2]  # every result keyed anew

@@ -26,12 +26,18 @@ def pair(tmp_path):
     return [load_checkpoint(tmp_path / f"m{s}") for s in (0, 1)]
 
 
-def test_options_reach_only_the_methods_that_take_them(pair, digits):
+def test_options_reach_the_method_and_inapplicable_ones_are_refused(pair, digits):
     a, b = pair
-    wm = match_checkpoints(a, b, "wm-fast", epochs=3, lr=0.5, restarts=2)
+    wm = match_checkpoints(a, b, "wm-fast", epochs=None, lr=None, restarts=2)
     assert wm.info["restart_objectives"] and wm.method == "weight_matching[warm]"
-    ste = match_checkpoints(a, b, "ste", digits, epochs=1, lr=None, restarts=2, batch_size=512)
+    ste = match_checkpoints(a, b, "ste", digits, epochs=1, lr=None, batch_size=512)
     assert ste.info["lr"] == 1e-3 and ste.iterations == 3
+    with pytest.raises(UsageError, match=r"'wm-fast' takes no option\(s\) \['epochs', 'lr'\]"):
+        match_checkpoints(a, b, "wm-fast", epochs=3, lr=0.5)
+    with pytest.raises(UsageError, match=r"'ste' takes no option\(s\) \['restarts'\]"):
+        match_checkpoints(a, b, "ste", digits, restarts=2)
+    with pytest.raises(UsageError, match="epochs must be an integer ≥ 1, got True"):
+        match_checkpoints(a, b, "ste", digits, epochs=True)
     with pytest.raises(UsageError, match="needs data"):
         match_checkpoints(a, b, "am")
     with pytest.raises(UsageError, match="unknown matching method"):

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 
 import pytest
 
@@ -162,7 +163,16 @@ def test_run_command_runs_and_resumes(tmp_path, capsys):
     assert "jobs run, 0 reused" in capsys.readouterr().out
     assert main(args) == 0
     assert "0 jobs run" in capsys.readouterr().out
-    assert (tmp_path / "experiment.toml").read_text() == TINY.read_text()
+    # the experiment as it ran: the override applied and named, in the file and the ledger
+    ran = (tmp_path / "experiment.toml").read_text()
+    assert ran.startswith("# lmckit ran this experiment file with these overrides (--set):")
+    assert tomllib.loads(ran)["train"]["epochs"] == 2
+    assert tomllib.loads(TINY.read_text())["train"]["epochs"] != 2
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    runs = ledger.runs()
+    ledger.close()
+    assert [r["overrides"] for r in runs] == [{"train.epochs": 2}] * 2
+    assert all(r["experiment"] == ran for r in runs)
     assert main(["run", str(TINY), "--out", str(tmp_path), "--set", "seeds=[0, 0]"]) == 2
     assert "seeds must be distinct" in capsys.readouterr().err
 

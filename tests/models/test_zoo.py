@@ -139,7 +139,7 @@ def test_build_model_round_trips_config_and_rejects_bad_options():
         VGG(depth=13)
     with pytest.raises(ModelConfigError, match="norm must be"):
         ResNet20(norm=None)
-    with pytest.raises(ModelConfigError, match="width_multiplier must be positive"):
+    with pytest.raises(ModelConfigError, match="width_multiplier must be a positive"):
         VGG(width_multiplier=0)
 
 

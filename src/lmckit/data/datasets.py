@@ -18,7 +18,9 @@ synthetic       (d,)         seeded Gaussian mixture (two clusters per class), n
 ``pad_to=32`` zero-pads images *before* normalisation (so the border is background), e.g. to
 feed 28×28 (Fashion-)MNIST to the CIFAR-sized conv nets.
 
-IDX lookup order: the explicit ``root`` → ``$LMCKIT_DATA/<name>`` and ``$LMCKIT_DATA`` →
+IDX lookup order: an explicit ``root`` alone (``root`` or ``root/<name>``; files missing
+there are an error naming them, never a reason to use a copy found elsewhere); without one,
+``$LMCKIT_DATA/<name>`` and ``$LMCKIT_DATA`` →
 ``~/.cache/lmckit/<name>`` → ``/usr/share/datasets/fashion-mnist`` (Debian package
 ``dataset-fashion-mnist``; Fashion-MNIST only) → a download from the canonical URLs into
 the cache, verified by MD5. CIFAR is looked up the same way (directory
@@ -259,7 +261,8 @@ def _candidates(name: str, root: str | os.PathLike | None, subdir: str) -> list[
         if not Path(root).is_dir():
             what = "is not a folder" if Path(root).exists() else "does not exist"
             raise DatasetNotFoundError(f"data folder {root} {what}")
-        out += [Path(root), Path(root) / subdir]
+        # the data the user pointed at, or an error: never a copy found elsewhere
+        return [Path(root), Path(root) / subdir]
     env = os.environ.get("LMCKIT_DATA")
     if env:
         out += [Path(env) / subdir, Path(env)]
@@ -322,6 +325,19 @@ def load_idx_dataset(
         if arrays is not None:
             where = directory
             break
+    if arrays is None and root is not None:
+        for directory in looked:
+            found = {k: _find_idx_file(directory, stem) for k, stem in IDX_FILES.items()}
+            missing = [IDX_FILES[k] for k, f in found.items() if f is None]
+            if len(missing) < len(IDX_FILES):
+                raise DatasetNotFoundError(
+                    f"{name} in {directory} is incomplete: {', '.join(missing)}[.gz] missing"
+                )
+        raise DatasetNotFoundError(
+            f"{name} is not in the data folder {root} (looked for "
+            f"{IDX_FILES['train_images']}[.gz] and the other three IDX files in "
+            f"{', '.join(str(d) for d in looked)})"
+        )
     if arrays is None:
         failure = "downloads disabled"
         if download_missing:
@@ -364,6 +380,17 @@ def load_cifar(name: str, root=None, *, download_missing: bool = True, pad_to=No
     where = next(
         (d for d in looked if all((d / f).is_file() for f in files["train"] + files["test"])), None
     )
+    if where is None and root is not None:
+        for directory in looked:
+            missing = [f for f in files["train"] + files["test"] if not (directory / f).is_file()]
+            if len(missing) < len(files["train"] + files["test"]):
+                raise DatasetNotFoundError(
+                    f"{name} in {directory} is incomplete: {', '.join(missing)} missing"
+                )
+        raise DatasetNotFoundError(
+            f"{name} is not in the data folder {root} (looked for {subdir}/ with "
+            f"{files['test'][0]} in {', '.join(str(d) for d in looked)})"
+        )
     if where is None:
         failure = "downloads disabled"
         if download_missing:
@@ -485,6 +512,8 @@ def load_dataset(
         DataError: a file exists but is corrupted or of the wrong format.
     """
     key = canonical_name(name)
+    if root is not None and key in ("digits", "synthetic"):
+        raise DataError(f"{key} needs no data folder (it is built in); drop the folder {root}")
     if key in IDX_SOURCES:
         return load_idx_dataset(key, root, download_missing=download, pad_to=pad_to)
     if key in CIFAR_SOURCES:

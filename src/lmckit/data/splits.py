@@ -119,6 +119,12 @@ def dirichlet_split(
 
 
 SPLIT_KINDS = ("class-imbalanced", "dirichlet", "random")
+KIND_SETTINGS = {
+    "class-imbalanced": ("fraction",),
+    "dirichlet": ("clients", "alpha"),
+    "random": ("clients",),
+}
+"""The settings each kind of split takes (besides ``kind``, ``part`` and ``seed``)."""
 
 
 @dataclass(frozen=True)
@@ -131,8 +137,8 @@ class Split:
             the rest), ``"dirichlet"`` (:func:`dirichlet_split` over ``clients`` with
             ``alpha``) or ``"random"`` (``clients`` random parts of equal size).
         part: which part, ``0 … parts − 1``.
-        fraction, clients, alpha: the kind's parameters (others are ignored and not
-            recorded).
+        fraction, clients, alpha: the kind's parameters (:data:`KIND_SETTINGS`; a table
+            naming another kind's is refused by :meth:`from_dict`).
         seed: the partition's seed — shared by every part, independent of the training
             seed, so that the clients of one partition train on disjoint data.
     """
@@ -147,9 +153,17 @@ class Split:
     def __post_init__(self) -> None:
         if self.kind not in SPLIT_KINDS:
             raise DataError(f"split kind must be one of {SPLIT_KINDS}, got {self.kind!r}")
+        for name, value in (("fraction", self.fraction), ("alpha", self.alpha)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise DataError(f"split {name} must be a number, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise DataError(f"split seed must be a non-negative integer, got {self.seed!r}")
         if self.kind == "class-imbalanced":
-            if not 0.0 <= self.fraction <= 1.0:
-                raise DataError(f"split fraction must be in [0, 1], got {self.fraction}")
+            if not 0.0 < self.fraction < 1.0:
+                raise DataError(
+                    f"split fraction must be in (0, 1), got {self.fraction} (at 0 or 1 the "
+                    "two parts hold disjoint classes and nothing of the other's)"
+                )
         elif isinstance(self.clients, bool) or not isinstance(self.clients, int):
             raise DataError(f"split clients must be an integer, got {self.clients!r}")
         elif self.clients < 1:
@@ -221,6 +235,13 @@ class Split:
             raise DataError(f"unknown split setting(s) {unknown}; known: {sorted(known)}")
         if "kind" not in data or "part" not in data:
             raise DataError(f"a split needs a kind and a part, got {dict(data)}")
+        own = KIND_SETTINGS.get(data["kind"])
+        foreign = sorted(set(data) - {"kind", "part", "seed"} - set(own or ()))
+        if own is not None and foreign:
+            raise DataError(
+                f"split kind {data['kind']!r} takes no {', '.join(foreign)} (its settings: "
+                f"{', '.join(own)}, seed)"
+            )
         fields = dict(data)
         if fields["part"] in ("a", "b"):
             fields["part"] = "ab".index(fields["part"])

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +74,8 @@ def demo_experiment(
     overrides: dict[str, Any] = {"data.dataset": name}
     if epochs is not None or name == "digits":
         overrides["train.epochs"] = epochs if epochs is not None else 40
-    experiment = load_experiment(DEMO, overrides)
-    compare = experiment.compare[0]
-    options = {**compare.options, "ste": {**compare.options.get("ste", {}), "epochs": ste_epochs}}
-    first = replace(compare, options=options)
-    return replace(experiment, compare=(first, *experiment.compare[1:]))
+    overrides["compare.0.options.ste.epochs"] = ste_epochs
+    return load_experiment(DEMO, overrides)
 
 
 @writes_folder("out")

@@ -1,14 +1,24 @@
-"""The job ledger of an experiment run: SQLite, written only by the driver process.
+"""The job ledger of an experiment folder: SQLite, written only by the driver process.
 
-One row per job — its key (the result store's key of its artifact), step kind, job name,
-settings, status (``pending``/``running``/``done``/``failed``), attempts, start and end
-time, host and error text — and a long-format metrics table ``(job, metric, value)``.
-WAL mode lets readers (``lmckit status``, ``lmckit report``) look while a run writes.
+Every ``lmckit run`` into the folder is a *run* (``runs``: its start, the experiment file
+as it ran — overrides applied —, the overrides themselves and the environment). Each run
+has one row per job of its experiment (``jobs``, keyed by run and job name): the job's
+result-store key, step kind, settings, status (``pending``/``running``/``done``/
+``failed``/``interrupted``), whether its result was *reused* from the store rather than
+computed, how many times its result was computed in this folder (``attempts``), when and
+how long it was computed (for a reused result: the original computation's times), host and
+error text; ``metrics`` holds its measurements ``(run, job name, metric, value)``.
+
+Two jobs whose results coincide (STE returning WM's permutation, so that both curves are
+one stored artifact) are still two rows. Readers (``lmckit status``, ``lmckit report``)
+look at the latest run only, so a rerun with other settings never mixes with the old one.
+WAL mode lets them read while a run writes.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import socket
 import sqlite3
@@ -17,121 +27,243 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lmckit._io import claim
 from lmckit.errors import LmcError
 
-__all__ = ["STATUSES", "Ledger"]
+__all__ = ["STATUSES", "Ledger", "LedgerError"]
 
-STATUSES = ("pending", "running", "done", "failed")
+STATUSES = ("pending", "running", "done", "failed", "interrupted")
+SCHEMA_VERSION = 2
 SCHEMA = """
+CREATE TABLE IF NOT EXISTS info (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    started REAL NOT NULL,
+    experiment TEXT NOT NULL,
+    overrides TEXT NOT NULL,
+    environment TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS jobs (
-    key TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,
+    run INTEGER NOT NULL,
     name TEXT NOT NULL,
+    key TEXT NOT NULL,
+    kind TEXT NOT NULL,
     settings TEXT NOT NULL,
     status TEXT NOT NULL,
+    reused INTEGER NOT NULL DEFAULT 0,
     attempts INTEGER NOT NULL DEFAULT 0,
     started REAL,
     finished REAL,
     seconds REAL,
     host TEXT,
-    error TEXT
+    error TEXT,
+    PRIMARY KEY (run, name)
 );
+CREATE INDEX IF NOT EXISTS jobs_by_key ON jobs (key);
 CREATE TABLE IF NOT EXISTS metrics (
-    job TEXT NOT NULL,
+    run INTEGER NOT NULL,
+    name TEXT NOT NULL,
     metric TEXT NOT NULL,
     value REAL,
-    PRIMARY KEY (job, metric)
-);
-CREATE TABLE IF NOT EXISTS runs (
-    started REAL NOT NULL,
-    experiment TEXT NOT NULL,
-    environment TEXT NOT NULL
+    PRIMARY KEY (run, name, metric)
 );
 """
+JOB_COLUMNS = (
+    *("run", "key", "kind", "name", "settings", "status", "reused", "attempts"),
+    *("started", "finished", "seconds", "host", "error"),
+)
+
+
+class LedgerError(LmcError):
+    """A ledger that cannot be read: not SQLite, or written by another lmckit."""
 
 
 class Ledger:
-    """The ledger at ``path`` (created if missing)."""
+    """The ledger at ``path``, created if missing (``create=False``: it must exist)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
         self.path = Path(path)
+        if not create and not self.path.is_file():
+            raise LedgerError(f"{self.path} holds no experiment ledger")
+        self.run_id: int | None = None
+        if create:
+            for suffix in ("", "-wal", "-shm"):
+                claim(self.path.with_name(self.path.name + suffix))
         try:
             self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
             self.db.execute("PRAGMA journal_mode=WAL")
+            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master")}
+            if "jobs" in tables and "info" not in tables:
+                self.db.close()
+                raise LedgerError(
+                    f"{self.path} was written by an older lmckit (one row per job, not per "
+                    "run); move it away (the store's results are reused) and run again"
+                )
             self.db.executescript(SCHEMA)
+            self.db.execute(
+                "INSERT OR IGNORE INTO info VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
+            )
+            version = self.db.execute("SELECT value FROM info WHERE name = 'schema'").fetchone()
         except sqlite3.DatabaseError as exc:
-            raise LmcError(f"{self.path} is not a readable job ledger: {exc}") from None
+            raise LedgerError(f"{self.path} is not a readable job ledger: {exc}") from None
+        if int(version[0]) != SCHEMA_VERSION:
+            self.db.close()
+            raise LedgerError(
+                f"{self.path} has ledger schema {version[0]}; this lmckit reads {SCHEMA_VERSION}"
+            )
 
     def close(self) -> None:
         """Close the database connection."""
         self.db.close()
 
     # -- writes (the driver only) --------------------------------------------------------
-    def start_run(self, experiment: str, environment: Mapping[str, Any]) -> None:
-        """Record that a run started, with its experiment file and environment; jobs a
-        killed run left ``running`` go back to ``pending``."""
+    def start_run(
+        self,
+        experiment: str,
+        environment: Mapping[str, Any],
+        overrides: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Record a new run — the experiment file as it runs, its overrides and the
+        environment — and return its id. Jobs that a killed run left ``running`` become
+        ``interrupted``."""
         self.db.execute(
-            "INSERT INTO runs VALUES (?, ?, ?)", (time.time(), experiment, json.dumps(environment))
+            "UPDATE jobs SET status = 'interrupted' WHERE status IN ('running', 'pending')"
         )
-        self.db.execute("UPDATE jobs SET status = 'pending' WHERE status = 'running'")
+        cursor = self.db.execute(
+            "INSERT INTO runs (started, experiment, overrides, environment) VALUES (?, ?, ?, ?)",
+            (
+                time.time(),
+                experiment,
+                json.dumps(dict(overrides or {}), sort_keys=True),
+                json.dumps(environment),
+            ),
+        )
+        self.run_id = int(cursor.lastrowid)
+        return self.run_id
 
-    def ensure(self, key: str, kind: str, name: str, settings: Mapping[str, Any]) -> None:
-        """A row for the job (``pending`` unless it is already known)."""
+    def _current(self) -> int:
+        if self.run_id is None:
+            raise LedgerError("no run started on this ledger (call start_run first)")
+        return self.run_id
+
+    def add_job(self, name: str, key: str, kind: str, settings: Mapping[str, Any]) -> None:
+        """The job's row in the current run, ``pending``."""
         self.db.execute(
-            "INSERT OR IGNORE INTO jobs (key, kind, name, settings, status) VALUES (?, ?, ?, ?, ?)",
-            (key, kind, name, json.dumps(settings, sort_keys=True), "pending"),
+            "INSERT INTO jobs (run, name, key, kind, settings, status, attempts) "
+            "VALUES (?, ?, ?, ?, ?, 'pending', ?)",
+            (
+                self._current(),
+                name,
+                key,
+                kind,
+                json.dumps(settings, sort_keys=True),
+                self.computed_before(key),
+            ),
         )
 
-    def started(self, key: str) -> None:
-        """The job is running (one more attempt)."""
+    def earlier(self, key: str) -> dict[str, Any] | None:
+        """``{"status", "error"}`` of the latest earlier run's job with result key ``key``
+        that got that far (done or failed), or ``None``."""
+        row = self.db.execute(
+            "SELECT status, error FROM jobs WHERE key = ? AND run < ? "
+            "AND status IN ('done', 'failed') ORDER BY run DESC LIMIT 1",
+            (key, self._current()),
+        ).fetchone()
+        return {"status": row[0], "error": row[1]} if row else None
+
+    def computed_before(self, key: str) -> int:
+        """How many times a job with result key ``key`` was run in this folder before."""
+        row = self.db.execute(
+            "SELECT MAX(attempts) FROM jobs WHERE key = ? AND run < ?", (key, self._current())
+        ).fetchone()
+        return int(row[0] or 0)
+
+    def started(self, name: str) -> None:
+        """The job is running."""
         self.db.execute(
-            "UPDATE jobs SET status = 'running', attempts = attempts + 1, started = ?, "
-            "finished = NULL, host = ?, error = NULL WHERE key = ?",
-            (time.time(), socket.gethostname(), key),
+            "UPDATE jobs SET status = 'running', started = ?, host = ? WHERE run = ? AND name = ?",
+            (time.time(), socket.gethostname(), self._current(), name),
         )
 
-    def done(self, key: str, metrics: Mapping[str, float], seconds: float | None) -> None:
-        """The job's artifact is stored; its metrics replace any earlier ones."""
+    def done(
+        self,
+        name: str,
+        metrics: Mapping[str, float],
+        *,
+        seconds: float | None,
+        reused: bool,
+        finished: float | None = None,
+    ) -> None:
+        """The job's result is stored: computed now (one more attempt), or ``reused`` from
+        the store — then ``finished``/``seconds`` are the original computation's, and its
+        attempts stay as they were. Of ``metrics``, the numbers are recorded (a record's
+        other entries, such as a method's label, are not metrics)."""
+        run = self._current()
+        finished = time.time() if finished is None else finished
+        started = finished - seconds if seconds is not None else None
         with self.db:
             self.db.execute("BEGIN")
             self.db.execute(
-                "UPDATE jobs SET status = 'done', finished = ?, seconds = ?, error = NULL "
-                "WHERE key = ?",
-                (time.time(), seconds, key),
+                "UPDATE jobs SET status = 'done', reused = ?, attempts = attempts + ?, "
+                "started = COALESCE(?, started), finished = ?, seconds = ?, error = NULL "
+                "WHERE run = ? AND name = ?",
+                (int(reused), 0 if reused else 1, started, finished, seconds, run, name),
             )
-            self.db.execute("DELETE FROM metrics WHERE job = ?", (key,))
             self.db.executemany(
-                "INSERT INTO metrics VALUES (?, ?, ?)",
-                [(key, name, _number(value)) for name, value in sorted(metrics.items())],
+                "INSERT OR REPLACE INTO metrics VALUES (?, ?, ?, ?)",
+                [
+                    (run, name, metric, float(value))
+                    for metric, value in sorted(metrics.items())
+                    if isinstance(value, int | float) and not isinstance(value, bool)
+                ],
             )
 
-    def failed(self, key: str, error: str) -> None:
-        """The job raised; ``error`` is its traceback."""
+    def failed(self, name: str, error: str, *, ran: bool = True) -> None:
+        """The job raised (``ran``: it was attempted in this run); ``error`` is its
+        traceback or the reason."""
         self.db.execute(
-            "UPDATE jobs SET status = 'failed', finished = ?, error = ? WHERE key = ?",
-            (time.time(), error, key),
+            "UPDATE jobs SET status = 'failed', attempts = attempts + ?, finished = ?, error = ? "
+            "WHERE run = ? AND name = ?",
+            (int(ran), time.time(), error, self._current(), name),
+        )
+
+    def interrupted(self, name: str, why: str) -> None:
+        """The job stopped without a result through no fault of its own (its worker was
+        killed); a rerun runs it again."""
+        self.db.execute(
+            "UPDATE jobs SET status = 'interrupted', error = ? WHERE run = ? AND name = ?",
+            (why, self._current(), name),
         )
 
     # -- reads ---------------------------------------------------------------------------
-    def status(self, key: str) -> str | None:
-        """The job's status, or ``None`` for a job the ledger has not seen."""
-        row = self.db.execute("SELECT status FROM jobs WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else None
+    def latest_run(self) -> int | None:
+        """The id of the latest run (``None`` before the first)."""
+        row = self.db.execute("SELECT MAX(id) FROM runs").fetchone()
+        return None if row[0] is None else int(row[0])
 
-    def jobs(self) -> list[dict[str, Any]]:
-        """Every job row, by name."""
-        cursor = self.db.execute("SELECT * FROM jobs ORDER BY name")
-        names = [c[0] for c in cursor.description]
-        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    def _run(self, run: int | None) -> int | None:
+        return self.latest_run() if run is None else run
+
+    def jobs(self, run: int | None = None) -> list[dict[str, Any]]:
+        """Every job row of ``run`` (default: the latest run), by name."""
+        cursor = self.db.execute(
+            f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs WHERE run = ? ORDER BY name",
+            (self._run(run),),
+        )
+        rows = [dict(zip(JOB_COLUMNS, row, strict=True)) for row in cursor.fetchall()]
         for row in rows:
             row["settings"] = json.loads(row["settings"])
+            row["reused"] = bool(row["reused"])
         return rows
 
-    def metrics(self) -> list[dict[str, Any]]:
-        """Every metric row ``{job, name, kind, metric, value}``."""
+    def metrics(self, run: int | None = None) -> list[dict[str, Any]]:
+        """Every metric row ``{job, name, kind, metric, value}`` of ``run`` (default: the
+        latest run); ``job`` is the job's result key."""
         cursor = self.db.execute(
-            "SELECT m.job, j.name, j.kind, m.metric, m.value FROM metrics m "
-            "JOIN jobs j ON j.key = m.job ORDER BY j.name, m.metric"
+            "SELECT j.key, j.name, j.kind, m.metric, m.value FROM metrics m "
+            "JOIN jobs j ON j.run = m.run AND j.name = m.name WHERE m.run = ? "
+            "ORDER BY j.name, m.metric",
+            (self._run(run),),
         )
         return [
             {"job": r[0], "name": r[1], "kind": r[2], "metric": r[3], "value": r[4]}
@@ -139,56 +271,75 @@ class Ledger:
         ]
 
     def runs(self) -> list[dict[str, Any]]:
-        """Every run's start time, experiment file and environment."""
+        """Every run's id, start time, experiment file (as run), overrides and environment."""
         return [
-            {"started": r[0], "experiment": r[1], "environment": json.loads(r[2])}
-            for r in self.db.execute("SELECT * FROM runs ORDER BY started").fetchall()
+            {
+                "id": r[0],
+                "started": r[1],
+                "experiment": r[2],
+                "overrides": json.loads(r[3]),
+                "environment": json.loads(r[4]),
+            }
+            for r in self.db.execute(
+                "SELECT id, started, experiment, overrides, environment FROM runs ORDER BY id"
+            ).fetchall()
         ]
 
-    def summary(self) -> dict[str, dict[str, int]]:
-        """``{kind: {status: count}}``."""
+    def summary(self, run: int | None = None) -> dict[str, dict[str, int]]:
+        """``{kind: {status: count}}`` of ``run`` (default: the latest); reused results
+        count as ``done`` and also under ``reused``."""
         out: dict[str, dict[str, int]] = {}
-        for kind, status, count in self.db.execute(
-            "SELECT kind, status, COUNT(*) FROM jobs GROUP BY kind, status ORDER BY kind"
+        for kind, status, reused, count in self.db.execute(
+            "SELECT kind, status, reused, COUNT(*) FROM jobs WHERE run = ? "
+            "GROUP BY kind, status, reused ORDER BY kind",
+            (self._run(run),),
         ):
-            out.setdefault(kind, {s: 0 for s in STATUSES})[status] = count
+            counts = out.setdefault(kind, {**{s: 0 for s in STATUSES}, "reused": 0})
+            counts[status] += count
+            if reused:
+                counts["reused"] += count
         return out
 
     # -- export --------------------------------------------------------------------------
     def export_csv(self, folder: str | Path) -> list[Path]:
-        """Write ``jobs.csv`` and ``metrics.csv`` into ``folder``."""
+        """Write the latest run's ``jobs.csv`` and ``metrics.csv`` into ``folder``."""
+        from lmckit._io import atomic_write_bytes
+
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
         written = []
         for name, rows in (("jobs", self.jobs()), ("metrics", self.metrics())):
             path = folder / f"{name}.csv"
-            with open(path, "w", newline="") as fh:
-                fields = list(rows[0]) if rows else ["key"]
-                writer = csv.DictWriter(fh, fieldnames=fields)
-                writer.writeheader()
-                for row in rows:
-                    writer.writerow(
-                        {k: json.dumps(v) if isinstance(v, dict) else v for k, v in row.items()}
-                    )
+            text = io.StringIO()
+            fields = list(rows[0]) if rows else ["key"]
+            writer = csv.DictWriter(text, fieldnames=fields)
+            writer.writeheader()
+            for row in rows:
+                writer.writerow(
+                    {k: json.dumps(v) if isinstance(v, dict) else v for k, v in row.items()}
+                )
+            atomic_write_bytes(path, text.getvalue().encode())
             written.append(path)
         return written
 
     def export_parquet(self, folder: str | Path) -> list[Path]:
-        """Write ``jobs.parquet`` and ``metrics.parquet`` (needs ``pyarrow``)."""
+        """Write the latest run's ``jobs.parquet`` and ``metrics.parquet`` (needs
+        ``pyarrow``)."""
         try:
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError:
             raise LmcError("Parquet export needs pyarrow (pip install pyarrow)") from None
+        from lmckit._io import atomic_path
+
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
         written = []
         for name, rows in (("jobs", self.jobs()), ("metrics", self.metrics())):
             flat = [
                 {k: json.dumps(v) if isinstance(v, dict) else v for k, v in r.items()} for r in rows
             ]
             path = folder / f"{name}.parquet"
-            pq.write_table(pa.Table.from_pylist(flat), path)
+            with atomic_path(path) as tmp:
+                pq.write_table(pa.Table.from_pylist(flat), tmp)
             written.append(path)
         return written
 

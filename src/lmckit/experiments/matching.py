@@ -4,17 +4,16 @@ before any expensive work (same architecture, data that fits the checkpoint)."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lmckit._io import atomic_write_json
+from lmckit._io import atomic_write_bytes, atomic_write_json
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset
-from lmckit.errors import DataError, PermutationError, UsageError
+from lmckit.errors import DataError, ParamsError, PermutationError, UsageError
 from lmckit.experiments.store import Artifact, Store, content_hash, make_key
 from lmckit.functional import forward, module_mode
 from lmckit.match import METHODS, MatchResult
@@ -31,6 +30,28 @@ def check_same_architecture(a: Checkpoint, b: Checkpoint) -> None:
             f"checkpoints have different architectures: {a.path} is {a.meta['model']}, "
             f"{b.path} is {b.meta['model']}"
         )
+
+
+def check_distinct(ckpts: Sequence[Checkpoint]) -> None:
+    """Raise :class:`UsageError` if one checkpoint is given twice — by path, through a
+    symbolic or hard link, or as a copy with identical weights: comparing, matching or
+    merging a model with itself measures nothing."""
+    for i, c in enumerate(ckpts):
+        for other in ckpts[:i]:
+            if c.weights_sha256 and c.weights_sha256 == other.weights_sha256:
+                same = c.path.resolve() == other.path.resolve()
+                how = "is given twice" if same else "is the same file or a copy of"
+                raise UsageError(
+                    f"checkpoint {c.path} {how} {other.path} (identical weights); a model "
+                    "compared with itself measures nothing"
+                )
+            if c.params.keys() == other.params.keys() and all(
+                torch.equal(c.params[k], other.params[k]) for k in c.params
+            ):
+                raise UsageError(
+                    f"checkpoints {other.path} and {c.path} hold identical weights; a model "
+                    "compared with itself measures nothing"
+                )
 
 
 def check_data_fits(ckpt: Checkpoint, data: Dataset) -> None:
@@ -63,9 +84,9 @@ def match_checkpoints(
 ) -> MatchResult:
     """Permute checkpoint B onto A with the matcher ``method`` of :data:`lmckit.match.METHODS`.
 
-    ``options`` are passed on where the matcher takes them (``epochs``, ``lr``,
-    ``batch_size`` ...) and ignored where it does not, so one set of command-line options
-    serves several methods; ``None`` values mean "the method's default".
+    ``options`` are the matcher's keyword options (``epochs``, ``lr``, ``restarts`` ...);
+    ``None`` values mean "the method's default". An option the matcher does not take, or a
+    value of the wrong type or range, is a :class:`UsageError` naming it.
     """
     if method not in METHODS:
         raise UsageError(f"unknown matching method {method!r}; choose from {sorted(METHODS)}")
@@ -73,8 +94,11 @@ def match_checkpoints(
     check_same_architecture(a, b)
     if matcher.needs_data and data is None:
         raise UsageError(f"method {method!r} needs data")
-    accepted = set(matcher.options())
-    kwargs = {k: v for k, v in options.items() if k in accepted and v is not None}
+    kwargs = {k: v for k, v in options.items() if v is not None}
+    try:
+        matcher.check_options(kwargs)
+    except ParamsError as exc:
+        raise UsageError(str(exc)) from None
     return matcher(
         a.spec, a.params, b.params, model=a.model, data=data, seed=seed, progress=progress, **kwargs
     )
@@ -239,7 +263,7 @@ def stored_matches(
             seed=seed,
             progress=progress(f"match {method}") if progress else None,
         )
-        shutil.copyfile(artifact.file("perm.json"), out / f"perm-{method}.json")
+        atomic_write_bytes(out / f"perm-{method}.json", artifact.file("perm.json").read_bytes())
         r = artifact.record
         log(
             f"{method}: L2 {r['distance_before']:.3f} -> {r['distance_after']:.3f} in "

@@ -19,11 +19,11 @@ from lmckit._io import (
     writes_folder,
 )
 from lmckit.analysis import multi_model_metrics, plane_landscape, sharpness
-from lmckit.checkpoint import Checkpoint, checkpoint_paths, save_checkpoint
+from lmckit.checkpoint import Checkpoint, save_checkpoint
 from lmckit.data import Dataset, Split, indices_digest
-from lmckit.errors import UsageError
+from lmckit.errors import ParamsError, UsageError
 from lmckit.evaluate.parts import ENSEMBLE, part_groups, parts_report
-from lmckit.experiments.matching import check_data_fits, check_same_architecture
+from lmckit.experiments.matching import check_data_fits, check_distinct, check_same_architecture
 from lmckit.experiments.store import Store, content_hash, make_key
 from lmckit.merge import METHODS, MergeResult
 from lmckit.models import build_model
@@ -37,21 +37,9 @@ def check_checkpoints(ckpts: Sequence[Checkpoint], data: Dataset | None = None) 
     by identical weights), and ``data`` (if given) fitting them. :class:`UsageError` if not."""
     if len(ckpts) < 2:
         raise UsageError(f"merging needs at least two checkpoints, got {len(ckpts)}")
-    seen: dict[Path, Path] = {}
-    for c in ckpts:
-        key = checkpoint_paths(c.path)[0].resolve()
-        if key in seen:
-            raise UsageError(f"checkpoint {c.path} is given twice (as {seen[key]} and {c.path})")
-        seen[key] = c.path
     for c in ckpts[1:]:
         check_same_architecture(ckpts[0], c)
-    for i, c in enumerate(ckpts):
-        for other in ckpts[:i]:
-            if all(torch.equal(c.params[k], other.params[k]) for k in c.params):
-                raise UsageError(
-                    f"checkpoints {other.path} and {c.path} hold identical weights; merging a "
-                    "model with itself measures nothing"
-                )
+    check_distinct(ckpts)
     if data is not None:
         check_data_fits(ckpts[0], data)
 
@@ -63,18 +51,26 @@ def merge_checkpoints(
     *,
     seed: int = 0,
     progress: ProgressCallback | None = None,
+    sizes: Sequence[int] | None = None,
     **options: Any,
 ) -> MergeResult:
     """Merge checkpoints (the last one is the reference) with the merger ``method`` of
-    :data:`lmckit.merge.METHODS`; ``options`` are passed where the merger takes them
-    (``None``: its default). The merged model is BN-reset on ``data`` when it has BatchNorm."""
+    :data:`lmckit.merge.METHODS` and its keyword ``options`` (``None``: its default; an
+    option it does not take is a :class:`UsageError`). The merged model is BN-reset on
+    ``data`` when it has BatchNorm. ``sizes``: the models' training-set sizes for FedAvg
+    (default: :func:`training_examples` of each, with ``data``)."""
     if method not in METHODS:
         raise UsageError(f"unknown merging method {method!r}; choose from {sorted(METHODS)}")
     merger = METHODS[method]
     if merger.needs_data and data is None:
         raise UsageError(f"{method} needs data")
-    accepted = set(merger.options())
-    kwargs = {k: v for k, v in options.items() if k in accepted and v is not None}
+    kwargs = {k: v for k, v in options.items() if v is not None}
+    try:
+        merger.check_options(kwargs)
+    except ParamsError as exc:
+        raise UsageError(str(exc)) from None
+    if merger.needs_sizes:
+        kwargs["sizes"] = list(sizes or [training_examples(c, data) for c in ckpts])
     first = ckpts[0]
     return merger(
         first.spec,
@@ -85,6 +81,29 @@ def merge_checkpoints(
         seed=seed,
         progress=progress,
         **kwargs,
+    )
+
+
+def training_examples(ckpt: Checkpoint, data: Dataset | None = None) -> int:
+    """How many examples ``ckpt`` was trained on (FedAvg's client size): its sidecar's
+    ``train_examples``, or the size of the part of a split it records; a model trained on a
+    whole dataset without a record of its size counts that dataset's training set (``data``,
+    the same dataset — not a server's subset of it).
+
+    Raises:
+        UsageError: the checkpoint records neither and ``data`` cannot stand in.
+    """
+    meta = ckpt.meta
+    if isinstance(meta.get("train_examples"), int):
+        return int(meta["train_examples"])
+    split = meta.get("split")
+    if isinstance(split, dict) and isinstance(split.get("examples"), int):
+        return int(split["examples"])
+    if split is None and data is not None and meta.get("dataset") == data.name:
+        return len(data.train_y)
+    raise UsageError(
+        f"{ckpt.path} does not record how many examples it was trained on, which FedAvg "
+        "weights by; use method 'average' for the uniform mean"
     )
 
 
@@ -121,6 +140,10 @@ def run_merge(
         raise UsageError(f"sharpness needs at least 2 probes, got {sharpness_probes}")
     if landscape and landscape < 2:
         raise UsageError(f"the landscape needs a resolution of at least 2, got {landscape}")
+    if landscape and len(ckpts) < 3:
+        raise UsageError(
+            f"the landscape is the plane through three aligned models; {len(ckpts)} were given"
+        )
     out = prepare_output_dir(out, "--out")
     result = merge_checkpoints(
         ckpts,
@@ -178,7 +201,7 @@ def run_merge(
         out / "geometry.png",
         title=f"{result.method}: aligned models",
     )
-    if landscape and len(ckpts) >= 3:
+    if landscape:
         aligned = [p.apply(c.params) for p, c in zip(result.perms, ckpts, strict=True)][:3]
         land = plane_landscape(
             model,
@@ -330,7 +353,10 @@ def stored_merge_metrics(
     server = data if server_examples is None else server_subset(data, server_examples, seed)
 
     def write(folder: Path) -> tuple[str, dict[str, Any]]:
-        result = merge_checkpoints(ckpts, method, server, seed=seed, progress=progress, **used)
+        sizes = [training_examples(c, data) for c in ckpts] if METHODS[method].needs_sizes else None
+        result = merge_checkpoints(
+            ckpts, method, server, seed=seed, progress=progress, sizes=sizes, **used
+        )
         metrics = multi_model_metrics(
             ckpts[0].model,
             [c.params for c in ckpts],
@@ -391,6 +417,12 @@ def sweep(
         raise UsageError(f"unknown merging method(s) {unknown}; choose from {sorted(METHODS)}")
     if max(ns) > len(ckpts):
         raise UsageError(f"--sweep-n asks for {max(ns)} models but {len(ckpts)} were given")
+    given = {k: v for k, v in options.items() if v is not None}
+    for name in given:  # shared by the sweep's methods: each must serve at least one
+        if not any(name in METHODS[m].options() for m in methods):
+            raise UsageError(
+                f"option {name!r} applies to none of the swept methods {list(methods)}"
+            )
     out = prepare_output_dir(out, "--out")
     results: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in methods}
     store = Store(out / "store")
@@ -403,7 +435,7 @@ def sweep(
                 data,
                 seed=seed,
                 progress=progress(f"{method} n={n}") if progress else None,
-                **options,
+                **{k: v for k, v in given.items() if k in METHODS[method].options()},
             )
             atomic_write_json(out / "sweep" / f"{method}-n{n}.json", entry)
             results[method][n] = entry

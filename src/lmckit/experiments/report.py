@@ -675,12 +675,21 @@ def _metrics_table(rows: list[dict[str, Any]], paper: Sequence[Mapping[str, Any]
 def _jobs_table(jobs: Sequence[Mapping]) -> str:
     lines = [
         "<table class='jobs'><thead><tr><th>job</th><th>step</th><th>status</th>"
-        "<th>attempts</th><th>seconds</th><th>host</th></tr></thead><tbody>"
+        "<th>result</th><th>computed</th><th>attempts</th><th>seconds</th><th>host</th>"
+        "</tr></thead><tbody>"
     ]
     for j in jobs:
+        origin = "reused from the store" if j.get("reused") else "computed in this run"
+        when = (
+            datetime.fromtimestamp(j["finished"], UTC).strftime("%Y-%m-%d %H:%M")
+            if j.get("finished") and j["status"] == "done"
+            else ""
+        )
         lines.append(
             f"<tr><td>{html.escape(j['name'])}</td><td>{j['kind']}</td>"
-            f"<td class='{j['status']}'>{j['status']}</td><td class='num'>{j['attempts']}</td>"
+            f"<td class='{j['status']}'>{j['status']}</td>"
+            f"<td>{origin if j['status'] == 'done' else ''}</td><td>{when}</td>"
+            f"<td class='num'>{j['attempts']}</td>"
             f"<td class='num'>{_number(j['seconds'])}</td>"
             f"<td>{html.escape(j['host'] or '')}</td></tr>"
         )
@@ -710,7 +719,7 @@ def write_report(out: str | Path) -> Path:
     out = Path(out)
     if not (out / "ledger.sqlite").is_file():
         raise UsageError(f"{out} holds no experiment run (no ledger.sqlite)")
-    ledger = Ledger(out / "ledger.sqlite")
+    ledger = Ledger(out / "ledger.sqlite", create=False)
     try:
         jobs, metrics, runs = ledger.jobs(), ledger.metrics(), ledger.runs()
     finally:
@@ -731,7 +740,9 @@ def write_report(out: str | Path) -> Path:
     counts: dict[str, int] = defaultdict(int)
     for j in jobs:
         counts[j["status"]] += 1
+    reused = sum(1 for j in jobs if j.get("reused"))
     environment = runs[-1]["environment"] if runs else {}
+    overrides = runs[-1]["overrides"] if runs else {}
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>{html.escape(raw.get('name', 'experiment'))} — lmckit report</title>",
@@ -740,7 +751,15 @@ def write_report(out: str | Path) -> Path:
         f"<p class='sub'>{html.escape(raw.get('description', ''))}</p>",
         "<p>"
         + ", ".join(f"{n} jobs {s}" for s, n in sorted(counts.items()))
-        + f"; {len(runs)} run(s); report written "
+        + (f" ({reused} of them reused from the store)" if reused else "")
+        + f"; the latest of {len(runs)} run(s) into this folder"
+        + (
+            " — with overrides "
+            + html.escape(", ".join(f"{k} = {v!r}" for k, v in overrides.items()))
+            if overrides
+            else ""
+        )
+        + "; report written "
         + datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         + (
             f"; expected run time: {html.escape(raw['expected_runtime'])}"

@@ -5,8 +5,10 @@
 executor. Before a job runs, the driver computes its result-store key from its settings
 and its dependencies' content hashes; the job then finds its artifact in the store (a
 finished job is never redone) or computes and stores it. The driver alone writes the job
-ledger (``out/ledger.sqlite``): one row per job key with its status, attempts, times,
-host, error text and metrics.
+ledger (``out/ledger.sqlite``): per run, one row per job with its store key, status,
+whether it was reused, attempts, times, host, error text and metrics
+(:mod:`lmckit.experiments.ledger`). ``out/experiment.toml`` is the experiment as it ran,
+overrides applied.
 
 Killing a run at any moment loses nothing finished: artifacts are written atomically and
 keyed by content, so the next run reuses them; a job that was running starts again.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,24 +30,23 @@ import torch
 
 from lmckit import __version__
 from lmckit._io import atomic_write_bytes, writes_folder
+from lmckit.errors import LmcError
 from lmckit.experiments.dag import build_jobs
 from lmckit.experiments.executors import make_executor, usable_cores
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.spec import Experiment, model_configs
-from lmckit.experiments.steps import STEPS, Job, dataset_for, job_key
+from lmckit.experiments.steps import ARTIFACT_KIND, STEPS, Job, dataset_for, job_key
 from lmckit.progress import Progress, ProgressCallback
 
-__all__ = ["ARTIFACT_KIND", "RunSummary", "run_experiment"]
+__all__ = ["RunSummary", "run_experiment"]
 
-ARTIFACT_KIND = {
-    "train": "checkpoint",
-    "match": "permutation",
-    "curve": "curve",
-    "merge": "merge-metrics",
-    "analysis": "analysis",
-    "triplet": "triplet",
-    "spectra": "spectra",
-}
+
+def _worker_died(ledger: Ledger, jobs: list[Job], summary: RunSummary) -> None:
+    """A worker process of the pool died: every job the pool was running stops without a
+    result (``interrupted``; a rerun runs it again)."""
+    for job in jobs:
+        ledger.interrupted(job.name, "its worker process died (killed, or out of memory)")
+        summary.waiting.append(job.name)
 
 
 @dataclass
@@ -120,9 +122,10 @@ def run_experiment(
 
     configs = model_configs(experiment, data_for)
     all_jobs = build_jobs(experiment, configs)
-    atomic_write_bytes(out / "experiment.toml", experiment.text.encode())
+    as_run = experiment.as_run()
+    atomic_write_bytes(out / "experiment.toml", as_run.encode())
     ledger = Ledger(out / "ledger.sqlite")
-    ledger.start_run(experiment.text, environment())
+    ledger.start_run(as_run, environment(), experiment.overrides)
     summary = RunSummary(out)
     bars: dict[str, ProgressCallback | None] = {}
 
@@ -156,13 +159,15 @@ def run_experiment(
                 data = data_for(job.settings["model_name"])
                 deps = {d: results[d] for d in job.deps}
                 key, _ = job_key(job, deps, data)
-                ledger.ensure(key, job.kind, job.name, {**job.settings, "labels": job.labels})
-                if ledger.status(key) == "failed" and not retry_failed:
+                ledger.add_job(job.name, key, job.kind, {**job.settings, "labels": job.labels})
+                earlier = ledger.earlier(key)
+                if earlier and earlier["status"] == "failed" and not retry_failed:
+                    ledger.failed(job.name, earlier["error"] or "failed before", ran=False)
                     blocked.add(job.name)
                     summary.failed.append(job.name)
                     log(f"{job.name}: failed in an earlier run (see lmckit status; --retry-failed)")
                     continue
-                ledger.started(key)
+                ledger.started(job.name)
                 payload = {
                     "name": job.name,
                     "kind": job.kind,
@@ -188,10 +193,18 @@ def run_experiment(
                 continue
             for future in done:
                 job, key = running.pop(future)
-                result = future.result()
+                try:
+                    result = future.result()
+                except BrokenProcessPool:
+                    _worker_died(ledger, [job, *(j for j, _ in running.values())], summary)
+                    raise LmcError(
+                        "a worker process died (killed, or out of memory) while running "
+                        f"{job.name}; finished results are kept — rerun the same command to "
+                        "continue"
+                    ) from None
                 finished += 1
                 if "error" in result:
-                    ledger.failed(key, result["error"])
+                    ledger.failed(job.name, result["error"])
                     blocked.add(job.name)
                     summary.failed.append(job.name)
                     last = result["error"].strip().splitlines()[-1]
@@ -200,7 +213,13 @@ def run_experiment(
                     record = dict(result["record"])
                     # the time the artifact took to compute (stored with it), not this run's
                     seconds = record.pop("seconds", result["seconds"])
-                    ledger.done(key, record, seconds)
+                    ledger.done(
+                        job.name,
+                        record,
+                        seconds=seconds,
+                        reused=result["reused"],
+                        finished=result.get("created") if result["reused"] else None,
+                    )
                     results[job.name] = {
                         "key": key,
                         "content": result["content"],

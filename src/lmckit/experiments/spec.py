@@ -247,6 +247,19 @@ class Experiment:
     paper: tuple[Mapping[str, Any], ...] = ()
     variants: tuple[Mapping[str, Any], ...] = ()
     text: str = field(default="", compare=False)
+    overrides: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    document: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def as_run(self) -> str:
+        """The experiment file as it runs: its own text, or — with overrides — the
+        document with the overrides applied (TOML) under a header naming them."""
+        if not self.overrides:
+            return self.text
+        import tomli_w
+
+        header = ["# lmckit ran this experiment file with these overrides (--set):"]
+        header += [f"#   {k} = {v!r}" for k, v in self.overrides.items()]
+        return "\n".join(header) + "\n\n" + tomli_w.dumps(_plain_toml(self.document))
 
     def cells(self) -> list[dict[str, Any]]:
         """Every combination of the grid's values, for each variant: ``{"model": ...,
@@ -268,6 +281,14 @@ class Experiment:
                     values = {VARIANT_KEY: variant["name"], **values}
                 cells.append({"model": model, "train": train, "values": values})
         return cells
+
+
+def _plain_toml(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain_toml(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain_toml(v) for v in value]
+    return value
 
 
 VARIANT_KEY = "variant.name"
@@ -301,12 +322,24 @@ def _methods(value: Any, key: str, allowed: set[str]) -> tuple[str, ...]:
     return methods
 
 
-def _options(value: Any, key: str, methods: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+def _options(
+    value: Any, key: str, methods: tuple[str, ...], registry: Mapping[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Per-method option tables, each checked against the method's signature in
+    ``registry`` (names, types and ranges: a typo is an error, never a silent default)."""
+    from lmckit.errors import ParamsError
+
     table = _table(value, key)
     for method, options in table.items():
         if method not in methods:
             raise ExperimentError(f"{key}.{method}: the block does not use method {method!r}")
         _table(options, f"{key}.{method}")
+        if method not in registry:
+            raise ExperimentError(f"{key}.{method}: method {method!r} takes no options")
+        try:
+            registry[method].check_options(options, where=f"{key}.{method}: ")
+        except ParamsError as exc:
+            raise ExperimentError(str(exc)) from None
     return {m: dict(o) for m, o in table.items()}
 
 
@@ -321,8 +354,21 @@ def _index_tuples(
             raise ExperimentError(f"{key} must be {named} or a list of {shape}")
         return value
     tuples = tuple(tuple(_expect(t, list, f"{key}[]")) for t in _expect(value, list, key))
-    if not all(len(t) == size and all(isinstance(i, int) for i in t) for t in tuples):
-        raise ExperimentError(f"{key} must be a list of {shape} index lists")
+    if not tuples:
+        raise ExperimentError(f"{key} must list at least one {shape}")
+    for t in tuples:
+        if len(t) != size or not all(isinstance(i, int) and not isinstance(i, bool) for i in t):
+            raise ExperimentError(f"{key} must be a list of {shape} index lists, got {list(t)}")
+        if min(t) < 0:
+            raise ExperimentError(
+                f"{key}: {list(t)} holds a negative index; indices count from 0 into seeds"
+            )
+        if len(set(t)) != size:
+            raise ExperimentError(
+                f"{key}: {list(t)} pairs a model with itself, which measures nothing"
+            )
+    if len(set(tuples)) != len(tuples):
+        raise ExperimentError(f"{key} lists {[list(t) for t in tuples]} with repeats")
     return tuples
 
 
@@ -354,7 +400,7 @@ def _parse_compare(raw: Any, where: str) -> Compare:
         splits=splits,
         calibrated=_expect(block.get("calibrated", False), bool, f"{where}.calibrated"),
         ensemble=_expect(block.get("ensemble", False), bool, f"{where}.ensemble"),
-        options=_options(block.get("options", {}), f"{where}.options", methods),
+        options=_options(block.get("options", {}), f"{where}.options", methods, MATCHERS),
         analyses=analyses,
         server_examples=_server_examples(block.get("server_examples"), where),
     )
@@ -390,7 +436,7 @@ def _parse_triplets(raw: Any, where: str) -> TripletBlock:
         triples=triples,
         gamma=float(gamma),
         splits=_splits(block.get("splits", {"test": "all"}), f"{where}.splits"),
-        options=_options(block.get("options", {}), f"{where}.options", methods),
+        options=_options(block.get("options", {}), f"{where}.options", methods, MATCHERS),
     )
 
 
@@ -420,9 +466,43 @@ def _parse_merge(raw: Any, where: str) -> MergeBlock:
     if not ns or min((n for n in ns if n != PARTS), default=2) < 2:
         raise ExperimentError(f'{where}.n must list model counts of at least 2 (or "parts")')
     server = _server_examples(block.get("server_examples"), where)
-    options = _options(block.get("options", {}), f"{where}.options", methods)
+    options = _options(block.get("options", {}), f"{where}.options", methods, MERGERS)
     train = _expect(block.get("train_metrics", False), bool, f"{where}.train_metrics")
     return MergeBlock(methods, ns, options, server, train)
+
+
+def _override(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``raw[a][b]...`` for ``dotted = "a.b..."``; a number picks a block of a list
+    (``compare.0.lambdas``). A grid key such as ``grid."model.hidden"`` is written
+    ``grid.model.hidden``: below ``grid`` the rest of the path is one key."""
+    parts = dotted.split(".")
+    if not all(parts):
+        raise ExperimentError(f"override {dotted!r} has an empty part")
+    if parts[0] in ("grid",) and len(parts) > 2:
+        parts = [parts[0], ".".join(parts[1:])]
+    target: Any = raw
+    for i, part in enumerate(parts[:-1]):
+        where = ".".join(parts[: i + 1])
+        if isinstance(target, list):
+            if not part.isdigit() or int(part) >= len(target):
+                raise ExperimentError(
+                    f"override {dotted!r}: {'.'.join(parts[:i])} is a list of "
+                    f"{len(target)} block(s); name one by its index, e.g. "
+                    f"{'.'.join(parts[:i])}.0.{'.'.join(parts[i:])}"
+                )
+            target = target[int(part)]
+        elif isinstance(target, dict):
+            target = target.setdefault(part, {})
+        else:
+            raise ExperimentError(f"override {dotted!r}: {where} is a value, not a table")
+        if isinstance(target, list) and i == len(parts) - 2:
+            raise ExperimentError(
+                f"override {dotted!r}: {where} is a list of blocks; name one by its index, "
+                f"e.g. {where}.0.{parts[-1]}"
+            )
+    if not isinstance(target, dict):
+        raise ExperimentError(f"override {dotted!r}: {'.'.join(parts[:-1])} is not a table")
+    target[parts[-1]] = value
 
 
 def parse_experiment(
@@ -432,11 +512,7 @@ def parse_experiment(
     ``{"data.dataset": "digits", "train.epochs": 2}``)."""
     raw = copy.deepcopy(dict(raw))
     for dotted, value in (overrides or {}).items():
-        section, _, option = dotted.partition(".")
-        if option:
-            raw.setdefault(section, {})[option] = value
-        else:
-            raw[section] = value
+        _override(raw, dotted, value)
     unknown = sorted(set(raw) - TOP_KEYS)
     if unknown:
         raise ExperimentError(f"unknown top-level key(s) {unknown}; known: {sorted(TOP_KEYS)}")
@@ -515,6 +591,8 @@ def parse_experiment(
             for i, entry in enumerate(_expect(raw.get("paper", []), list, "paper"))
         ),
         text=text,
+        overrides=dict(overrides or {}),
+        document=raw,
     )
     _check_configurations(experiment)
     return experiment

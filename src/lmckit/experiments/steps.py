@@ -23,6 +23,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from lmckit.experiments.training import load_for_model
 from lmckit.models import build_model, permutation_spec
 from lmckit.perm import Permutation
 from lmckit.progress import ProgressCallback
-from lmckit.train import TrainConfig, init_model, split_record, train
+from lmckit.train import TrainConfig, init_model, split_record, train, train_examples
 
 __all__ = ["STEPS", "Job", "StepKind", "execute", "job_key"]
 
@@ -133,6 +134,7 @@ def _train_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
                 "train": config.to_dict(),
                 "seed": config.seed,
                 "split": split_record(config, data),
+                "train_examples": train_examples(config, data),
                 "dataset": data.name,
                 "metrics": result.metrics_dict(),
                 "train_seconds": result.seconds,
@@ -590,9 +592,22 @@ def job_key(job: Job, deps: Mapping[str, dict[str, Any]], data: Dataset) -> tupl
     return STEPS[job.kind].key(job, deps, data)
 
 
+ARTIFACT_KIND = {
+    "train": "checkpoint",
+    "match": "permutation",
+    "curve": "curve",
+    "merge": "merge-metrics",
+    "analysis": "analysis",
+    "triplet": "triplet",
+    "spectra": "spectra",
+}
+"""The result store's kind of each step's artifact."""
+
+
 def execute(payload: dict[str, Any], progress: ProgressCallback | None = None) -> dict[str, Any]:
     """Run one job from its payload (see :mod:`lmckit.experiments.runner`); never raises:
-    failures come back as ``{"error": traceback}``."""
+    failures come back as ``{"error": traceback}``. A result carries ``created``: when
+    its artifact was computed (seconds since the epoch; long ago for a reused one)."""
     start = time.perf_counter()
     threads = payload.get("threads")
     previous = torch.get_num_threads()
@@ -601,6 +616,11 @@ def execute(payload: dict[str, Any], progress: ProgressCallback | None = None) -
     try:
         result = STEPS[payload["kind"]].run(payload, progress)
         result["seconds"] = time.perf_counter() - start
+        stored = Store(payload["store"]).get(
+            ARTIFACT_KIND[payload["kind"]], payload["key"], verify=False
+        )
+        if stored is not None:
+            result["created"] = datetime.fromisoformat(stored.meta["created"]).timestamp()
         return result
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):

@@ -11,8 +11,10 @@ a key that is the SHA-256 of a canonical JSON document holding:
 
 A result is reused only when a stored artifact has exactly that key; anything else is
 computed afresh. The key document is written into the artifact's ``meta.json``, together
-with the SHA-256 of every file the artifact holds, which is checked when the artifact is
-reused: a damaged artifact is an error naming it, never a result. Artifacts are written
+with the SHA-256 of every file the artifact holds and a digest of ``meta.json`` itself,
+all checked when the artifact is reused: an edited record, a file list that no longer
+lists every file, a key that is not its document's hash or a damaged file is an error
+naming the artifact, never a result. Artifacts are written
 into a scratch folder and renamed into place, so an interrupted run leaves none half
 written.
 
@@ -33,10 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from lmckit import __version__
-from lmckit._io import atomic_write_json
+from lmckit._io import atomic_write_json, claim, scratch_prefix
 from lmckit.errors import LmcError
 
 __all__ = ["Artifact", "Store", "StoreError", "canonical_json", "content_hash", "make_key"]
+
+STORE_FORMAT = 2
+"""2: ``meta.json`` carries its own digest and lists every file of its artifact; keys of
+format 1 are never reused (their records were not authenticated)."""
 
 
 class StoreError(LmcError):
@@ -79,6 +85,7 @@ def make_key(
         "inputs": dict(sorted((inputs or {}).items())),
         "dataset": dataset,
         "lmckit_version": __version__,
+        "store_format": STORE_FORMAT,
     }
     return content_hash(document), document
 
@@ -119,6 +126,38 @@ class Artifact:
         return self.folder / name
 
 
+def meta_digest(meta: Mapping[str, Any]) -> str:
+    """SHA-256 of an artifact's ``meta.json`` without its own ``meta_sha256`` entry."""
+    return content_hash({k: v for k, v in meta.items() if k != "meta_sha256"})
+
+
+def _record_problem(record: Any) -> str | None:
+    if not isinstance(record, Mapping):
+        return "its record is not a table"
+    return None
+
+
+def _meta_problem(meta: Any, kind: str, key: str) -> str | None:
+    """Why ``meta`` cannot be believed for the artifact ``kind``/``key``, or ``None``."""
+    if not isinstance(meta, dict):
+        return "meta.json is not a table"
+    if meta.get("meta_sha256") != meta_digest(meta):
+        return "meta.json does not match its own digest (meta_sha256)"
+    if meta.get("key") != key:
+        return f"meta.json records key {meta.get('key')}, not {key}"
+    document = meta.get("document")
+    if not isinstance(document, dict) or content_hash(document) != key:
+        return "the key is not the hash of the document meta.json records"
+    if document.get("kind") != kind:
+        return f"meta.json records kind {document.get('kind')!r}, not {kind!r}"
+    files = meta.get("files")
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        return "meta.json's file list is malformed"
+    if not isinstance(meta.get("content"), str):
+        return "meta.json's content hash is malformed"
+    return _record_problem(meta.get("record", {}))
+
+
 class Store:
     """Keyed artifacts under ``root`` (see the module docstring)."""
 
@@ -132,9 +171,15 @@ class Store:
     def get(self, kind: str, key: str, *, verify: bool = True) -> Artifact | None:
         """The artifact with exactly this key, or ``None`` if there is none.
 
+        ``meta.json`` is checked before anything in it is believed: its digest
+        (``meta_sha256``, of everything else it holds), its key against the document it
+        records (the key is that document's hash) and the kind, its record (numbers or
+        nothing) and — with ``verify`` — its list of files against the folder: every file
+        there listed, every listed file there with the SHA-256 it records.
+
         Raises:
-            StoreError: an artifact is stored under the key but its ``meta.json`` names
-                another key, or one of its files is missing or differs from its hash.
+            StoreError: an artifact is stored under the key but its ``meta.json`` fails any
+                of these checks (the message names the folder and what failed).
         """
         folder = self.folder(kind, key)
         meta_path = folder / "meta.json"
@@ -146,10 +191,21 @@ class Store:
             raise StoreError(
                 f"stored artifact {folder} has an unreadable meta.json: {exc}"
             ) from None
-        if meta.get("key") != key:
-            raise StoreError(f"stored artifact {folder} records key {meta.get('key')}, not {key}")
+        problem = _meta_problem(meta, kind, key)
+        if problem is not None:
+            raise StoreError(
+                f"stored artifact {folder}: {problem}; its meta.json was changed or damaged "
+                "after it was written — delete the folder to recompute it"
+            )
         if verify:
-            for name, expected in meta.get("files", {}).items():
+            present = sorted(p.name for p in folder.iterdir() if p.name != "meta.json")
+            unlisted = sorted(set(present) - set(meta["files"]))
+            if unlisted:
+                raise StoreError(
+                    f"stored artifact {folder} holds files its meta.json does not list "
+                    f"({', '.join(unlisted)}); delete the folder to recompute it"
+                )
+            for name, expected in meta["files"].items():
                 path = folder / name
                 if not path.is_file() or _file_sha256(path) != expected:
                     raise StoreError(
@@ -169,8 +225,11 @@ class Store:
         folder and returns ``(content hash, record)``; the folder is then renamed into place
         in one step. If another writer stored the same key meanwhile, its copy is kept."""
         final = self.folder(kind, key)
+        claim(final)
         final.parent.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=f".{key[:12]}.", dir=final.parent))
+        scratch = Path(
+            tempfile.mkdtemp(prefix=scratch_prefix(key[:12]), suffix=".scratch", dir=final.parent)
+        )
         try:
             content, record = write(scratch)
             files = {p.name: _file_sha256(p) for p in sorted(scratch.iterdir()) if p.is_file()}
@@ -182,6 +241,10 @@ class Store:
                 "record": _plain(dict(record)),
                 "created": datetime.now(UTC).isoformat(timespec="seconds"),
             }
+            bad = _record_problem(meta["record"])
+            if bad is not None:
+                raise StoreError(f"refusing to store {kind} {key[:12]}: {bad}")
+            meta["meta_sha256"] = meta_digest(meta)
             atomic_write_json(scratch / "meta.json", meta)
             os.chmod(scratch, 0o755)
             try:

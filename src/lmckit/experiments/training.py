@@ -8,10 +8,10 @@ A finished checkpoint trained with *different* settings is never silently reused
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -19,12 +19,21 @@ from lmckit._io import prepare_output_dir, writes_folder
 from lmckit.checkpoint import checkpoint_paths, save_checkpoint, verify_checkpoint
 from lmckit.data import Dataset, Split, canonical_name, load_dataset
 from lmckit.data.datasets import INPUT_SHAPES
-from lmckit.errors import CheckpointError, ModelConfigError
+from lmckit.errors import CheckpointError, ModelConfigError, ParamsError
 from lmckit.experiments.store import make_key
 from lmckit.models import ALIASES, MODELS, build_model
 from lmckit.models import model_config as config_of
+from lmckit.models.norms import scaled_width
+from lmckit.options import Count, Positive, check_value
 from lmckit.progress import ProgressCallback
-from lmckit.train import TrainConfig, init_model, split_record, train
+from lmckit.train import (
+    TrainConfig,
+    TrainingDiverged,
+    init_model,
+    split_record,
+    train,
+    train_examples,
+)
 
 CONV_MIN_SIZE = 32
 
@@ -53,30 +62,40 @@ def model_config_for(
     model_name: str,
     data: Dataset,
     *,
-    width_multiplier: float = 1.0,
+    width_multiplier: float | None = None,
     hidden: Sequence[int] | None = None,
     norm: str | None = "default",
-    skip: bool = False,
+    skip: bool | None = None,
     **custom: Any,
 ) -> dict[str, Any]:
     """A zoo configuration whose input/output sizes fit ``data``.
 
-    For the MLP, ``hidden`` defaults to three layers of ``round(512 × width_multiplier)``.
-    ``norm="default"`` keeps each model's own default (none for MLPs, BatchNorm for conv nets).
-    A user's class (``model_name="custom"``) takes ``class`` (``MODULE:CLASS``) and ``args``
-    (its keyword arguments, which must fit the data themselves) and gets the data's example
-    shape as its ``input_shape``; the zoo's options do not apply to it.
+    For the MLP, ``hidden`` lists the hidden widths, or ``width_multiplier`` (default 1)
+    scales three layers of 512 — not both. ``skip`` (residual connections) is the MLP's
+    alone; ``width_multiplier`` scales the conv nets' channels and the transformers'
+    widths. ``norm="default"`` keeps each model's own default (none for MLPs, BatchNorm for
+    conv nets); ``"none"`` is no normalisation. A user's class (``model_name="custom"``)
+    takes ``class`` (``MODULE:CLASS``) and ``args`` (its keyword arguments, which must fit
+    the data themselves) and gets the data's example shape as its ``input_shape``; the
+    zoo's options do not apply to it. An option that does not apply to the model, or a value
+    of the wrong type, is a :class:`ModelConfigError` naming it.
     """
     key = model_name_key(model_name)
+    given = {
+        "width_multiplier": width_multiplier is not None,
+        "hidden": hidden is not None,
+        "norm": norm != "default",
+        "skip": skip is not None,
+    }
     if key == "custom":
-        zoo = {"width_multiplier": width_multiplier != 1.0, "hidden": hidden is not None}
-        zoo |= {"norm": norm != "default", "skip": skip}
-        unknown = [k for k, given in zoo.items() if given] + sorted(set(custom) - {"class", "args"})
+        unknown = [k for k, g in given.items() if g] + sorted(set(custom) - {"class", "args"})
         if unknown or "class" not in custom:
             raise ModelConfigError(
                 'a custom model takes class = "MODULE:CLASS" and args = {...} (its keyword '
                 f"arguments) and no other option; got {sorted([*custom, *unknown])}"
             )
+        check_model_option("class", custom["class"], str)
+        check_model_option("args", custom.get("args") or {}, Mapping[str, Any])
         return {
             "class": custom["class"],
             "args": dict(custom.get("args") or {}),
@@ -85,24 +104,40 @@ def model_config_for(
     if custom:
         raise ModelConfigError(f"{model_name} got unknown option(s) {sorted(custom)}")
     family = ALIASES[key][0] if key in ALIASES else key
-    if not (math.isfinite(width_multiplier) and width_multiplier > 0):
+    inapplicable = [k for k in ("hidden", "skip") if given[k] and family != "mlp"]
+    if inapplicable:
         raise ModelConfigError(
-            f"width_multiplier must be a positive number, got {width_multiplier}"
+            f"{model_name} takes no {' or '.join(inapplicable)} (MLP options); its width is "
+            "set by width_multiplier"
         )
+    if given["hidden"] and given["width_multiplier"]:
+        raise ModelConfigError(
+            "give the MLP's hidden widths or a width_multiplier of its 3×512 layers, not both"
+        )
+    if width_multiplier is None:
+        width_multiplier = 1.0
+    check_model_option("width_multiplier", width_multiplier, Positive)
+    if norm != "default":
+        check_model_option("norm", norm, Literal["batch", "layer"] | None)
     extra: dict[str, Any] = {} if norm == "default" else {"norm": norm}
     if family == "mlp":
-        widths = list(hidden) if hidden else [max(1, round(512 * width_multiplier))] * 3
+        if hidden is not None:
+            check_model_option("hidden", hidden, Sequence[Count])
+            if not hidden:
+                raise ModelConfigError("hidden must list at least one width")
+        check_model_option("skip", bool(skip) if skip is None else skip, bool)
+        widths = list(hidden) if hidden else [scaled_width(512, width_multiplier)] * 3
         return {
             "in_dim": math.prod(data.input_shape),
             "hidden": widths,
             "out_dim": data.num_classes,
-            "skip": skip,
+            "skip": bool(skip),
             **extra,
         }
     if family in ("vit", "transformer"):
         # width_multiplier scales the residual stream (64 at ×1, a multiple of the 4 heads)
         # and the MLP (2 × the stream)
-        dim = 4 * max(1, round(16 * width_multiplier))
+        dim = 4 * scaled_width(16, width_multiplier)
         shape = data.input_shape
         if family == "transformer":
             return {
@@ -137,6 +172,14 @@ def model_config_for(
     }
 
 
+def check_model_option(name: str, value: Any, hint: Any) -> None:
+    """:func:`lmckit.options.check_value` for a model option (a :class:`ModelConfigError`)."""
+    try:
+        check_value(name, value, hint)
+    except ParamsError as exc:
+        raise ModelConfigError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class SeedOutcome:
     """What happened to one seed: trained (with its time) or skipped, and its metrics."""
@@ -146,6 +189,7 @@ class SeedOutcome:
     skipped: bool
     metrics: dict[str, float]
     seconds: float
+    diverged: dict[str, Any] | None = None  # kept although it diverged (keep_diverged)
 
 
 def checkpoint_stem(
@@ -194,13 +238,21 @@ def train_checkpoint(
     *,
     progress: ProgressCallback | None = None,
     device: str = "cpu",
+    keep_diverged: bool = False,
 ) -> SeedOutcome:
     """Train one model into the checkpoint ``stem`` — or reuse the checkpoint there if it
     records exactly this training's key (and its weights verify).
 
+    A run that diverges (:class:`~lmckit.train.TrainingDiverged`) writes no checkpoint at
+    ``stem``: its last good state is saved as ``<stem>-last-good`` (recording the
+    divergence, without a training key, so it is never taken for a finished run) and the
+    error says where. ``keep_diverged``: a run whose loss rose but stayed finite is trained
+    to the end and saved at ``stem``, its sidecar recording the divergence.
+
     Raises:
         CheckpointError: a checkpoint exists at ``stem`` with another key; the message lists
             what differs (settings, dataset, lmckit version).
+        TrainingDiverged: the run diverged (and was not to be kept).
     """
     key, document = training_key(model_name, model_config, config, data)
     weights, sidecar = checkpoint_paths(stem)
@@ -213,9 +265,39 @@ def train_checkpoint(
                 + "; ".join(_differences(found, document)[:6])
                 + "); use another --out folder or remove it"
             )
-        return SeedOutcome(config.seed, weights, True, meta.get("metrics", {}), 0.0)
+        return SeedOutcome(
+            config.seed, weights, True, meta.get("metrics", {}), 0.0, meta.get("diverged")
+        )
     model = init_model(model_name, model_config, config.model_seed).to(device)
-    result = train(model, data, config, progress=progress)
+    try:
+        result = train(model, data, config, progress=progress, keep_diverged=keep_diverged)
+    except TrainingDiverged as exc:
+        kept = stem.with_name(f"{stem.name}-last-good")
+        record = {"epoch": exc.epoch, "loss": exc.loss, "start_loss": exc.start_loss}
+        save_checkpoint(
+            kept,
+            model,  # train() left it at its last good state
+            {
+                "train": config.to_dict(),
+                "seed": int(config.seed),
+                "dataset": data.name,
+                "diverged": record,
+                "epochs_completed": exc.last_good_epoch,
+                "history": [vars(h) for h in exc.history],
+            },
+        )
+        raise TrainingDiverged(
+            f"{exc}; no checkpoint written at {weights} — the last good state (after "
+            f"{exc.last_good_epoch} epoch(s)) is kept at {checkpoint_paths(kept)[0]}"
+            + (" (or pass --keep-diverged to train on)" if math.isfinite(exc.loss) else ""),
+            epoch=exc.epoch,
+            loss=exc.loss,
+            start_loss=exc.start_loss,
+            last_good=exc.last_good,
+            last_good_epoch=exc.last_good_epoch,
+            history=exc.history,
+        ) from None
+    diverged = result.extra.get("diverged")
     meta = {
         "key": key,
         "key_document": document,
@@ -224,12 +306,14 @@ def train_checkpoint(
         "split": split_record(config, data),
         "dataset": data.name,
         "dataset_source": data.source,
+        "train_examples": train_examples(config, data),
         "metrics": result.metrics_dict(),
         "history": [vars(h) for h in result.history],
         "train_seconds": result.seconds,
+        **({"diverged": diverged} if diverged else {}),
     }
     save_checkpoint(stem, model, meta)
-    return SeedOutcome(config.seed, weights, False, result.metrics_dict(), result.seconds)
+    return SeedOutcome(config.seed, weights, False, result.metrics_dict(), result.seconds, diverged)
 
 
 @writes_folder("out")
@@ -244,6 +328,7 @@ def train_seeds(
     progress: Callable[[int], ProgressCallback | None] | None = None,
     on_seed_done: Callable[[SeedOutcome], None] | None = None,
     device: str = "cpu",
+    keep_diverged: bool = False,
 ) -> list[SeedOutcome]:
     """Train ``model_name`` once per seed (seed fixes initialisation and data order) into
     ``out/<model>-<dataset>-seed<N>``; a checkpoint already there is reused only if it
@@ -252,6 +337,7 @@ def train_seeds(
     Args:
         progress: ``seed -> callback`` for per-step progress of that seed's training.
         on_seed_done: called after each seed (trained or skipped).
+        keep_diverged: see :func:`train_checkpoint`.
 
     Raises:
         CheckpointError: a checkpoint for this model/dataset/seed exists in ``out`` but was
@@ -269,6 +355,7 @@ def train_seeds(
             checkpoint_stem(out, model_name, data.name, seed, config.split),
             progress=progress(seed) if progress else None,
             device=device,
+            keep_diverged=keep_diverged,
         )
         outcomes.append(outcome)
         if on_seed_done is not None:

@@ -61,6 +61,7 @@ METHODS: dict[str, Method] = {
             needs_data=False,
             summary="Sinkhorn re-basin on the weight distance",
             fixed={"objective": "l2"},
+            unused=("epochs", "batch_size"),
         ),
         Method(
             "sinkhorn-mid",
@@ -69,6 +70,7 @@ METHODS: dict[str, Method] = {
             needs_data=True,
             summary="Sinkhorn re-basin on the midpoint loss",
             fixed={"objective": "mid"},
+            unused=("steps",),
         ),
     )
 }

@@ -30,6 +30,7 @@ from lmckit.functional import check_model_fits, forward, module_mode
 from lmckit.lap import assign_groups
 from lmckit.match._functional import batches_per_pass, require_model_and_data
 from lmckit.match.result import MatchResult, check_inputs
+from lmckit.options import Count
 from lmckit.params import Params, params_distance
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
@@ -147,9 +148,9 @@ def activation_matching(
     seed: int = 0,
     progress: ProgressCallback | None = None,
     method: str = "correlation",
-    n_batches: int | None = None,
+    n_batches: Count | None = None,
     taps: Mapping[str, list[str]] | GraphTaps | None = None,
-    batch_size: int = 1000,
+    batch_size: Count = 1000,
 ) -> MatchResult:
     """Match B's units to A's by the statistics of their activations on ``data``.
 

@@ -32,6 +32,7 @@ from lmckit.match._functional import (
     require_model_and_data,
 )
 from lmckit.match.result import MatchResult, check_inputs
+from lmckit.options import Count, Positive
 from lmckit.params import Params, detached, is_running_stat, lerp_params, params_distance
 from lmckit.perm import Permutation, PermutationSpec, axis_groups, group_rows, put_group_rows
 from lmckit.progress import ProgressCallback, notify
@@ -72,12 +73,12 @@ def sinkhorn_matching(
     seed: int = 0,
     progress: ProgressCallback | None = None,
     objective: str = "l2",
-    tau: float = 1.0,
-    sinkhorn_iters: int = 20,
-    steps: int = 200,
-    epochs: int = 1,
-    lr: float = 0.1,
-    batch_size: int = 256,
+    tau: Positive = 1.0,
+    sinkhorn_iters: Count = 20,
+    steps: Count = 200,
+    epochs: Count = 1,
+    lr: Positive = 0.1,
+    batch_size: Count = 256,
 ) -> MatchResult:
     """Learn soft permutations of B towards A and round them to a :class:`Permutation`.
 

@@ -30,6 +30,7 @@ from lmckit.match._functional import (
 )
 from lmckit.match.result import MatchResult, check_inputs
 from lmckit.match.weight_matcher import WeightMatcher
+from lmckit.options import Count, Positive
 from lmckit.params import Params, detached, lerp_params, params_distance
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
@@ -52,10 +53,10 @@ def ste_matching(
     init: Permutation | None = None,
     seed: int = 0,
     progress: ProgressCallback | None = None,
-    epochs: int = 1,
-    lr: float = 1e-3,
-    batch_size: int = 256,
-    eval_batches: int = 4,
+    epochs: Count = 1,
+    lr: Positive = 1e-3,
+    batch_size: Count = 256,
+    eval_batches: Count = 4,
 ) -> MatchResult:
     """Learn a permutation of B that makes the midpoint with A a low-loss model.
 

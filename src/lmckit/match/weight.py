@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from typing import Literal
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from lmckit._checks import check_int
 from lmckit.lap import LapDuals, assign_heads
 from lmckit.match.result import MatchResult, check_duals, check_inputs, matched_names
 from lmckit.match.weight_matcher import WeightMatcher, acceptance_tolerance, improves_all
+from lmckit.options import Count
 from lmckit.params import Params, detached, params_distance
 from lmckit.perm import Permutation, PermutationSpec, group_cost_matrix
 from lmckit.progress import ProgressCallback, notify
@@ -88,11 +90,11 @@ def weight_matching(
     seed: int = 0,
     progress: ProgressCallback | None = None,
     duals: Mapping[str, LapDuals] | None = None,
-    max_iter: int = 100,
-    restarts: int = 1,
+    max_iter: Count = 100,
+    restarts: Count = 1,
     include_running_stats: bool = True,
     warm_start: bool = True,
-    lap_backend: str = "jv",
+    lap_backend: Literal["jv", "lapjv", "scipy"] = "jv",
 ) -> MatchResult:
     """Find π maximising ``⟨θ_A, π(θ_B)⟩`` by coordinate descent over the groups.
 

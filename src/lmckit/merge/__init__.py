@@ -9,6 +9,7 @@ All mergers share one signature::
 :data:`METHODS` lists them by name, with what each needs.
 """
 
+from lmckit.match import METHODS as MATCHERS
 from lmckit.merge.average import average
 from lmckit.merge.ccmm import ccmm
 from lmckit.merge.many import merge_many
@@ -25,7 +26,17 @@ METHODS: dict[str, Method] = {
             average,
             needs_model=False,
             needs_data=False,
-            summary="plain average without alignment (one-shot FedAvg)",
+            summary="uniform average without alignment (every model weighted alike)",
+            unused=("sizes",),
+        ),
+        Method(
+            "fedavg",
+            average,
+            needs_model=False,
+            needs_data=False,
+            summary="one-shot FedAvg: average without alignment, each model weighted by the "
+            "examples it trained on (McMahan et al.)",
+            needs_sizes=True,
         ),
         Method(
             "star-wm",
@@ -34,6 +45,7 @@ METHODS: dict[str, Method] = {
             needs_data=False,
             summary="weight-match every model to the reference, then average",
             fixed={"method": "wm-fast"},
+            passes_to=MATCHERS["wm-fast"],
         ),
         Method(
             "star-ste",
@@ -42,6 +54,7 @@ METHODS: dict[str, Method] = {
             needs_data=True,
             summary="STE-match every model to the reference, then average",
             fixed={"method": "ste"},
+            passes_to=MATCHERS["ste"],
         ),
         Method(
             "star-wm-others",
@@ -50,6 +63,7 @@ METHODS: dict[str, Method] = {
             needs_data=False,
             summary="star-WM, averaging the n-1 aligned non-reference models (STE-MM Fig. 1)",
             fixed={"method": "wm-fast", "average": "others"},
+            passes_to=MATCHERS["wm-fast"],
         ),
         Method(
             "star-ste-others",
@@ -58,6 +72,7 @@ METHODS: dict[str, Method] = {
             needs_data=True,
             summary="star-STE, averaging the n-1 aligned non-reference models (STE-MM Fig. 1)",
             fixed={"method": "ste", "average": "others"},
+            passes_to=MATCHERS["ste"],
         ),
         Method(
             "merge-many",

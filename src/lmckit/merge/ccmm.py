@@ -26,6 +26,7 @@ from lmckit.lap import assign_groups
 from lmckit.match.sinkhorn import soft_apply
 from lmckit.merge.result import MergeResult, canonicalise, check_models, merged_result
 from lmckit.merge.star import star
+from lmckit.options import Count, NonNegative
 from lmckit.params import Params, floating_names, pairwise_inner_sum
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
@@ -46,8 +47,8 @@ def ccmm(
     seed: int = 0,
     progress: ProgressCallback | None = None,
     init: Sequence[Permutation] | None = None,
-    max_iter: int = 50,
-    tol: float = 1e-9,
+    max_iter: Count = 50,
+    tol: NonNegative = 1e-9,
 ) -> MergeResult:
     """Merge ``n`` models by Frank–Wolfe on ``Σ_{i<j} ⟨P_iθ_i, P_jθ_j⟩``.
 

@@ -17,6 +17,7 @@ from lmckit._checks import check_int
 from lmckit.data import DataSource
 from lmckit.match import WeightMatcher
 from lmckit.merge.result import MergeResult, canonicalise, check_models, merged_result
+from lmckit.options import Count
 from lmckit.params import Params, average_params, detached, pairwise_inner_sum
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
@@ -32,7 +33,7 @@ def merge_many(
     seed: int = 0,
     progress: ProgressCallback | None = None,
     init: Sequence[Permutation] | None = None,
-    max_rounds: int = 100,
+    max_rounds: Count = 100,
 ) -> MergeResult:
     """Merge ``n`` models by MergeMany.
 

@@ -83,9 +83,15 @@ def canonicalise(perms: Sequence[Permutation], reference: int) -> tuple[Permutat
     return tuple(inv.compose(p) for p in perms)
 
 
-def merge_with(params_list: Sequence[Params], perms: Sequence[Permutation]) -> dict:
-    """``(1/n) Σ π_i(θ_i)``: the plain average of the aligned models."""
-    return average_params([p.apply(params) for p, params in zip(perms, params_list, strict=True)])
+def merge_with(
+    params_list: Sequence[Params],
+    perms: Sequence[Permutation],
+    weights: Sequence[float] | None = None,
+) -> dict:
+    """``(1/n) Σ π_i(θ_i)``: the plain average of the aligned models — or ``Σ w_i π_i(θ_i)``
+    with ``weights`` (summing to 1)."""
+    aligned = [p.apply(params) for p, params in zip(perms, params_list, strict=True)]
+    return average_params(aligned, weights)
 
 
 def merged_result(
@@ -101,13 +107,19 @@ def merged_result(
     iterations: int = 0,
     info: dict[str, Any] | None = None,
     members: Sequence[int] | None = None,
+    weights: Sequence[float] | None = None,
 ) -> MergeResult:
     """The :class:`MergeResult` every merger returns: the average of the aligned models
-    (only those listed in ``members``, if given), BatchNorm-reset on ``data`` when it has
-    running statistics and ``model`` and ``data`` are given (an averaged model's
-    statistics are not the statistics of its activations)."""
-    chosen = range(len(params_list)) if members is None else members
-    merged = merge_with([detached(params_list[i]) for i in chosen], [perms[i] for i in chosen])
+    (only those listed in ``members``, if given; weighted by ``weights`` — one per model,
+    summing to 1 — if given), BatchNorm-reset on ``data`` when it has running statistics
+    and ``model`` and ``data`` are given (an averaged model's statistics are not the
+    statistics of its activations)."""
+    chosen = list(range(len(params_list)) if members is None else members)
+    merged = merge_with(
+        [detached(params_list[i]) for i in chosen],
+        [perms[i] for i in chosen],
+        None if weights is None else [weights[i] for i in chosen],
+    )
     reset = has_batchnorm(merged) and model is not None and data is not None
     if reset:
         merged = bn_reset(model, merged, data, seed=seed)

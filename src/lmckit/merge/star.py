@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Literal
 
 from torch import nn
 
@@ -26,7 +27,7 @@ def star(
     seed: int = 0,
     progress: ProgressCallback | None = None,
     method: str = "wm-fast",
-    average: str = "all",
+    average: Literal["all", "others"] = "all",
     **match_options,
 ) -> MergeResult:
     """Align every model to ``params_list[reference]`` with a two-model matcher, then average.

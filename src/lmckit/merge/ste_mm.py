@@ -30,6 +30,7 @@ from lmckit.match._functional import (
 )
 from lmckit.match.weight_matcher import WeightMatcher
 from lmckit.merge.result import MergeResult, check_models, merged_result
+from lmckit.options import Count, Positive
 from lmckit.params import Params, average_params, detached
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
@@ -84,9 +85,9 @@ def ste_mm(
     reference: int = -1,
     seed: int = 0,
     progress: ProgressCallback | None = None,
-    epochs: int = 10,
-    lr: float = 1e-3,
-    batch_size: int = 256,
+    epochs: Count = 10,
+    lr: Positive = 1e-3,
+    batch_size: Count = 256,
     weights: str | Sequence[float] = "dirichlet",
 ) -> MergeResult:
     """Gather ``n`` models into one basin with STE-MM.

@@ -10,12 +10,13 @@ from typing import Any
 
 from torch import nn
 
-from lmckit.errors import LmcError, ModelConfigError
+from lmckit.errors import LmcError, ModelConfigError, ParamsError
 from lmckit.models.custom import build_custom
 from lmckit.models.mlp import MLP
 from lmckit.models.resnet import ResNet20
 from lmckit.models.transformer import TransformerClassifier, ViT
 from lmckit.models.vgg import VGG
+from lmckit.options import check_options
 from lmckit.perm import PermutationSpec
 
 __all__ = [
@@ -63,6 +64,7 @@ def build_model(name: str, /, **config: Any) -> nn.Module:
         given = config.pop("name", key)
         if given != key:
             raise ModelConfigError(f"config names model {given!r} but {name!r} was requested")
+        config.pop("source_sha256", None)  # recorded, not chosen: the code is what it is now
         unknown = sorted(set(config) - {"class", "args", "input_shape", "tokens"})
         if unknown or "class" not in config or "input_shape" not in config:
             raise ModelConfigError(
@@ -88,6 +90,10 @@ def build_model(name: str, /, **config: Any) -> nn.Module:
         raise ModelConfigError(
             f"{cls.__name__} got unknown option(s) {unknown}; accepted: {accepted}"
         )
+    try:
+        check_options(cls, config, where=f"{cls.__name__}: ")
+    except ParamsError as exc:
+        raise ModelConfigError(str(exc)) from None
     try:
         return cls(**config)
     except LmcError:

@@ -4,8 +4,10 @@
 builds it with those keyword arguments and returns the user's module itself (its state
 dict keys are the class's own), with what the zoo's models have:
 
-* ``model.config`` — ``{"name": "custom", "class": ..., "args": ..., "input_shape": ...}``
-  (JSON-ready), from which :func:`lmckit.models.build_model` builds it again;
+* ``model.config`` — ``{"name": "custom", "class": ..., "args": ..., "input_shape": ...,
+  "source_sha256": ...}`` (JSON-ready), from which :func:`lmckit.models.build_model` builds
+  it again; ``source_sha256`` (:func:`class_source_digest`) is the digest of the class's
+  code as it is *now*, so that keys of results change when the code does;
 * ``model.permutation_spec()`` — traced from the model's graph on an example input of
   ``input_shape`` and verified (:func:`lmckit.spec.trace`), once per model.
 
@@ -15,11 +17,13 @@ is built only when the caller names that class (see :func:`lmckit.checkpoint.loa
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +32,7 @@ from torch import nn
 from lmckit.errors import ModelConfigError
 from lmckit.perm import PermutationSpec
 
-__all__ = ["build_custom", "example_batch", "import_model_class"]
+__all__ = ["build_custom", "class_source_digest", "example_batch", "import_model_class"]
 
 
 def import_model_class(target: str) -> type[nn.Module]:
@@ -54,6 +58,37 @@ def import_model_class(target: str) -> type[nn.Module]:
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise ModelConfigError(f"{module_name!r} has no torch.nn.Module class {class_name!r}")
     return cls
+
+
+MAX_PACKAGE_FILES = 500
+
+
+def class_source_digest(cls: type) -> str | None:
+    """SHA-256 over the source files a user's class runs: its module's file, and — when the
+    module is part of a package — every ``.py`` file of that top-level package (helpers the
+    class imports from its own package count; installed libraries do not, and a package of
+    more than :data:`MAX_PACKAGE_FILES` files counts by the module alone). ``None`` for a
+    class without a source file (built in, or defined interactively)."""
+    module = sys.modules.get(cls.__module__)
+    file = getattr(module, "__file__", None)
+    if not file:
+        return None
+    top = sys.modules.get(cls.__module__.split(".")[0])
+    paths = getattr(top, "__path__", None)
+    root = Path(next(iter(paths))) if paths and "." in cls.__module__ else None
+    files = sorted(root.rglob("*.py")) if root is not None else [Path(file)]
+    if len(files) > MAX_PACKAGE_FILES:  # an installed library, not a user's own package
+        root, files = None, [Path(file)]
+    digest = hashlib.sha256()
+    for path in files:
+        try:
+            content = path.read_bytes()
+        except OSError:
+            continue
+        name = str(path.relative_to(root)) if root is not None else path.name
+        digest.update(f"{name}\0{len(content)}\0".encode())
+        digest.update(content)
+    return digest.hexdigest()
 
 
 def build_custom(
@@ -104,6 +139,9 @@ def build_custom(
     }
     if tokens is not None:
         config["tokens"] = tokens
+    source = class_source_digest(cls)
+    if source is not None:  # the code is part of what the model is (and of every key)
+        config["source_sha256"] = source
     # plain attributes (nn.Module keeps non-tensor values in __dict__); the state dict stays
     # the class's own
     object.__setattr__(model, "config", config)

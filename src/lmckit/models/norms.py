@@ -9,6 +9,8 @@ channel's permutation group.
 
 from __future__ import annotations
 
+import math
+
 from torch import Tensor, nn
 
 from lmckit.errors import ModelConfigError
@@ -40,7 +42,20 @@ def make_norm(norm: str | None, channels: int, *, conv: bool) -> nn.Module | Non
 
 
 def scaled_width(base: int, width_multiplier: float) -> int:
-    """``round(base * width_multiplier)``, at least 1."""
-    if not width_multiplier > 0:
-        raise ModelConfigError(f"width_multiplier must be positive, got {width_multiplier!r}")
-    return max(1, round(base * width_multiplier))
+    """``round(base * width_multiplier)``; a multiplier that leaves no unit is an error."""
+    if (
+        isinstance(width_multiplier, bool)
+        or not isinstance(width_multiplier, int | float)
+        or not math.isfinite(width_multiplier)
+        or not width_multiplier > 0
+    ):
+        raise ModelConfigError(
+            f"width_multiplier must be a positive number, got {width_multiplier!r}"
+        )
+    width = round(base * width_multiplier)
+    if width < 1:
+        raise ModelConfigError(
+            f"width_multiplier {width_multiplier:g} leaves a layer of {base} units with none "
+            f"(round({base} × {width_multiplier:g}) = {width}); use more than {0.5 / base:.3g}"
+        )
+    return width
