@@ -41,6 +41,8 @@ def test_mergers_report_progress(name, digits):
     model, spec, params = random_models(3)
     events = []
     options = {"epochs": 1} if "epochs" in MERGERS[name].options() else {}
+    if MERGERS[name].needs_sizes:
+        options["sizes"] = [10, 20, 30]
     MERGERS[name](spec, params, model=model, data=digits, progress=events.append, **options)
     check_stream(events)
 

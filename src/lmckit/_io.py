@@ -327,6 +327,21 @@ def check_not_inputs(
             )
 
 
+def check_outputs(
+    outputs: Iterable[str | os.PathLike],
+    inputs: Iterable[str | os.PathLike] = (),
+    what: str = "--out",
+) -> None:
+    """Before any work: none of ``outputs`` is one of ``inputs``
+    (:func:`check_not_inputs`), and each may be written in its guarded folder
+    (:func:`claim`) — so a folder holding a file of the user's under an output's name is
+    refused before the work, not after it."""
+    outputs = [Path(p) for p in outputs]
+    check_not_inputs(outputs, inputs, what)
+    for path in outputs:
+        claim(path)
+
+
 def check_output_file(
     path: str | os.PathLike,
     what: str,
@@ -350,8 +365,8 @@ def check_output_file(
             found = None
         if found != file_format:
             raise OutputPathError(
-                f"{what} {path} exists and is not an lmckit {file_format} file; refusing to "
-                "overwrite it (choose another name, or remove it first)"
+                f"{what} {path} exists and is not a file lmckit wrote ({file_format}); "
+                "refusing to overwrite it (choose another name, or remove it first)"
             )
     return path
 

@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import math
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -243,6 +244,32 @@ class ProgressBars:
         return callback
 
 
+# -- estimates before long work (lmckit.budget) --------------------------------------------
+def _budget(args: argparse.Namespace):
+    from lmckit.budget import Budget
+
+    return Budget.hours(getattr(args, "max_hours", None))
+
+
+def _per_example(ckpt, data) -> float:
+    """Seconds of one forward pass per example of ``data`` for ``ckpt``'s model (measured)."""
+    from lmckit.budget import forward_seconds
+
+    seconds, n = forward_seconds(ckpt.model, ckpt.params, data.loader("test", batch_size=256))
+    return seconds / max(n, 1)
+
+
+def _wm_sweep_seconds(a, b) -> float:
+    """One weight-matching restart of one sweep for these two checkpoints, measured: a
+    call with three such restarts (after a warm-up call), divided by three."""
+    from lmckit.match import weight_matching
+
+    weight_matching(a.spec, a.params, b.params, max_iter=1)  # compiled kernels, caches
+    start = time.perf_counter()
+    weight_matching(a.spec, a.params, b.params, restarts=3, max_iter=1)
+    return (time.perf_counter() - start) / 3
+
+
 # -- commands ------------------------------------------------------------------------------
 MLP_SHAPE = ("in_dim", "out_dim", "hidden")
 
@@ -380,6 +407,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from lmckit.train import TrainConfig
 
     check_output_dir(args.out, "--out")
+    repeated = sorted({s for s in args.seeds if args.seeds.count(s) > 1})
+    if repeated:
+        raise UsageError(f"--seeds lists {repeated} more than once; one model per seed")
     if args.threads:
         torch.set_num_threads(args.threads)
     data = load_for_model(args.model, args.dataset, args.data_dir, download=not args.no_download)
@@ -413,13 +443,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = TrainConfig.paper_defaults(
             args.model, data.name, **{k: v for k, v in options.items() if v is not None}
         )
-    if "momentum" in args.given and config.optimizer != "sgd":
-        raise UsageError(f"--momentum does not apply here: the optimizer is {config.optimizer}")
-    if "warmup_epochs" in args.given and config.schedule != "warmup_linear":
-        raise UsageError(
-            f"--warmup-epochs does not apply here: the schedule is {config.schedule} "
-            "(use --schedule warmup_linear)"
-        )
 
     def report(outcome) -> None:
         m = outcome.metrics
@@ -450,6 +473,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             on_seed_done=report,
             device=args.device,
             keep_diverged=args.keep_diverged,
+            budget=_budget(args),
         )
     return 0
 
@@ -542,6 +566,7 @@ def cmd_match(args: argparse.Namespace) -> int:
     )
     check_same_architecture(a, b)
     data = _data_for(a, args) if METHODS[args.method].needs_data else None
+    _check_match_budget(args, a, b, data)
     folder = locked_output(args.out.parent, "--out's folder", guard=False)
     with ProgressBars(not args.quiet) as bars, folder:
         result = match_checkpoints(
@@ -566,6 +591,35 @@ def cmd_match(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_match_budget(args: argparse.Namespace, a, b, data) -> None:
+    from lmckit.budget import check_budget
+
+    budget = _budget(args)
+    if args.method in ("wm", "wm-fast"):
+        restarts = args.restarts or 1
+        sweep = _wm_sweep_seconds(a, b) if restarts > 1 else 0.0
+        check_budget(
+            f"weight matching with {restarts} restart(s)",
+            seconds=restarts * 2 * sweep,
+            detail=f"each restart sweeps at least twice; one sweep took {sweep:.2g} s",
+            budget=budget,
+        )
+    if data is not None and args.epochs:
+        per_pass = len(data.train_y) * _per_example(a, data)
+        if args.method == "ste":  # every step projects by weight matching: ≥ one sweep
+            steps = math.ceil(len(data.train_y) / (args.batch_size or 256))
+            per_pass += steps * _wm_sweep_seconds(a, b)
+        check_budget(
+            f"{args.method} for {args.epochs} epoch(s)",
+            seconds=args.epochs * per_pass,
+            detail=f"each epoch ≥ {per_pass:.2g} s: a forward pass over the "
+            f"{len(data.train_y)} training examples"
+            + (" and a weight-matching sweep per step" if args.method == "ste" else "")
+            + ", measured",
+            budget=budget,
+        )
+
+
 def cmd_interpolate(args: argparse.Namespace) -> int:
     from lmckit._io import check_output_dir
     from lmckit.experiments.interpolation import run_interpolate
@@ -576,6 +630,7 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
     if "bn_batches" in args.given and not has_batchnorm(a.params):
         raise UsageError("--bn-batches does not apply here: the model has no BatchNorm")
     data = _data_for(a, args)
+    _check_curve_budget(args, a, data)
     with ProgressBars(not args.quiet) as bars:
         summary = run_interpolate(
             a,
@@ -602,6 +657,24 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
         )
     print(f"curves, barriers and plots -> {args.out}")
     return 0
+
+
+def _check_curve_budget(args: argparse.Namespace, a, data) -> None:
+    """λ values × paths × examples evaluated, and the logits kept for every λ."""
+    from lmckit.budget import check_budget
+
+    examples = len(data.test_y) + (0 if args.test_only else len(data.train_y))
+    paths = 1 if args.perm else len(args.method)
+    count = args.lambdas * paths
+    classes = data.num_classes
+    check_budget(
+        f"{paths} path(s) at {args.lambdas} λ values",
+        seconds=count * examples * _per_example(a, data),
+        memory=args.lambdas * examples * classes * 4,
+        detail=f"{count} evaluations of {examples} examples; each path keeps "
+        f"{args.lambdas} × {examples} × {classes} float32 logits",
+        budget=_budget(args),
+    )
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -740,6 +813,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     ckpts = _load_user_checkpoints(args.checkpoints, args)
     check_checkpoints(ckpts)
     data = _data_for(ckpts[0], args)
+    _check_merge_budget(args, ckpts[0], data)
     options = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size}
     with ProgressBars(not args.quiet) as bars:
         if args.sweep_n:
@@ -799,6 +873,37 @@ def cmd_merge(args: argparse.Namespace) -> int:
         )
     print(f"merged checkpoint, permutations.json, metrics.json, plots -> {args.out}")
     return 0
+
+
+def _check_merge_budget(args: argparse.Namespace, ckpt, data) -> None:
+    from lmckit.budget import check_budget
+
+    budget = _budget(args)
+    per_example = _per_example(ckpt, data)
+    if args.landscape:
+        points = args.landscape**2
+        check_budget(
+            f"a landscape of resolution {args.landscape}",
+            seconds=points * len(data.test_y) * per_example,
+            memory=points * 3 * 8,
+            detail=f"{points} points, each an evaluation of {len(data.test_y)} test examples",
+            budget=budget,
+        )
+    if args.sharpness_probes:
+        # four batches of 1000 per Hessian-vector product, ≥ one forward pass each
+        check_budget(
+            f"sharpness with {args.sharpness_probes} probes",
+            seconds=args.sharpness_probes * 4000 * per_example * 2,
+            detail="per probe and model, a Hessian-vector product over 4 batches",
+            budget=budget,
+        )
+    if args.epochs:
+        check_budget(
+            f"{args.method} for {args.epochs} epoch(s)",
+            seconds=args.epochs * len(data.train_y) * per_example,
+            detail=f"each epoch ≥ a forward pass over {len(data.train_y)} examples",
+            budget=budget,
+        )
 
 
 def _overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
@@ -1075,7 +1180,17 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-download", action="store_true", help="never download datasets")
     p.add_argument("--device", type=_device, default="cpu", help="torch device, e.g. cuda")
     p.add_argument("--seed", type=_seed, default=0)
+    _add_max_hours(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+
+
+def _add_max_hours(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-hours",
+        type=_positive,
+        metavar="H",
+        help="refuse work whose estimated time exceeds H hours (default 24)",
+    )
 
 
 def _add_model_class_arguments(p: argparse.ArgumentParser) -> None:
@@ -1189,6 +1304,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-download", action="store_true", help="never download datasets")
     p.add_argument("--device", type=_device, default="cpu")
     p.add_argument("--threads", type=_int_at_least(1), help="torch CPU threads")
+    _add_max_hours(p)
     p.add_argument(
         "--keep-diverged",
         action="store_true",

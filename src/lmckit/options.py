@@ -134,7 +134,7 @@ def describe(hint: Any) -> str:
 
 
 def _plural(text: str) -> str:
-    """"an integer ≥ 1" → "integers ≥ 1"."""
+    """ "an integer ≥ 1" → "integers ≥ 1"."""
     for article in ("an ", "a "):
         if text.startswith(article):
             noun, _, rest = text[len(article) :].partition(" ")

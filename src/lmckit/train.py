@@ -159,7 +159,10 @@ class TrainConfig:
         """The papers' recipes: MLPs with Adam 1e-3, batch 512, no schedule (Git Re-Basin,
         STE-MM B.1; lmckit's transformers and users' own classes take the same); conv nets
         with SGD(0.9, Nesterov) lr 0.4, weight decay 5e-4, batch 500, warm-up + linear
-        decay, and crop/flip augmentation on CIFAR (STE-MM B.1)."""
+        decay, and crop/flip augmentation on CIFAR (STE-MM B.1). ``overrides`` replace them;
+        an unknown option, or one that does nothing with the resulting optimiser or schedule
+        (``momentum`` for Adam, ``warmup_epochs`` under the constant schedule), is a
+        :class:`TrainConfigError`."""
         if model_name.lower().startswith(("mlp", "vit", "transformer", "custom")):
             base: dict[str, Any] = dict(optimizer="adam", lr=1e-3, batch_size=512)
         else:
@@ -173,7 +176,23 @@ class TrainConfig:
                 schedule="warmup_linear",
                 augment=dataset.startswith("cifar"),
             )
-        return cls(**{**base, **overrides})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise TrainConfigError(f"unknown training option(s) {unknown}; known: {sorted(known)}")
+        config = cls(**{**base, **overrides})
+        for name, applies, why in (
+            ("momentum", config.optimizer == "sgd", f"the optimizer is {config.optimizer}"),
+            ("nesterov", config.optimizer == "sgd", f"the optimizer is {config.optimizer}"),
+            (
+                "warmup_epochs",
+                config.schedule == "warmup_linear",
+                f"the schedule is {config.schedule} (warm-up belongs to warmup_linear)",
+            ),
+        ):
+            if name in overrides and not applies:
+                raise TrainConfigError(f"{name} does not apply: {why}")
+        return config
 
 
 def split_record(config: TrainConfig, data: Dataset) -> dict[str, Any] | None:

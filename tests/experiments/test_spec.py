@@ -33,7 +33,7 @@ def test_the_tiny_file_expands_into_cells():
         ({"grid": {"model.hidden": []}}, "grid.model.hidden must list at least one value"),
         ({"compare": [{"methods": ["magic"]}]}, "compare[0].methods: unknown method 'magic'"),
         ({"compare": [{"pairs": "some"}]}, 'compare[0].pairs must be "all", "first"'),
-        ({"compare": [{"lambdas": 1}]}, "compare[0].lambdas must be at least 2"),
+        ({"compare": [{"lambdas": 1}]}, "compare[0].lambdas must be in [2, 10000]"),
         ({"compare": [{"lambdas": "25"}]}, "compare[0].lambdas must be an integer"),
         ({"compare": [{"splits": {"val": "all"}}]}, "compare[0].splits has unknown key(s)"),
         ({"compare": [{"splits": {"test": -1}}]}, "compare[0].splits.test must be"),
@@ -65,6 +65,54 @@ def test_the_tiny_file_expands_into_cells():
         (
             {"paper": [{"step": "curve", "metric": "x", "value": 1, "source": "T", "n": 5}]},
             "paper[0] has unknown key(s) ['n']",
+        ),
+        # options checked against the method's own signature: names, types, ranges
+        (
+            {"compare": [{"methods": ["ste"], "options": {"ste": {"epoch": 2}}}]},
+            "method 'ste' takes no option(s) ['epoch']; its options: epochs,",
+        ),
+        (
+            {"compare": [{"methods": ["ste"], "options": {"ste": {"epochs": True}}}]},
+            "compare[0].options.ste: epochs must be an integer ≥ 1, got True",
+        ),
+        (
+            {"compare": [{"methods": ["sinkhorn"], "options": {"sinkhorn": {"epochs": 2}}}]},
+            "method 'sinkhorn' takes no option(s) ['epochs']",
+        ),
+        (
+            {"merge": [{"methods": ["star-ste"], "n": [2], "options": {"star-ste": {"lr": "1"}}}]},
+            "lr must be a positive number, got '1'",
+        ),
+        (
+            {"merge": [{"methods": ["ccmm"], "n": [2], "options": {"ccmm": {"max_iter": 0}}}]},
+            "max_iter must be an integer ≥ 1, got 0",
+        ),
+        ({"train": {"epochs": True}}, "epochs must be an integer ≥ 1, got True"),
+        ({"train": {"lr": "0.1"}}, "lr must be a positive number, got '0.1'"),
+        ({"train": {"epoch": 2}}, "unknown training option(s) ['epoch']"),
+        ({"train": {"momentum": 0.5}}, "momentum does not apply: the optimizer is adam"),
+        ({"train": {"warmup_epochs": 1}}, "warmup_epochs does not apply"),
+        (
+            {"train": {"split": {"kind": "random", "clients": 2, "alpha": 0.1}}},
+            "split kind 'random' takes no alpha",
+        ),
+        (
+            {"train": {"split": {"kind": "class-imbalanced", "fraction": 0}}},
+            "split fraction must be in (0, 1)",
+        ),
+        ({"compare": [{"pairs": [[-1, 0]]}]}, "[-1, 0] holds a negative index"),
+        ({"compare": [{"pairs": [[1, 1]]}]}, "[1, 1] pairs a model with itself"),
+        ({"compare": [{"pairs": [[0, 1], [0, 1]]}]}, "with repeats"),
+        ({"compare": [{"pairs": [[True, 0]]}]}, "must be a list of [i, j] index lists"),
+        ({"compare": [{"pairs": []}]}, "must list at least one [i, j]"),
+        ({"compare": [{"lambdas": 10**9}]}, "compare[0].lambdas must be in [2, 10000]"),
+        (
+            {"grid": {f"train.{k}": list(range(1, 30)) for k in ("epochs", "batch_size", "seed")}},
+            "the grid has 24,389 cells (29 × 29 × 29)",
+        ),
+        (
+            {"seeds": list(range(1000)), "compare": [{"pairs": "all", "methods": ["none"]}]},
+            "expands into about 1,000,000 jobs",
         ),
     ],
 )
@@ -120,3 +168,39 @@ def test_variants_are_crossed_with_the_grid(tmp_path):
     assert cells[0]["train"] == {"epochs": 4}
     assert cells[3]["train"] == {"epochs": 2, "lr": 0.01}
     assert cells[3]["model"] == {"name": "mlp", "width_multiplier": 2}
+
+
+def test_overrides_reach_nested_keys_and_blocks_by_index():
+    experiment = load_experiment(
+        TINY, {"compare.0.lambdas": 3, "train.split.kind": "random", "train.split.clients": 2}
+    )
+    assert experiment.compare[0].lambdas == 3
+    assert experiment.train["split"] == {"kind": "random", "clients": 2}
+    assert experiment.overrides == {
+        "compare.0.lambdas": 3, "train.split.kind": "random", "train.split.clients": 2
+    }  # fmt: skip
+    assert "lambdas = 3" in experiment.as_run() and experiment.as_run().startswith("# lmckit")
+    with pytest.raises(ExperimentError, match="compare is a list of blocks; name one"):
+        load_experiment(TINY, {"compare.lambdas": 3})
+    with pytest.raises(ExperimentError, match="name one by its index"):
+        load_experiment(TINY, {"compare.5.lambdas": 3})
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path):
+    (tmp_path / "latin.toml").write_bytes('name = "caf\xe9"\n'.encode("latin-1"))
+    with pytest.raises(ExperimentError, match=r"latin.toml is not UTF-8 text .*byte 11 is 0xe9"):
+        load_experiment(tmp_path / "latin.toml")
+
+
+def test_model_options_are_typed_once_the_data_is_known(digits):
+    from lmckit.experiments.spec import model_configs
+
+    for model, message in (
+        ({"name": "mlp", "hidden": "64"}, "hidden must be a list of integers ≥ 1, got '64'"),
+        ({"name": "mlp", "hidden": [8], "width_multiplier": 2}, "not both"),
+        ({"name": "vgg11", "skip": True}, "vgg11 takes no skip"),
+        ({"name": "mlp", "width_multiplier": 1e-4}, "leaves a layer of 512 units with none"),
+    ):
+        experiment = parse_experiment({**BASE, "model": model})
+        with pytest.raises(ExperimentError, match=message):
+            model_configs(experiment, lambda _name: digits)

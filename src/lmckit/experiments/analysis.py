@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmckit._io import atomic_write_json, check_not_inputs, prepare_output_dir, writes_folder
+from lmckit._io import atomic_write_json, check_outputs, prepare_output_dir, writes_folder
 from lmckit.analysis.counterexample import (
     counterexample_data,
     counterexample_error,
@@ -227,7 +227,9 @@ def run_analyze(
     if layerwise and data is None:
         raise UsageError("the layerwise analysis needs a dataset (it runs the models on data)")
     out = Path(out)
-    check_not_inputs([out / "analysis.json"], [*a.files, *b.files])
+    names = ["analysis.json", "store", "spectra.png", "alignment.png", "alignment-merged.png"]
+    names += ["distances.png", "taylor.png", "layerwise.json", "flatness.png"]
+    check_outputs([out / n for n in names], [*a.files, *b.files])
     perms: dict[str, Permutation] = {}
     if perm_file is not None:
         perms["given"] = load_permutation(perm_file, a.spec)

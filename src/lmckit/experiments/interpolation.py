@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lmckit._io import atomic_write_json, check_not_inputs, prepare_output_dir, writes_folder
+from lmckit._io import atomic_write_json, check_outputs, prepare_output_dir, writes_folder
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset
 from lmckit.errors import UsageError
@@ -175,7 +175,8 @@ def run_interpolate(
         )
         for suffix in suffixes
     ]
-    check_not_inputs(outputs, [*a.files, *b.files, *([perm_file] if perm_file else [])])
+    inputs = [*a.files, *b.files, *([perm_file] if perm_file else [])]
+    check_outputs([*outputs, out / "store"], inputs)
     perms: dict[str, Permutation] = {}
     if perm_file is not None:
         perms["given"] = load_permutation(perm_file, a.spec)

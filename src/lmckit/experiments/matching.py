@@ -39,11 +39,13 @@ def check_distinct(ckpts: Sequence[Checkpoint]) -> None:
     for i, c in enumerate(ckpts):
         for other in ckpts[:i]:
             if c.weights_sha256 and c.weights_sha256 == other.weights_sha256:
-                same = c.path.resolve() == other.path.resolve()
-                how = "is given twice" if same else "is the same file or a copy of"
+                if c.path.resolve() == other.path.resolve():
+                    how = f"{c.path} is given twice"
+                else:
+                    how = f"{c.path} is the same file as {other.path}, or a copy of it"
                 raise UsageError(
-                    f"checkpoint {c.path} {how} {other.path} (identical weights); a model "
-                    "compared with itself measures nothing"
+                    f"checkpoint {how} (identical weights); a model compared with itself "
+                    "measures nothing"
                 )
             if c.params.keys() == other.params.keys() and all(
                 torch.equal(c.params[k], other.params[k]) for k in c.params

@@ -14,7 +14,7 @@ from safetensors.torch import save as save_tensors
 from lmckit._io import (
     atomic_write_bytes,
     atomic_write_json,
-    check_not_inputs,
+    check_outputs,
     prepare_output_dir,
     writes_folder,
 )
@@ -135,7 +135,7 @@ def run_merge(
     check_checkpoints(ckpts, data)
     names = ("merged.safetensors", "merged.json", "permutations.json", "metrics.json")
     names += ("geometry.png", "landscape.json", "landscape.png")
-    check_not_inputs([Path(out) / n for n in names], [f for c in ckpts for f in c.files])
+    check_outputs([Path(out) / n for n in names], [f for c in ckpts for f in c.files])
     if sharpness_probes and sharpness_probes < 2:
         raise UsageError(f"sharpness needs at least 2 probes, got {sharpness_probes}")
     if landscape and landscape < 2:
@@ -411,7 +411,7 @@ def sweep(
     check_checkpoints(ckpts, data)
     outputs = [Path(out) / n for n in ("sweep.json", "sweep.png")]
     outputs += [Path(out) / "sweep" / f"{m}-n{n}.json" for m in methods for n in ns]
-    check_not_inputs(outputs, [f for c in ckpts for f in c.files])
+    check_outputs([*outputs, Path(out) / "store"], [f for c in ckpts for f in c.files])
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise UsageError(f"unknown merging method(s) {unknown}; choose from {sorted(METHODS)}")

@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
 from lmckit._io import atomic_write_bytes
-from lmckit.errors import UsageError
+from lmckit.errors import OutputPathError, UsageError
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.spec import VARIANT_KEY
 from lmckit.experiments.store import Store
@@ -710,6 +710,9 @@ pre { background: #f6f6f6; padding: 0.8rem; overflow-x: auto; font-size: 0.8rem;
 """
 
 
+GENERATOR = "<meta name='generator' content='lmckit report'>"
+
+
 def write_report(out: str | Path) -> Path:
     """Write ``out/report.html`` for the experiment run in ``out``; returns its path.
 
@@ -719,6 +722,13 @@ def write_report(out: str | Path) -> Path:
     out = Path(out)
     if not (out / "ledger.sqlite").is_file():
         raise UsageError(f"{out} holds no experiment run (no ledger.sqlite)")
+    existing = out / "report.html"
+    head = existing.read_bytes()[:4096] if existing.is_file() else b""
+    ours = GENERATOR.encode() in head or b"lmckit report</title>" in head  # older reports
+    if (existing.exists() or existing.is_symlink()) and not ours:
+        raise OutputPathError(
+            f"{existing} exists and is not a report lmckit wrote; refusing to overwrite it"
+        )
     ledger = Ledger(out / "ledger.sqlite", create=False)
     try:
         jobs, metrics, runs = ledger.jobs(), ledger.metrics(), ledger.runs()
@@ -744,7 +754,7 @@ def write_report(out: str | Path) -> Path:
     environment = runs[-1]["environment"] if runs else {}
     overrides = runs[-1]["overrides"] if runs else {}
     parts = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>{GENERATOR}",
         f"<title>{html.escape(raw.get('name', 'experiment'))} — lmckit report</title>",
         f"<style>{STYLE}</style></head><body>",
         f"<h1>{html.escape(raw.get('name', 'experiment'))}</h1>",

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from lmckit import __version__
-from lmckit._io import atomic_write_bytes, writes_folder
+from lmckit._io import atomic_write_bytes, check_outputs, writes_folder
 from lmckit.errors import LmcError
 from lmckit.experiments.dag import build_jobs
 from lmckit.experiments.executors import make_executor, usable_cores
@@ -120,6 +120,7 @@ def run_experiment(
     def data_for(model_name: str):
         return dataset_for(model_name, experiment.dataset, data_key, download)
 
+    check_outputs([out / n for n in ("experiment.toml", "ledger.sqlite", "store")])
     configs = model_configs(experiment, data_for)
     all_jobs = build_jobs(experiment, configs)
     as_run = experiment.as_run()

@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -381,8 +382,10 @@ def _parse_compare(raw: Any, where: str) -> Compare:
         block.get("methods", ["none", "wm-fast"]), f"{where}.methods", {"none", *MATCHERS}
     )
     lambdas = _expect(block.get("lambdas", 25), int, f"{where}.lambdas")
-    if lambdas < 2:
-        raise ExperimentError(f"{where}.lambdas must be at least 2, got {lambdas}")
+    if not 2 <= lambdas <= MAX_LAMBDAS:
+        raise ExperimentError(
+            f"{where}.lambdas must be in [2, {MAX_LAMBDAS}] (points along each path), got {lambdas}"
+        )
     splits = _splits(block.get("splits", {"test": "all"}), f"{where}.splits")
     analyses = tuple(
         _expect(a, str, f"{where}.analyses[]")
@@ -505,6 +508,41 @@ def _override(raw: dict[str, Any], dotted: str, value: Any) -> None:
     target[parts[-1]] = value
 
 
+MAX_CELLS = 10_000
+MAX_JOBS = 200_000
+MAX_LAMBDAS = 10_000  # points along one path: the papers use 25, a fine curve a few hundred
+
+
+def _check_size(grid, variants, seeds, compare, merge, triplets) -> None:
+    """Count the cells and jobs before expanding anything: a grid or seed list so large
+    that expanding it would take minutes or all the memory is refused with its count."""
+    cells = math.prod(len(v) for v in grid.values()) * max(1, len(variants))
+    if cells > MAX_CELLS:
+        sizes = " × ".join(str(len(v)) for v in grid.values())
+        raise ExperimentError(
+            f"the grid has {cells:,} cells ({sizes}"
+            + (f" × {len(variants)} variants" if variants else "")
+            + f"); lmckit runs at most {MAX_CELLS:,} per experiment — split it into files"
+        )
+    n = len(seeds)
+    per_cell = n
+    for block in compare:
+        pairs = n * (n - 1) // 2 if block.pairs == "all" else len(block.pair_list(n))
+        per_cell += pairs * len(block.methods) * (2 + bool(block.analyses))
+    for block in triplets:
+        per_cell += (
+            (n // 3 if block.triples == "disjoint" else len(block.triples)) * len(block.methods) * 3
+        )
+    for block in merge:
+        per_cell += len(block.methods) * len(block.n)
+    if cells * per_cell > MAX_JOBS:
+        raise ExperimentError(
+            f"the experiment expands into about {cells * per_cell:,} jobs ({cells:,} cells × "
+            f"{per_cell:,}; {n} seeds); lmckit runs at most {MAX_JOBS:,} per experiment — "
+            "use fewer seeds or pairs, or split it into files"
+        )
+
+
 def parse_experiment(
     raw: Mapping[str, Any], text: str = "", overrides: Mapping[str, Any] | None = None
 ) -> Experiment:
@@ -557,6 +595,7 @@ def parse_experiment(
         _parse_triplets(block, f"triplets[{i}]")
         for i, block in enumerate(_expect(raw.get("triplets", []), list, "triplets"))
     )
+    _check_size(grid, variants, seeds, compare, merge, triplets)
     for i, block in enumerate(triplets):
         chosen = block.triple_list(len(seeds))
         if not chosen:
@@ -704,8 +743,13 @@ def load_experiment(path: str | Path, overrides: Mapping[str, Any] | None = None
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
         raw = tomllib.loads(text)
+    except UnicodeDecodeError as exc:
+        byte = exc.object[exc.start]
+        raise ExperimentError(
+            f"{path} is not UTF-8 text (TOML files are): byte {exc.start} is {byte:#x}"
+        ) from None
     except OSError as exc:
         raise ExperimentError(
             f"cannot read experiment file {path}: {exc.strerror or exc}"

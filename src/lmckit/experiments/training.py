@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 
 from lmckit._io import prepare_output_dir, writes_folder
+from lmckit.budget import Budget, check_budget, forward_seconds
 from lmckit.checkpoint import checkpoint_paths, save_checkpoint, verify_checkpoint
 from lmckit.data import Dataset, Split, canonical_name, load_dataset
 from lmckit.data.datasets import INPUT_SHAPES
@@ -229,6 +230,30 @@ def training_key(
     )
 
 
+def check_training_budget(
+    model_name: str,
+    model_config: dict[str, Any],
+    data: Dataset,
+    config: TrainConfig,
+    budget: Budget | None,
+) -> None:
+    """Refuse a model whose weights, gradients and optimiser state would not fit in memory
+    (counted on the meta device: nothing is allocated) — a width multiplier of 10⁴ is an
+    error in a second, not a ``MemoryError`` after minutes."""
+    if budget is None:
+        return
+    with torch.device("meta"):
+        skeleton = build_model(model_name, **model_config)
+    numel = sum(t.numel() for t in skeleton.state_dict().values())
+    copies = 4 if config.optimizer in ("adam", "adamw", "sophia") else 3  # θ, ∇, moments
+    check_budget(
+        f"{model_name} with {numel:,} parameters",
+        memory=numel * 4 * copies,
+        detail=f"{copies} float32 copies: weights, gradients and {config.optimizer}'s state",
+        budget=budget,
+    )
+
+
 def train_checkpoint(
     model_name: str,
     model_config: dict[str, Any],
@@ -239,6 +264,7 @@ def train_checkpoint(
     progress: ProgressCallback | None = None,
     device: str = "cpu",
     keep_diverged: bool = False,
+    budget: Budget | None = None,
 ) -> SeedOutcome:
     """Train one model into the checkpoint ``stem`` — or reuse the checkpoint there if it
     records exactly this training's key (and its weights verify).
@@ -247,7 +273,9 @@ def train_checkpoint(
     ``stem``: its last good state is saved as ``<stem>-last-good`` (recording the
     divergence, without a training key, so it is never taken for a finished run) and the
     error says where. ``keep_diverged``: a run whose loss rose but stayed finite is trained
-    to the end and saved at ``stem``, its sidecar recording the divergence.
+    to the end and saved at ``stem``, its sidecar recording the divergence. ``budget``: the
+    model's memory and the run's time are estimated first (:func:`check_training_budget`,
+    one forward pass timed) and a run beyond it is refused.
 
     Raises:
         CheckpointError: a checkpoint exists at ``stem`` with another key; the message lists
@@ -268,7 +296,19 @@ def train_checkpoint(
         return SeedOutcome(
             config.seed, weights, True, meta.get("metrics", {}), 0.0, meta.get("diverged")
         )
+    check_training_budget(model_name, model_config, data, config, budget)
     model = init_model(model_name, model_config, config.model_seed).to(device)
+    if budget is not None:
+        per_example = forward_seconds(model, None, data.loader("test", batch_size=256))
+        per_example_s = per_example[0] / max(per_example[1], 1)
+        examples = train_examples(config, data)
+        check_budget(
+            f"training {model_name} for {config.epochs} epoch(s)",
+            seconds=config.epochs * examples * per_example_s,
+            detail=f"each epoch ≥ a forward pass over {examples} examples, "
+            f"{examples * per_example_s:.2g} s measured",
+            budget=budget,
+        )
     try:
         result = train(model, data, config, progress=progress, keep_diverged=keep_diverged)
     except TrainingDiverged as exc:
@@ -329,6 +369,7 @@ def train_seeds(
     on_seed_done: Callable[[SeedOutcome], None] | None = None,
     device: str = "cpu",
     keep_diverged: bool = False,
+    budget: Budget | None = None,
 ) -> list[SeedOutcome]:
     """Train ``model_name`` once per seed (seed fixes initialisation and data order) into
     ``out/<model>-<dataset>-seed<N>``; a checkpoint already there is reused only if it
@@ -337,7 +378,7 @@ def train_seeds(
     Args:
         progress: ``seed -> callback`` for per-step progress of that seed's training.
         on_seed_done: called after each seed (trained or skipped).
-        keep_diverged: see :func:`train_checkpoint`.
+        keep_diverged, budget: see :func:`train_checkpoint`.
 
     Raises:
         CheckpointError: a checkpoint for this model/dataset/seed exists in ``out`` but was
@@ -356,6 +397,7 @@ def train_seeds(
             progress=progress(seed) if progress else None,
             device=device,
             keep_diverged=keep_diverged,
+            budget=budget,
         )
         outcomes.append(outcome)
         if on_seed_done is not None:
