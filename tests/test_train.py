@@ -1,13 +1,14 @@
 """Training: configuration checks, schedules, learning, determinism."""
 
 import itertools
+import math
 
 import pytest
 import torch
 
 from lmckit.data import load_dataset
 from lmckit.errors import TrainConfigError
-from lmckit.train import TrainConfig, init_model, lr_factor, train
+from lmckit.train import TrainConfig, TrainingDiverged, init_model, lr_factor, train
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +110,46 @@ def test_divergence_is_an_error(synthetic):
     model = init_model("mlp", {"in_dim": 32, "hidden": [64], "out_dim": 4}, seed=0)
     with pytest.raises(TrainConfigError, match="diverged"):
         train(model, synthetic, TrainConfig(epochs=1, optimizer="sgd", lr=1e12, momentum=0.9))
+
+
+def test_a_finite_but_exploding_loss_is_a_divergence_that_keeps_the_last_good_state(digits):
+    """SGD warmed up to lr 20 on digits: two epochs learn, the third blows the loss up far
+    above its start but keeps it finite — the old check (non-finite only) let such a run
+    exit 0. The error carries the state after the last good epoch (what a snapshot there
+    holds), and the model is left at it."""
+    config = {"in_dim": 64, "hidden": [32], "out_dim": 10}
+    recipe = TrainConfig(
+        epochs=3, lr=20.0, optimizer="sgd", batch_size=64,
+        schedule="warmup_linear", warmup_epochs=2.9,
+    )  # fmt: skip
+    seen = {}
+    model = init_model("mlp", config, seed=0)
+    with pytest.raises(TrainingDiverged, match="diverged in epoch 3") as exc:
+        train(
+            model,
+            digits,
+            recipe,
+            snapshots=[2],
+            on_snapshot=lambda epoch, _r: seen.update(
+                {k: v.clone() for k, v in model.state_dict().items()}
+            ),
+        )
+    err = exc.value
+    assert err.last_good_epoch == 2 and err.epoch == 3 and len(err.history) == 2
+    assert math.isfinite(err.loss) and err.loss > err.start_loss + max(1.0, err.start_loss)
+    for k, v in seen.items():
+        assert torch.equal(err.last_good[k], v), k
+        assert torch.equal(model.state_dict()[k], v), k
+    kept = init_model("mlp", config, seed=0)
+    result = train(kept, digits, recipe, keep_diverged=True)
+    assert result.extra["diverged"]["epoch"] == 3 and len(result.history) == 3
+
+
+def test_a_run_that_learns_is_not_a_divergence(digits):
+    model = init_model("mlp", {"in_dim": 64, "hidden": [32], "out_dim": 10}, seed=0)
+    result = train(model, digits, TrainConfig(epochs=3, batch_size=64, lr=1e-2))
+    losses = [h.train_loss for h in result.history]
+    assert "diverged" not in result.extra and losses == sorted(losses, reverse=True)
 
 
 @pytest.mark.parametrize(

@@ -172,10 +172,9 @@ class Ledger:
         return {"status": row[0], "error": row[1]} if row else None
 
     def computed_before(self, key: str) -> int:
-        """How many times a job with result key ``key`` was run in this folder before."""
-        row = self.db.execute(
-            "SELECT MAX(attempts) FROM jobs WHERE key = ? AND run < ?", (key, self._current())
-        ).fetchone()
+        """How many times the result with key ``key`` was computed in this folder so far —
+        by any job of any run (two jobs may share one result)."""
+        row = self.db.execute("SELECT MAX(attempts) FROM jobs WHERE key = ?", (key,)).fetchone()
         return int(row[0] or 0)
 
     def started(self, name: str) -> None:

@@ -1,0 +1,77 @@
+"""The ledger says exactly what ran: one row per job even where two jobs share a stored
+result, a reused result with its original timing and flagged as reused, and only the latest
+run's configuration in what ``status`` and ``report`` read."""
+
+import pytest
+
+from lmckit.cli import main
+from lmckit.experiments.ledger import Ledger
+from lmckit.experiments.report import write_report
+from lmckit.experiments.runner import run_experiment
+from lmckit.experiments.spec import load_experiment
+from tests.experiments.conftest import TINY, read_ledger
+
+SMALL = {
+    "seeds": [0, 1],
+    "grid.model.hidden": [[16, 16]],
+    "train.epochs": 1,
+    "compare.0.methods": ["none", "wm", "wm-fast"],
+    "compare.0.pairs": "first",
+    "merge.0.n": [2],
+}
+
+
+def _run(out, **overrides):
+    return run_experiment(load_experiment(TINY, {**SMALL, **overrides}), out, log=lambda _m: None)
+
+
+def test_jobs_whose_results_coincide_keep_a_row_each(tmp_path):
+    """WM and its warm-started twin reach the same permutation, so their curves are one
+    stored artifact — and still two jobs, two rows, each with its metrics."""
+    summary = _run(tmp_path)
+    assert summary.complete
+    jobs, metrics = read_ledger(tmp_path)
+    cold, warm = jobs["curve/b0/c0/0-1/wm"], jobs["curve/b0/c0/0-1/wm-fast"]
+    assert cold["key"] == warm["key"] and cold["status"] == warm["status"] == "done"
+    for name in ("curve/b0/c0/0-1/wm", "curve/b0/c0/0-1/wm-fast"):
+        assert (name, "test.loss.barrier.rebasin") in metrics
+    # the second of the two found the first one's result: reused, and says so
+    assert sorted([cold["reused"], warm["reused"]]) == [False, True]
+    report = write_report(tmp_path).read_text()
+    assert report.count("curve/b0/c0/0-1/wm<") == 1 and "curve/b0/c0/0-1/wm-fast" in report
+
+
+def test_a_reused_job_keeps_its_original_times_and_attempts(tmp_path):
+    _run(tmp_path)
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    first = {j["name"]: j for j in ledger.jobs(1)}
+    ledger.close()
+    again = _run(tmp_path)
+    assert not again.done and again.reused
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    second = {j["name"]: j for j in ledger.jobs(2)}
+    ledger.close()
+    for name, row in second.items():
+        original = first[name]
+        assert row["reused"] and row["status"] == "done", name
+        assert row["attempts"] == original["attempts"] <= 1, name  # not run again
+        assert row["seconds"] == pytest.approx(original["seconds"]), name
+        # the store records when it was computed (to the second): the first run's time
+        assert abs(row["finished"] - original["finished"]) < 1.5, name
+
+
+def test_a_rerun_with_other_settings_replaces_what_status_and_report_read(tmp_path, capsys):
+    _run(tmp_path)
+    _run(tmp_path, **{"train.epochs": 2})
+    fresh = tmp_path / "fresh"
+    _run(fresh, **{"train.epochs": 2})
+    jobs, metrics = read_ledger(tmp_path)
+    fresh_jobs, fresh_metrics = read_ledger(fresh)
+    assert {n: j["key"] for n, j in jobs.items()} == {n: j["key"] for n, j in fresh_jobs.items()}
+    assert metrics.keys() == fresh_metrics.keys()
+    assert all(metrics[k] == pytest.approx(fresh_metrics[k], rel=1e-9) for k in metrics)
+    assert main(["status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "run 2 of 2" in out and "train.epochs=2" in out
+    train = next(line for line in out.splitlines() if line.startswith("train"))
+    assert train.split()[1:5] == ["0", "0", "2", "0"]  # two models done, not four
