@@ -4,7 +4,7 @@
 # the demo. Never fails the setup: every lmckit job also runs on bundled data.
 set -u
 python=${1:-python3}
-target=/usr/share/datasets/fashion-mnist
+target=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}  # overridable for tests
 if [ -d "$target" ] && ls "$target"/*idx* >/dev/null 2>&1; then
   echo "Fashion-MNIST: found in $target"
 elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

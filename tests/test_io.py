@@ -44,3 +44,41 @@ def test_atomic_writes_leave_the_old_file_on_failure(tmp_path):
         raise RuntimeError
     assert (tmp_path / "a.json").read_text().strip().endswith("}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+
+
+def test_a_guarded_folder_never_overwrites_what_lmckit_did_not_write(tmp_path):
+    """Inside ``locked_output`` every write is claimed first: a user's file under an
+    output's name is refused (and left as it was), lmckit's own outputs are rewritten."""
+    from lmckit._io import MANIFEST, check_outputs, locked_output
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "experiment.toml").write_text("the user's\n")
+    with locked_output(out):
+        atomic_write_json(out / "results.json", {"a": 1})
+        atomic_write_json(out / "results.json", {"a": 2})  # its own: rewritten
+        atomic_write_json(out / "sub" / "deep.json", {})  # under a folder it created
+        with pytest.raises(OutputPathError, match=r"experiment\.toml already exists and was not"):
+            atomic_write_json(out / "experiment.toml", {})
+        with pytest.raises(OutputPathError, match="not written by lmckit"):
+            check_outputs([out / "experiment.toml"])
+    assert (out / "experiment.toml").read_text() == "the user's\n"
+    with locked_output(out):  # a later command: what lmckit wrote there is still its own
+        atomic_write_json(out / "results.json", {"a": 3})
+    import json
+
+    listed = json.loads((out / MANIFEST).read_text())["entries"]
+    assert sorted(listed) == ["results.json", "sub"]
+    # outside any held folder nothing is guarded (a library caller writes where it likes)
+    atomic_write_json(out / "experiment.toml", {"mine": True})
+
+
+def test_a_folder_an_older_lmckit_wrote_is_adopted_whole(tmp_path):
+    """Locked before (``.lmckit.lock``) but no list of files: written by an lmckit that kept
+    none — its files are lmckit's."""
+    from lmckit._io import locked_output
+
+    (tmp_path / ".lmckit.lock").write_text("")
+    (tmp_path / "interpolation.json").write_text("{}")
+    with locked_output(tmp_path):
+        atomic_write_json(tmp_path / "interpolation.json", {"new": True})

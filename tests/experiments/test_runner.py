@@ -9,6 +9,7 @@ import time
 import tomllib
 
 import pytest
+import torch
 
 import lmckit.experiments.steps as steps
 from lmckit.experiments.ledger import Ledger
@@ -196,3 +197,46 @@ def test_default_threads_follow_the_cpu_affinity_not_the_machine(monkeypatch):
     assert executors.usable_cores() == 6
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert executors.usable_cores() == 1
+
+
+class KilledInTraining(torch.nn.Module):
+    """A user's MLP whose worker dies (SIGKILL, as the kernel's OOM killer does) when it
+    trains while the file ``$LMCKIT_TEST_KILL`` exists; tracing and evaluation survive."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 8)
+        self.out = torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        marker = os.environ.get("LMCKIT_TEST_KILL")
+        if self.training and torch.is_grad_enabled() and marker and os.path.exists(marker):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.out(torch.relu(self.fc(x.flatten(1))))
+
+
+def test_a_killed_worker_interrupts_the_run_cleanly_and_a_rerun_finishes(tmp_path, monkeypatch):
+    """Killing one of ``--jobs 2``'s workers used to end the driver in "internal error
+    (BrokenProcessPool)": now the run stops with a clear error, the jobs in flight are
+    recorded as interrupted, finished results stay, and the same command finishes."""
+    from lmckit.errors import LmcError
+
+    marker = tmp_path / "kill"
+    marker.write_text("")
+    monkeypatch.setenv("LMCKIT_TEST_KILL", str(marker))
+    (tmp_path / "e.toml").write_text(
+        'seeds = [0, 1]\nthreads = 1\n[data]\ndataset = "digits"\n[model]\nname = "custom"\n'
+        'class = "tests.experiments.test_runner:KilledInTraining"\n[train]\nepochs = 1\n'
+        '[[compare]]\nmethods = ["none"]\nlambdas = 3\n'
+    )
+    experiment = load_experiment(tmp_path / "e.toml")
+    out = tmp_path / "run"
+    with pytest.raises(LmcError, match=r"a worker process died .* rerun the same command"):
+        run_experiment(experiment, out, jobs=2, **QUIET)
+    ledger = Ledger(out / "ledger.sqlite")
+    statuses = {j["name"]: j["status"] for j in ledger.jobs()}
+    ledger.close()
+    assert "interrupted" in statuses.values() and "failed" not in statuses.values()
+    marker.unlink()
+    summary = run_experiment(experiment, out, jobs=2, **QUIET)
+    assert summary.complete and len(summary.done) + len(summary.reused) == 3

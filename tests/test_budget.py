@@ -1,0 +1,33 @@
+"""Estimates before long work: refusals name the estimate, how it was made and the limit."""
+
+import pytest
+
+from lmckit.budget import (
+    Budget,
+    ResourceError,
+    available_memory,
+    check_budget,
+    human_bytes,
+    human_seconds,
+)
+from lmckit.errors import UsageError
+
+
+def test_human_units():
+    assert human_seconds(12) == "12 s"
+    assert human_seconds(90) == "1.5 min"
+    assert human_seconds(86400) == "24 h"
+    assert human_seconds(3 * 86400) == "3 days"
+    assert human_seconds(5 * 365.25 * 86400) == "5 years"
+    assert human_bytes(3 << 30) == "3 GiB" and human_bytes(512) == "512 B"
+
+
+def test_a_request_beyond_the_budget_is_refused_with_its_estimate():
+    check_budget("x", seconds=3600, memory=1 << 20, budget=Budget.hours(2))  # fits
+    with pytest.raises(ResourceError, match=r"y would take at least 3 days \(z\), more than "
+                       r"the 2 h allowed.*--max-hours") as exc:  # fmt: skip
+        check_budget("y", seconds=3 * 86400, detail="z", budget=Budget.hours(2))
+    assert isinstance(exc.value, UsageError)  # the command line exits 2
+    with pytest.raises(ResourceError, match=r"would need at least 2 GiB of memory.*1 GiB is"):
+        check_budget("w", memory=2 << 30, budget=Budget(memory=1 << 30))
+    assert available_memory() > 0
