@@ -50,7 +50,7 @@ CASES = {
     "wm-seed-str": (lambda: weight_matching(SPEC, A, B, seed="x"), "seed must be an integer"),
     "wm-seed-negative": (lambda: weight_matching(SPEC, A, B, seed=-1), "seed must be"),
     "wm-lap-backend": (lambda: weight_matching(SPEC, A, B, lap_backend="foo"), "backend"),
-    "wm-duals": (lambda: weight_matching(SPEC, A, B, duals={"hidden0": 3}), "duals must map"),
+    "wm-duals": (lambda: weight_matching(SPEC, A, B, duals={"h": 3}), "duals must be a table of"),
     "wm-init-dict": (lambda: weight_matching(SPEC, A, B, init={}), "init must be a Permutation"),
     "am-data-misfit": (
         lambda: activation_matching(SPEC, A, B, model=NET, data=WRONG_X),
@@ -117,6 +117,11 @@ CASES = {
     "model-hidden-digits": (lambda: build_model("mlp", hidden="16"), "hidden must be a list of"),
     "model-width-negative": (lambda: build_model("vgg", width_multiplier=-1), "width_multiplier"),
     "dataset-name-int": (lambda: load_dataset(42), "must be a string"),
+    "wm-running-stats-str": (
+        lambda: weight_matching(SPEC, A, B, include_running_stats="yes"),
+        "include_running_stats must be true or false",
+    ),
+    "sinkhorn-tau-bool": (lambda: sinkhorn_matching(SPEC, A, B, tau=True), "tau must be a pos"),
     "train-data-misfit": (
         lambda: train(build_model("mlp", in_dim=64, hidden=[4]), SYNTHETIC, TrainConfig(epochs=1)),
         "does not fit MLP",

@@ -40,6 +40,7 @@ __all__ = [
     "Range",
     "check_options",
     "check_value",
+    "checked",
     "describe",
     "option_hints",
 ]
@@ -126,7 +127,8 @@ def describe(hint: Any) -> str:
         item = args[0] if args else Any
         return f"a list of {_plural(describe(item))}" if item is not Any else "a list"
     if origin in (dict, collections.abc.Mapping):
-        return "a table"
+        value = args[1] if len(args) == 2 else Any
+        return "a table" if value is Any else f"a table of {_plural(describe(value))}"
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
     if hint in names:
         return names[hint]
@@ -225,3 +227,26 @@ def check_options(
         if name in hints:
             check_value(name, value, hints[name], where=where)
     return dict(options)
+
+
+COMMON = frozenset({"model", "data", "init", "seed", "progress", "reference"})
+"""The family signature's shared arguments, which each function checks itself (with
+messages about what they must hold, beyond their type)."""
+
+
+def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a matcher or merger so that every keyword option a caller passes is checked
+    against the function's own hints (:func:`check_value`) before it runs — the same schema
+    the command line and experiment files are checked against."""
+    parameters = inspect.signature(fn).parameters
+    options = {n for n, p in parameters.items() if p.kind is p.KEYWORD_ONLY and n not in COMMON}
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        hints = _hints(fn)
+        for name in options & set(kwargs):
+            if name in hints:
+                check_value(name, kwargs[name], hints[name], where=f"{fn.__name__}: ")
+        return fn(*args, **kwargs)
+
+    return wrapper

@@ -30,7 +30,7 @@ from lmckit.functional import check_model_fits, forward, module_mode
 from lmckit.lap import assign_groups
 from lmckit.match._functional import batches_per_pass, require_model_and_data
 from lmckit.match.result import MatchResult, check_inputs
-from lmckit.options import Count
+from lmckit.options import Count, checked
 from lmckit.params import Params, params_distance
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
@@ -137,6 +137,7 @@ def _taps_for(model: nn.Module, spec: PermutationSpec, taps, x: Tensor):
 
 
 @torch.no_grad()
+@checked
 def activation_matching(
     spec: PermutationSpec,
     params_a: Params,

@@ -32,7 +32,7 @@ from lmckit.match._functional import (
     require_model_and_data,
 )
 from lmckit.match.result import MatchResult, check_inputs
-from lmckit.options import Count, Positive
+from lmckit.options import Count, Positive, checked
 from lmckit.params import Params, detached, is_running_stat, lerp_params, params_distance
 from lmckit.perm import Permutation, PermutationSpec, axis_groups, group_rows, put_group_rows
 from lmckit.progress import ProgressCallback, notify
@@ -62,6 +62,7 @@ def soft_apply(spec: PermutationSpec, params: Params, soft: Mapping[str, Tensor]
     return out
 
 
+@checked
 def sinkhorn_matching(
     spec: PermutationSpec,
     params_a: Params,

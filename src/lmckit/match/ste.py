@@ -30,7 +30,7 @@ from lmckit.match._functional import (
 )
 from lmckit.match.result import MatchResult, check_inputs
 from lmckit.match.weight_matcher import WeightMatcher
-from lmckit.options import Count, Positive
+from lmckit.options import Count, Positive, checked
 from lmckit.params import Params, detached, lerp_params, params_distance
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
@@ -43,6 +43,7 @@ def _midpoint_loss(model, params_a, params_b, perm, batches) -> float:
     return sum(losses) / len(losses)
 
 
+@checked
 def ste_matching(
     spec: PermutationSpec,
     params_a: Params,

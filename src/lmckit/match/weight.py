@@ -28,7 +28,7 @@ from lmckit._checks import check_int
 from lmckit.lap import LapDuals, assign_heads
 from lmckit.match.result import MatchResult, check_duals, check_inputs, matched_names
 from lmckit.match.weight_matcher import WeightMatcher, acceptance_tolerance, improves_all
-from lmckit.options import Count
+from lmckit.options import Count, checked
 from lmckit.params import Params, detached, params_distance
 from lmckit.perm import Permutation, PermutationSpec, group_cost_matrix
 from lmckit.progress import ProgressCallback, notify
@@ -79,6 +79,7 @@ def weight_matching_reference(
     return perm
 
 
+@checked
 def weight_matching(
     spec: PermutationSpec,
     params_a: Params,

@@ -18,12 +18,13 @@ from torch import nn
 from lmckit.data import DataSource
 from lmckit.errors import ParamsError
 from lmckit.merge.result import MergeResult, check_models, merged_result
-from lmckit.options import Count, check_value
+from lmckit.options import Count, check_value, checked
 from lmckit.params import Params
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
 
 
+@checked
 def average(
     spec: PermutationSpec,
     params_list: Sequence[Params],

@@ -26,7 +26,7 @@ from lmckit.lap import assign_groups
 from lmckit.match.sinkhorn import soft_apply
 from lmckit.merge.result import MergeResult, canonicalise, check_models, merged_result
 from lmckit.merge.star import star
-from lmckit.options import Count, NonNegative
+from lmckit.options import Count, NonNegative, checked
 from lmckit.params import Params, floating_names, pairwise_inner_sum
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
@@ -37,6 +37,7 @@ def _objective(spec, floating, soft_list) -> torch.Tensor:
     return pairwise_inner_sum(aligned)
 
 
+@checked
 def ccmm(
     spec: PermutationSpec,
     params_list: Sequence[Params],

@@ -17,12 +17,13 @@ from lmckit._checks import check_int
 from lmckit.data import DataSource
 from lmckit.match import WeightMatcher
 from lmckit.merge.result import MergeResult, canonicalise, check_models, merged_result
-from lmckit.options import Count
+from lmckit.options import Count, checked
 from lmckit.params import Params, average_params, detached, pairwise_inner_sum
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
 
 
+@checked
 def merge_many(
     spec: PermutationSpec,
     params_list: Sequence[Params],

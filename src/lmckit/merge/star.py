@@ -12,11 +12,13 @@ from lmckit.data import DataSource
 from lmckit.errors import ParamsError
 from lmckit.match import METHODS as MATCHERS
 from lmckit.merge.result import MergeResult, check_models, merged_result
+from lmckit.options import checked
 from lmckit.params import Params
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
 
 
+@checked
 def star(
     spec: PermutationSpec,
     params_list: Sequence[Params],

@@ -30,7 +30,7 @@ from lmckit.match._functional import (
 )
 from lmckit.match.weight_matcher import WeightMatcher
 from lmckit.merge.result import MergeResult, check_models, merged_result
-from lmckit.options import Count, Positive
+from lmckit.options import Count, Positive, checked
 from lmckit.params import Params, average_params, detached
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
@@ -76,6 +76,7 @@ def _fixed_weights(weights: str | Sequence[float], n: int) -> Tensor | None:
     return fixed / fixed.sum()
 
 
+@checked
 def ste_mm(
     spec: PermutationSpec,
     params_list: Sequence[Params],
