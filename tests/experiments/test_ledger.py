@@ -67,6 +67,10 @@ def test_a_rerun_with_other_settings_replaces_what_status_and_report_read(tmp_pa
     _run(fresh, **{"train.epochs": 2})
     jobs, metrics = read_ledger(tmp_path)
     fresh_jobs, fresh_metrics = read_ledger(fresh)
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    rows, all_metrics = ledger.jobs(), ledger.metrics()
+    ledger.close()
+    assert len(rows) == len(fresh_jobs) and len(all_metrics) == len(fresh_metrics)
     assert {n: j["key"] for n, j in jobs.items()} == {n: j["key"] for n, j in fresh_jobs.items()}
     assert metrics.keys() == fresh_metrics.keys()
     assert all(metrics[k] == pytest.approx(fresh_metrics[k], rel=1e-9) for k in metrics)
