@@ -57,6 +57,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 def checkpoint_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     """``(weights, sidecar)`` for a checkpoint named by its stem, weights file or sidecar."""
     path = Path(path)
+    if not path.name:
+        raise CheckpointError(f"{path} names no checkpoint (a folder, not a file)")
     stem = path.with_suffix("") if path.suffix in (".safetensors", ".json") else path
     return stem.with_suffix(".safetensors"), stem.with_suffix(".json")
 

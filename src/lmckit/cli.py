@@ -54,6 +54,16 @@ def _int_at_least(low: int, *, zero_means_off: bool = False) -> Callable[[str], 
     return parse
 
 
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = _integer(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}], got {value}")
+        return value
+
+    return parse
+
+
 def _seed(text: str) -> int:
     value = _integer(text)
     if not 0 <= value <= MAX_SEED:
@@ -106,6 +116,13 @@ def _device(text: str) -> str:
     return str(device)
 
 
+def _out_path(text: str) -> Path:
+    """An output path: any path but the empty one (which would mean the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the output path is empty")
+    return Path(text)
+
+
 def _weights(text: str) -> Path:
     """A checkpoint's weights: an existing file, or an lmckit checkpoint by stem."""
     from lmckit.checkpoint import checkpoint_paths
@@ -113,7 +130,12 @@ def _weights(text: str) -> Path:
     path = Path(text)
     if path.is_file():
         return path
-    weights, _ = checkpoint_paths(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a checkpoint")
+    try:
+        weights, _ = checkpoint_paths(text)
+    except LmcError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if weights.is_file():
         return weights
     raise argparse.ArgumentTypeError(f"checkpoint {text}: {weights} not found")
@@ -346,6 +368,8 @@ def cmd_spec(args: argparse.Namespace) -> int:
     if args.out is not None:
         prepare_output_file(args.out, "--out")
     path = Path(args.target)
+    if path.is_dir():
+        raise UsageError(f"{args.target} is a folder; spec takes a checkpoint or MODULE:CLASS")
     if ":" not in args.target or path.is_file():  # MODULE:CLASS always has a colon
         lmckit_checkpoint = argparse.Namespace(model_class=None, device="cpu")
         ckpt = _load_user_checkpoints([path], lmckit_checkpoint)[0]
@@ -485,9 +509,16 @@ def _load_checkpoints(paths: Sequence[Path], device: str):
 
 
 def _example_input(args: argparse.Namespace):
+    from lmckit.budget import check_budget
     from lmckit.models.custom import example_batch
 
-    return example_batch(args.input_shape, args.tokens, getattr(args, "batch", 4))
+    batch = getattr(args, "batch", 4)
+    check_budget(
+        f"an example batch of shape {(batch, *args.input_shape)}",
+        memory=8 * batch * math.prod(args.input_shape),
+        detail="the tracer's example input",
+    )
+    return example_batch(args.input_shape, args.tokens, batch)
 
 
 def _load_pair(args: argparse.Namespace):
@@ -783,6 +814,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             epochs=args.epochs,
             ste_epochs=args.ste_epochs,
             progress=bars,
+            budget=_budget(args),
         )
     rows = [DemoRow(**r) for r in summary["rows"]]
     ends = summary["endpoints"]
@@ -947,6 +979,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             log=lambda message: print(message, flush=True),
             overall=overall,
             job_progress=None if args.jobs > 1 and args.executor == "ray" else _JobBars(bars),
+            budget=_budget(args),
         )
     print(
         f"{len(summary.done)} jobs run, {len(summary.reused)} reused from the store, "
@@ -1251,7 +1284,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fashion-mnist, mnist, cifar10, cifar100, digits or synthetic",
     )
     p.add_argument("--seeds", type=_seed, nargs="+", default=[0], help="one model per seed")
-    p.add_argument("--out", required=True, type=Path, help="folder for the checkpoints")
+    p.add_argument("--out", required=True, type=_out_path, help="folder for the checkpoints")
     p.add_argument("--epochs", type=_int_at_least(1))
     p.add_argument(
         "--width-multiplier", type=_positive, help="scales the model's widths (default 1)"
@@ -1303,7 +1336,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", type=_existing_dir, help="where the dataset files are")
     p.add_argument("--no-download", action="store_true", help="never download datasets")
     p.add_argument("--device", type=_device, default="cpu")
-    p.add_argument("--threads", type=_int_at_least(1), help="torch CPU threads")
+    p.add_argument("--threads", type=_int_in(1, 4096), help="torch CPU threads")
     _add_max_hours(p)
     p.add_argument(
         "--keep-diverged",
@@ -1322,7 +1355,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("a", type=_weights, help="reference checkpoint (.safetensors)")
     p.add_argument("b", type=_weights, help="checkpoint to permute")
     p.add_argument("--method", choices=sorted(MATCHERS), default="wm-fast")
-    p.add_argument("--out", type=Path, default=Path("perm.json"), help="permutation file")
+    p.add_argument("--out", type=_out_path, default=Path("perm.json"), help="permutation file")
     p.add_argument("--epochs", type=_int_at_least(1), help="STE / Sinkhorn-mid epochs (1)")
     p.add_argument("--lr", type=_positive, help="STE (1e-3) / Sinkhorn (0.1) learning rate")
     p.add_argument("--batch-size", type=_int_at_least(1), help="STE / Sinkhorn-mid batch (256)")
@@ -1352,7 +1385,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["none", *sorted(MATCHERS)],
         help="none = the naive path",
     )
-    p.add_argument("--out", type=Path, required=True, help="folder for curves and plots")
+    p.add_argument("--out", type=_out_path, required=True, help="folder for curves and plots")
     p.add_argument("--lambdas", type=_int_at_least(2), default=25, help="points on the path")
     p.add_argument("--calibrated", action="store_true", help="temperature-calibrated loss too")
     p.add_argument("--test-only", action="store_true", help="skip the training split")
@@ -1411,7 +1444,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Git Re-Basin's counterexample (App. A.3, Fig. 6) instead",
     )
-    p.add_argument("--out", type=Path, required=True, help="folder for analysis.json and plots")
+    p.add_argument(
+        "--out", type=_out_path, required=True, help="folder for analysis.json and plots"
+    )
     _add_data_arguments(p)
     _add_model_class_arguments(p)
     p.set_defaults(func=cmd_analyze)
@@ -1423,7 +1458,7 @@ def build_parser() -> argparse.ArgumentParser:
         "when it is not installed), match seed 1 to seed 0 with WM, AM, STE and Sinkhorn, "
         "interpolate naive vs matched and print the table. Finished pieces are cached in --out.",
     )
-    p.add_argument("--out", type=Path, default=Path("demo-out"))
+    p.add_argument("--out", type=_out_path, default=Path("demo-out"))
     p.add_argument(
         "--dataset", type=_dataset, help="override the dataset (default: fashion-mnist or digits)"
     )
@@ -1431,6 +1466,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--epochs", type=_int_at_least(1), help="default 5 (Fashion-MNIST) or 40 (digits)"
     )
     p.add_argument("--ste-epochs", type=_int_at_least(1), default=1)
+    _add_max_hours(p)
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=cmd_demo)
 
@@ -1451,7 +1487,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted(MERGERS),
         help="methods for --sweep-n (default: star-wm merge-many ccmm ste-mm)",
     )
-    p.add_argument("--out", type=Path, required=True, help="folder for the results")
+    p.add_argument("--out", type=_out_path, required=True, help="folder for the results")
     p.add_argument(
         "--epochs", type=_int_at_least(1), help="STE-MM (paper: 10) / star-STE (1) epochs"
     )
@@ -1484,9 +1520,9 @@ def build_parser() -> argparse.ArgumentParser:
         "job ledger and the experiment file go to --out.",
     )
     p.add_argument("experiment", type=_existing_file, help="experiment file (.toml)")
-    p.add_argument("--out", type=Path, required=True, help="folder for the run")
+    p.add_argument("--out", type=_out_path, required=True, help="folder for the run")
     p.add_argument("--executor", choices=EXECUTORS, default="local")
-    p.add_argument("--jobs", type=_int_at_least(1), default=1, help="jobs at a time")
+    p.add_argument("--jobs", type=_int_in(1, 4096), default=1, help="jobs at a time")
     p.add_argument("--address", help="Ray cluster address (with --executor ray)")
     p.add_argument("--retry-failed", action="store_true", help="rerun jobs that failed before")
     p.add_argument(
@@ -1498,6 +1534,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", type=_existing_dir, help="where the dataset files are")
     p.add_argument("--no-download", action="store_true", help="never download datasets")
     p.add_argument("--device", type=_device, default="cpu")
+    p.add_argument(
+        "--max-hours",
+        type=_positive,
+        metavar="H",
+        help="refuse a run whose largest training job is estimated beyond H hours (default 24)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_run)
 
@@ -1520,13 +1562,15 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--model-args", metavar="JSON", help="keyword arguments for CLASS")
     p.add_argument("--strict", action="store_true", help="fail on an operator without a rule")
-    p.add_argument("--out", type=Path, help="write the spec and report as JSON")
+    p.add_argument("--out", type=_out_path, help="write the spec and report as JSON")
     p.set_defaults(func=cmd_spec)
 
     p = sub.add_parser("status", help="summarise an experiment run's job ledger")
     p.add_argument("out", type=_existing_dir, help="the run's --out folder")
-    p.add_argument("--csv", type=Path, metavar="DIR", help="also write jobs.csv and metrics.csv")
-    p.add_argument("--parquet", type=Path, metavar="DIR", help="also write Parquet (pyarrow)")
+    p.add_argument(
+        "--csv", type=_out_path, metavar="DIR", help="also write jobs.csv and metrics.csv"
+    )
+    p.add_argument("--parquet", type=_out_path, metavar="DIR", help="also write Parquet (pyarrow)")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("report", help="write a self-contained HTML report of an experiment run")

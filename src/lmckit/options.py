@@ -38,6 +38,7 @@ __all__ = [
     "NonNegative",
     "Positive",
     "Range",
+    "check_arguments",
     "check_options",
     "check_value",
     "checked",
@@ -250,3 +251,12 @@ def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn(*args, **kwargs)
 
     return wrapper
+
+
+def check_arguments(fn: Callable[..., Any], values: Mapping[str, Any], *, where: str = "") -> None:
+    """Check a call's arguments (a constructor's ``locals()`` at its start) against
+    ``fn``'s hints; ``self`` and names without a hint are skipped."""
+    hints = _hints(fn)
+    for name, value in values.items():
+        if name != "self" and name in hints:
+            check_value(name, value, hints[name], where=where)

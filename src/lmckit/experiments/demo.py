@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lmckit._io import atomic_write_bytes, atomic_write_json, writes_folder
+from lmckit.budget import Budget
 from lmckit.data import Dataset, fashion_mnist_available, load_dataset
 from lmckit.errors import LmcError
 from lmckit.evaluate import Curve, save_curves
@@ -87,6 +88,7 @@ def run_demo(
     ste_epochs: int = 1,
     log: Callable[[str], None] = print,
     progress: Callable[[str], ProgressCallback | None] | None = None,
+    budget: Budget | None = None,
 ) -> dict[str, Any]:
     """Run the demo experiment into ``out`` and assemble its table; returns the summary that
     is also written to ``out/results.json`` (rows of the table, pairwise barriers, paths of
@@ -101,6 +103,7 @@ def run_demo(
         log=log,
         overall=progress("jobs") if progress else None,
         job_progress=progress,
+        budget=budget,
     )
     if not run.complete:
         raise LmcError(f"the demo did not finish: {run.failed} failed; see lmckit status {out}")

@@ -379,6 +379,9 @@ def stored_merge_metrics(
     return json.loads(artifact.file("metrics.json").read_text()), reused
 
 
+MAX_MODELS = 10_000
+
+
 def parse_range(text: str) -> list[int]:
     """``"2..5"`` -> [2, 3, 4, 5]; ``"4"`` -> [2, 3, 4]. :class:`UsageError` otherwise."""
     try:
@@ -387,6 +390,8 @@ def parse_range(text: str) -> list[int]:
         raise UsageError(f"expected a range like 2..5 or a count like 4, got {text!r}") from None
     if lo < 2 or hi < lo:
         raise UsageError(f"expected a range of model counts from 2 up, like 2..5; got {text!r}")
+    if hi > MAX_MODELS:
+        raise UsageError(f"a sweep of up to {hi} models: lmckit merges at most {MAX_MODELS}")
     return list(range(lo, hi + 1))
 
 

@@ -30,6 +30,7 @@ import torch
 
 from lmckit import __version__
 from lmckit._io import atomic_write_bytes, check_outputs, writes_folder
+from lmckit.budget import Budget, check_budget, forward_seconds
 from lmckit.errors import LmcError
 from lmckit.experiments.dag import build_jobs
 from lmckit.experiments.executors import make_executor, usable_cores
@@ -39,6 +40,51 @@ from lmckit.experiments.steps import ARTIFACT_KIND, STEPS, Job, dataset_for, job
 from lmckit.progress import Progress, ProgressCallback
 
 __all__ = ["RunSummary", "run_experiment"]
+
+
+def check_training_jobs(jobs: list[Job], data_for, budget: Budget) -> None:
+    """Refuse a run whose training jobs cannot finish: every model's weights, gradients and
+    optimiser state must fit in memory (counted on the meta device), and the job with the
+    most work (parameters × epochs × examples) must fit the time budget — one forward pass
+    of its model is timed and scaled to its epochs (a lower bound: training also runs the
+    backward pass)."""
+    from lmckit.experiments.training import check_training_budget
+    from lmckit.models import build_model
+    from lmckit.train import TrainConfig, init_model, train_examples
+
+    heaviest, most = None, -1.0
+    seen: set[str] = set()
+    for job in jobs:
+        if job.kind != "train":
+            continue
+        s = job.settings
+        signature = repr((s["model_name"], s["model_config"], s["train_config"].get("epochs")))
+        if signature in seen:
+            continue
+        seen.add(signature)
+        config = TrainConfig.from_dict(s["train_config"])
+        data = data_for(s["model_name"])
+        check_training_budget(s["model_name"], s["model_config"], data, config, budget)
+        with torch.device("meta"):
+            numel = sum(
+                p.numel() for p in build_model(s["model_name"], **s["model_config"]).parameters()
+            )
+        work = float(numel) * config.epochs * train_examples(config, data)
+        if work > most:
+            heaviest, most = (job, config, data), work
+    if heaviest is None:
+        return
+    job, config, data = heaviest
+    model = init_model(job.settings["model_name"], job.settings["model_config"], 0)
+    seconds, n = forward_seconds(model, None, data.loader("test", batch_size=256))
+    examples = train_examples(config, data)
+    check_budget(
+        f"training job {job.name} ({config.epochs} epochs)",
+        seconds=config.epochs * examples * seconds / max(n, 1),
+        detail=f"each epoch ≥ a forward pass over {examples} examples, "
+        f"{examples * seconds / max(n, 1):.2g} s measured",
+        budget=budget,
+    )
 
 
 def _worker_died(ledger: Ledger, jobs: list[Job], summary: RunSummary) -> None:
@@ -99,6 +145,7 @@ def run_experiment(
     log: Callable[[str], None] = print,
     overall: ProgressCallback | None = None,
     job_progress: Callable[[str], ProgressCallback | None] | None = None,
+    budget: Budget | None = None,
 ) -> RunSummary:
     """Run ``experiment`` into ``out`` (see the module docstring).
 
@@ -111,6 +158,8 @@ def run_experiment(
         data_dir, download: where the dataset is (see :func:`lmckit.data.load_dataset`).
         overall: a :class:`~lmckit.progress.Progress` after every job (step of total).
         job_progress: ``job name -> callback`` for the events within a job.
+        budget: what one training job may take (default 24 h and the memory available);
+            the largest is estimated before anything runs (:func:`check_training_jobs`).
     """
     start = time.perf_counter()
     out = Path(out)
@@ -123,6 +172,7 @@ def run_experiment(
     check_outputs([out / n for n in ("experiment.toml", "ledger.sqlite", "store")])
     configs = model_configs(experiment, data_for)
     all_jobs = build_jobs(experiment, configs)
+    check_training_jobs(all_jobs, data_for, budget or Budget())
     as_run = experiment.as_run()
     atomic_write_bytes(out / "experiment.toml", as_run.encode())
     ledger = Ledger(out / "ledger.sqlite")

@@ -561,8 +561,8 @@ def parse_experiment(
     if len(seeds) < 1 or len(set(seeds)) != len(seeds) or min(seeds) < 0:
         raise ExperimentError(f"seeds must be distinct non-negative integers, got {list(seeds)}")
     threads = raw.get("threads")
-    if threads is not None and (_expect(threads, int, "threads") < 1):
-        raise ExperimentError(f"threads must be at least 1, got {threads}")
+    if threads is not None and not 1 <= _expect(threads, int, "threads") <= 4096:
+        raise ExperimentError(f"threads must be at least 1 (and at most 4096), got {threads}")
     data = _table(raw.get("data", {}), "data", {"dataset"})
     dataset = _expect(data.get("dataset"), str, "data.dataset")
     model = _table(raw.get("model", {}), "model")

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmckit.errors import ModelConfigError
+from lmckit.errors import ModelConfigError, ParamsError
 from lmckit.models._spec import SpecBuilder
 from lmckit.models.norms import check_norm, make_norm
+from lmckit.options import check_arguments
 from lmckit.perm import PermutationSpec
 
 
@@ -42,6 +43,10 @@ class MLP(nn.Module):
         norm: str | None = None,
         skip: bool = False,
     ) -> None:
+        try:
+            check_arguments(MLP.__init__, locals(), where="MLP: ")
+        except ParamsError as exc:
+            raise ModelConfigError(str(exc)) from None
         super().__init__()
         hidden = [int(h) for h in hidden]
         check_norm(norm)

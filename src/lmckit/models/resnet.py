@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmckit.errors import ModelConfigError
+from lmckit.errors import ModelConfigError, ParamsError
 from lmckit.models._spec import SpecBuilder
 from lmckit.models.norms import make_norm, scaled_width
+from lmckit.options import check_arguments
 from lmckit.perm import PermutationSpec
 
 STAGE_CHANNELS = (16, 32, 64)
@@ -61,6 +62,10 @@ class ResNet20(nn.Module):
         in_channels: int = 3,
         num_classes: int = 10,
     ) -> None:
+        try:
+            check_arguments(ResNet20.__init__, locals(), where="ResNet20: ")
+        except ParamsError as exc:
+            raise ModelConfigError(str(exc)) from None
         super().__init__()
         if norm not in ("batch", "layer"):
             raise ModelConfigError(f"ResNet20 norm must be 'batch' or 'layer', got {norm!r}")

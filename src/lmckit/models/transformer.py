@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmckit.errors import ModelConfigError
+from lmckit.errors import ModelConfigError, ParamsError
+from lmckit.options import check_arguments
 from lmckit.perm import PermutationSpec
 
 
@@ -110,6 +111,10 @@ class ViT(_Transformer):
         heads: int = 4,
         mlp_dim: int = 128,
     ) -> None:
+        try:
+            check_arguments(ViT.__init__, locals(), where="ViT: ")
+        except ParamsError as exc:
+            raise ModelConfigError(str(exc)) from None
         super().__init__()
         _check(dim, heads, depth, mlp_dim)
         if image_size % patch_size:
@@ -155,6 +160,10 @@ class TransformerClassifier(_Transformer):
         heads: int = 4,
         mlp_dim: int = 128,
     ) -> None:
+        try:
+            check_arguments(TransformerClassifier.__init__, locals(), where="Transformer: ")
+        except ParamsError as exc:
+            raise ModelConfigError(str(exc)) from None
         super().__init__()
         _check(dim, heads, depth, mlp_dim)
         self.embed = nn.Linear(in_dim, dim)

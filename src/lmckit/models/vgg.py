@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmckit.errors import ModelConfigError
+from lmckit.errors import ModelConfigError, ParamsError
 from lmckit.models._spec import SpecBuilder
 from lmckit.models.norms import check_norm, make_norm, scaled_width
+from lmckit.options import check_arguments
 from lmckit.perm import PermutationSpec
 
 # Channel counts per conv; "M" is a 2×2 max-pool.
@@ -41,6 +42,10 @@ class VGG(nn.Module):
         in_channels: int = 3,
         num_classes: int = 10,
     ) -> None:
+        try:
+            check_arguments(VGG.__init__, locals(), where="VGG: ")
+        except ParamsError as exc:
+            raise ModelConfigError(str(exc)) from None
         super().__init__()
         if depth not in CONFIGS:
             raise ModelConfigError(f"VGG depth must be one of {sorted(CONFIGS)}, got {depth!r}")
