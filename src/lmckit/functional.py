@@ -21,11 +21,13 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.errors import DataError, ParamsError
+from lmckit.options import checked
 from lmckit.params import short_list
 
 __all__ = ["check_labels", "check_model_fits", "forward", "module_mode"]
 
 
+@checked
 @contextlib.contextmanager
 def module_mode(model: nn.Module, training: bool | None) -> Iterator[nn.Module]:
     """Put ``model`` in train (``True``) or eval (``False``) mode — or leave it (``None``) —
@@ -40,6 +42,7 @@ def module_mode(model: nn.Module, training: bool | None) -> Iterator[nn.Module]:
             m.training = mode
 
 
+@checked
 def check_model_fits(model: nn.Module, params: Mapping[str, Tensor], what: str = "params") -> None:
     """Raise :class:`ParamsError` unless ``params`` has exactly the module's ``state_dict``
     keys with the same shapes."""
@@ -61,6 +64,7 @@ def check_model_fits(model: nn.Module, params: Mapping[str, Tensor], what: str =
             )
 
 
+@checked
 def forward(model: nn.Module, params: Mapping[str, Tensor] | None, x: Tensor) -> Tensor:
     """``model(x)`` with ``params`` substituted (``None``: the module's own weights).
 
@@ -81,6 +85,7 @@ def forward(model: nn.Module, params: Mapping[str, Tensor] | None, x: Tensor) ->
         ) from exc
 
 
+@checked
 def check_labels(out: Tensor, y: Tensor, caller: str) -> None:
     """Raise :class:`DataError` unless ``y`` holds one integer class index in
     ``[0, classes)`` per row of the model's outputs ``out`` (``(N, classes)``)."""

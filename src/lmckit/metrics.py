@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from lmckit.data import Dataset
 from lmckit.errors import DataError, ParamsError
 from lmckit.functional import check_labels, check_model_fits, forward, module_mode
+from lmckit.options import checked
 from lmckit.params import Params, check_finite
 
 __all__ = ["Metrics", "batch_mean", "evaluate", "fixed_batches", "predict"]
@@ -68,6 +69,7 @@ def _outputs(
         raise DataError(f"{caller}() got an empty loader")
 
 
+@checked
 def evaluate(
     model: nn.Module,
     params: Params | None,
@@ -87,6 +89,7 @@ def evaluate(
     return Metrics(loss=total_loss / count, accuracy=correct / count, count=count)
 
 
+@checked
 def predict(
     model: nn.Module,
     params: Params | None,
@@ -103,6 +106,7 @@ def predict(
     return torch.cat(outs), torch.cat(ys)
 
 
+@checked
 def fixed_batches(
     loader: Loader, n_batches: int | None, device: torch.device | str, what: str
 ) -> list[tuple[Tensor, Tensor]]:
@@ -118,6 +122,7 @@ def fixed_batches(
     return batches
 
 
+@checked
 def batch_mean(
     model: nn.Module,
     params: Params,
@@ -131,4 +136,6 @@ def batch_mean(
         for x, y in batches:
             total += float(fn(forward(model, params, x), y)) * len(y)
             count += len(y)
+    if count == 0:
+        raise ParamsError("batch_mean got no examples (empty batches)")
     return total / count

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from numbers import Real
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from lmckit.errors import ParamsError
+from lmckit.errors import LmcError, ParamsError
 
 __all__ = [
     "AtLeast",
@@ -127,6 +127,8 @@ def describe(hint: Any) -> str:
     if origin in (list, tuple, collections.abc.Sequence):
         item = args[0] if args else Any
         return f"a list of {_plural(describe(item))}" if item is not Any else "a list"
+    if origin is collections.abc.Iterable:
+        return "an iterable of (inputs, labels) batches"
     if origin in (dict, collections.abc.Mapping):
         value = args[1] if len(args) == 2 else Any
         return "a table" if value is Any else f"a table of {_plural(describe(value))}"
@@ -145,17 +147,23 @@ def _plural(text: str) -> str:
     return text
 
 
-def _fits(value: Any, hint: Any) -> bool:
-    """Whether ``value`` has the type ``hint`` says (ranges are checked separately)."""
+def _base(hint: Any) -> Any:
+    """``int`` for ``Annotated[int, …]``, the hint itself otherwise."""
+    return get_args(hint)[0] if get_origin(hint) is Annotated else hint
+
+
+def _fits(value: Any, hint: Any, strict: bool = True) -> bool:
+    """Whether ``value`` has the type ``hint`` says, with its ``Annotated`` ranges and
+    floats finite — or, not ``strict``, the structure alone (any real number a float)."""
     origin, args = get_origin(hint), get_args(hint)
     if hint is Any:
         return True
     if origin is Annotated:
-        return _fits(value, args[0]) and all(
-            r.holds(value) for r in args[1:] if isinstance(r, Range)
+        return _fits(value, args[0], strict) and (
+            not strict or all(r.holds(value) for r in args[1:] if isinstance(r, Range))
         )
     if origin in (Union, types.UnionType):
-        return any(_fits(value, a) for a in args)
+        return any(_fits(value, a, strict) for a in args)
     if origin is Literal:
         return any(value == a and type(value) is type(a) for a in args)
     if hint is type(None) or hint is None:
@@ -165,23 +173,34 @@ def _fits(value: Any, hint: Any) -> bool:
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if hint is float:
-        return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+        real = isinstance(value, Real) and not isinstance(value, bool)
+        return real and (not strict or math.isfinite(value))
     if hint is str:
         return isinstance(value, str)
     if origin in (list, tuple, collections.abc.Sequence):
+        item = args[0] if args else Any
+        numbers = _base(item) in (float, int)
+        if not strict and numbers and type(value).__name__ in ("Tensor", "ndarray"):
+            return True  # an array stands for a sequence of numbers; its items are not walked
         if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
             return False
         if origin is tuple and args and args[-1] is not Ellipsis:
             return len(value) == len(args) and all(
-                _fits(v, a) for v, a in zip(value, args, strict=True)
+                _fits(v, a, strict) for v, a in zip(value, args, strict=True)
             )
         item = args[0] if args else Any
-        return all(_fits(v, item) for v in value)
+        return all(_fits(v, item, strict) for v in value)
     if origin in (dict, collections.abc.Mapping):
         if not isinstance(value, Mapping):
             return False
         item = args[1] if len(args) == 2 else Any
-        return all(_fits(v, item) for v in value.values())
+        return all(_fits(v, item, strict) for v in value.values())
+    if origin is collections.abc.Iterable:  # batches: iterable, and not a lone tensor/table
+        return (
+            isinstance(value, collections.abc.Iterable)
+            and not isinstance(value, str | bytes | Mapping)
+            and type(value).__name__ != "Tensor"
+        )
     if isinstance(hint, type):
         return isinstance(value, hint)
     return True  # a typing construct this checker does not know: trust the function
@@ -235,20 +254,56 @@ COMMON = frozenset({"model", "data", "init", "seed", "progress", "reference"})
 messages about what they must hold, beyond their type)."""
 
 
+def _got(value: Any) -> str:
+    """A value as an error message shows it: small values by ``repr``, the rest by type."""
+    if value is None or isinstance(value, bool | int | float | str):
+        text = repr(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return f"a {type(value).__name__}"
+
+
 def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a matcher or merger so that every keyword option a caller passes is checked
-    against the function's own hints (:func:`check_value`) before it runs — the same schema
-    the command line and experiment files are checked against."""
-    parameters = inspect.signature(fn).parameters
-    options = {n for n, p in parameters.items() if p.kind is p.KEYWORD_ONLY and n not in COMMON}
+    """Decorate a public function so that its arguments answer to its own hints: every
+    keyword option a caller passes is checked up front by type, range and finiteness
+    (:func:`check_value` — the schema the command line and experiment files are checked
+    against); the other arguments keep the function's own checks, and where the function
+    fails with a Python error (``TypeError``, ``AttributeError``, ``KeyError`` …) while an
+    argument does not have the structure its hint asks for (a dict of tensors where
+    ``Params`` is asked for, a module where ``nn.Module`` is), the failure becomes a
+    :class:`~lmckit.errors.ParamsError` naming that argument."""
+    signature = inspect.signature(fn)
+    options = {
+        n for n, p in signature.parameters.items() if p.kind is p.KEYWORD_ONLY and n not in COMMON
+    }
+
+    def misfit(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        hints = _hints(fn)
+        try:
+            bound = signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            return None
+        for name, value in bound.items():
+            hint = hints.get(name)
+            if hint is not None and not _fits(value, hint, strict=False):
+                return f"{fn.__name__}: {name} must be {describe(hint)}, got {_got(value)}"
+        return None
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        hints = _hints(fn)
-        for name in options & set(kwargs):
-            if name in hints:
-                check_value(name, kwargs[name], hints[name], where=f"{fn.__name__}: ")
-        return fn(*args, **kwargs)
+        if options & set(kwargs):
+            hints = _hints(fn)
+            for name in options & set(kwargs):
+                if name in hints:
+                    check_value(name, kwargs[name], hints[name], where=f"{fn.__name__}: ")
+        try:
+            return fn(*args, **kwargs)
+        except LmcError:
+            raise
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError, RuntimeError) as exc:
+            message = misfit(args, kwargs)
+            if message is None:
+                raise
+            raise ParamsError(message) from exc
 
     return wrapper
 

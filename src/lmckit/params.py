@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from lmckit.errors import ParamsError
+from lmckit.options import checked
 
 __all__ = [
     "Params",
@@ -43,17 +44,20 @@ Params = Mapping[str, Tensor]
 """A parameter dict: ``state_dict()`` keys to tensors (parameters and buffers)."""
 
 
+@checked
 def is_running_stat(name: str) -> bool:
     """Whether ``name`` is a BatchNorm running statistic (by its ``state_dict`` name)."""
     return name.endswith(("running_mean", "running_var"))
 
 
+@checked
 def has_batchnorm(params: Params) -> bool:
     """Whether the parameter dict holds BatchNorm running statistics — the sign that an
     interpolated or merged copy of it needs its statistics re-estimated."""
     return any(is_running_stat(k) for k in params)
 
 
+@checked
 def floating_names(params: Params) -> list[str]:
     """Keys of the floating-point tensors, in dict order."""
     return [k for k, t in params.items() if t.dtype.is_floating_point]
@@ -65,6 +69,7 @@ def short_list(items: Sequence[str], limit: int = 6) -> str:
     return f"[{shown}{', ...' if len(items) > limit else ''}] ({len(items)} in all)"
 
 
+@checked
 def check_params_compatible(
     params_a: Params, params_b: Params, *, names: tuple[str, str] = ("A", "B")
 ) -> None:
@@ -87,6 +92,7 @@ def check_params_compatible(
             raise ParamsError(f"{k!r} has dtype {a.dtype} in {a_name} but {b.dtype} in {b_name}")
 
 
+@checked
 def check_finite(params: Params, what: str, *, error: type[Exception] = ParamsError) -> None:
     """Raise ``error`` naming the first entry that is not a tensor with values (a meta-device
     tensor has none) or the first floating tensor with NaN or infinite entries."""
@@ -105,6 +111,7 @@ def check_finite(params: Params, what: str, *, error: type[Exception] = ParamsEr
             raise error(f"{what}: tensor {name!r} has {bad} NaN/infinite value(s)")
 
 
+@checked
 def detached(params: Params) -> dict[str, Tensor]:
     """The same tensors cut from autograd (no copy): what algorithms that differentiate
     their own objectives work on, so no gradient ever reaches a caller's parameters."""
@@ -116,6 +123,7 @@ def _integer_source(weights: Sequence[float]) -> int:
     return max(range(len(weights)), key=lambda i: (weights[i], -i))
 
 
+@checked
 def lerp_params(params_a: Params, params_b: Params, lam: float) -> dict[str, Tensor]:
     """``(1 − λ)·A + λ·B`` for floating tensors; integer buffers by the module's rule.
 
@@ -140,6 +148,7 @@ def lerp_params(params_a: Params, params_b: Params, lam: float) -> dict[str, Ten
     return out
 
 
+@checked
 def average_params(
     params_list: Sequence[Params], weights: Sequence[float] | Tensor | None = None
 ) -> dict[str, Tensor]:
@@ -168,6 +177,7 @@ def average_params(
     return out
 
 
+@checked
 def params_inner(params_a: Params, params_b: Params) -> float:
     """``Σ_k ⟨A_k, B_k⟩`` over the floating tensors, in float64."""
     check_params_compatible(params_a, params_b)
@@ -175,6 +185,7 @@ def params_inner(params_a: Params, params_b: Params) -> float:
     return float(sum((a[k].double() * b[k].double()).sum() for k in floating_names(a)))
 
 
+@checked
 def params_distance(params_a: Params, params_b: Params) -> float:
     """Euclidean distance ``sqrt(Σ_k ‖A_k − B_k‖²)`` over the floating tensors, in float64."""
     check_params_compatible(params_a, params_b)
@@ -183,6 +194,7 @@ def params_distance(params_a: Params, params_b: Params) -> float:
     )
 
 
+@checked
 def squared_distance(a: Tensor, b: Tensor, chunk: int = 1 << 18) -> float:
     """``‖a − b‖²`` in float64, by chunks of the difference (no float64 copy of a whole
     tensor)."""
@@ -194,6 +206,7 @@ def squared_distance(a: Tensor, b: Tensor, chunk: int = 1 << 18) -> float:
     return total
 
 
+@checked
 def pairwise_inner_sum(params_list: Sequence[Params]) -> Tensor:
     """``Σ_{i<j} ⟨θ_i, θ_j⟩`` over the floating tensors, as ``½(‖Σ_i θ_i‖² − Σ_i ‖θ_i‖²)``.
 
@@ -201,6 +214,8 @@ def pairwise_inner_sum(params_list: Sequence[Params]) -> Tensor:
     (CCMM's objective); ``float()`` it for a number. Maximising it over permutations is
     minimising the sum of all pairwise squared distances.
     """
+    if not params_list:
+        raise ParamsError("pairwise_inner_sum needs at least one parameter dict")
     total = torch.zeros((), dtype=torch.float64)
     for k in floating_names(params_list[0]):
         stack = torch.stack([p[k] for p in params_list]).double()

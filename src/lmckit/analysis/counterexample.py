@@ -28,6 +28,7 @@ from lmckit.evaluate.interpolation import barriers, lambda_grid
 from lmckit.functional import check_model_fits
 from lmckit.metrics import batch_mean, fixed_batches
 from lmckit.models import build_model, permutation_spec
+from lmckit.options import checked
 from lmckit.params import Params, check_params_compatible, lerp_params
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
@@ -44,6 +45,7 @@ Metric = Callable[[Tensor, Tensor], Tensor]
 """``metric(outputs, targets)`` → the batch's mean (0-dim tensor); lower is better."""
 
 
+@checked
 def counterexample_data(n: int = 4000, seed: int = 0) -> tuple[Tensor, Tensor]:
     """``(x (n, 2) float32, y (n,) int64)``: ``x ~ Uniform([−1, 1]²)`` and
     ``y = 1[x₁ < 0 ∧ x₂ > 0]``."""
@@ -55,6 +57,7 @@ def counterexample_data(n: int = 4000, seed: int = 0) -> tuple[Tensor, Tensor]:
     return x, y
 
 
+@checked
 def counterexample_networks() -> tuple[nn.Module, Params, Params, PermutationSpec]:
     """``(model, params_A, params_B, spec)``: the 2-2-2-1 ReLU MLP and the hand-set weights
     of eqs. 4 and 5 (the spec permutes the two units of each hidden layer)."""
@@ -75,6 +78,7 @@ def counterexample_networks() -> tuple[nn.Module, Params, Params, PermutationSpe
     return model, a, b, permutation_spec(model)
 
 
+@checked
 def counterexample_error(outputs: Tensor, targets: Tensor) -> Tensor:
     """0–1 error of the rule "positive when ``f(x) ≥ 0``" for outputs ``(N, 1)``."""
     return ((outputs.reshape(-1) >= 0).long() != targets).float().mean()
@@ -124,6 +128,7 @@ def all_permutations(spec: PermutationSpec) -> Iterable[Permutation]:
         yield Permutation(spec, {g: torch.tensor(p) for g, p in zip(groups, combo, strict=True)})
 
 
+@checked
 def exhaustive_barriers(
     model: nn.Module,
     params_a: Params,

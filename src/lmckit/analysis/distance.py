@@ -8,6 +8,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from lmckit.errors import SpecError
+from lmckit.options import checked
 from lmckit.params import Params, check_params_compatible, is_running_stat
 from lmckit.perm import Permutation
 
@@ -34,6 +35,7 @@ class Distances:
         }
 
 
+@checked
 def l2_distances(
     params_a: Params,
     params_b: Params,

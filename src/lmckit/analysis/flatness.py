@@ -23,6 +23,7 @@ from lmckit.analysis.layerwise import OUTPUT, Layer, _Capture, _cosines, model_l
 from lmckit.errors import ParamsError
 from lmckit.evaluate.bn import bn_reset
 from lmckit.functional import check_model_fits, module_mode
+from lmckit.options import checked
 from lmckit.params import Params, check_finite, check_params_compatible, has_batchnorm
 
 __all__ = ["Flatness", "flatness", "random_direction"]
@@ -52,9 +53,11 @@ class Flatness:
         return asdict(self)
 
 
+@checked
 def random_direction(model: nn.Module, params: Params, *, seed: int = 0) -> dict[str, Tensor]:
     """A unit-norm standard Gaussian direction over ``model``'s parameters (not buffers),
     drawn on the CPU from ``seed`` (so every device gets the same direction)."""
+    check_model_fits(model, params)
     names = [n for n, _ in model.named_parameters()]
     gen = torch.Generator().manual_seed(seed)
     u = {n: torch.randn(params[n].shape, generator=gen, dtype=torch.float64) for n in names}
@@ -62,6 +65,7 @@ def random_direction(model: nn.Module, params: Params, *, seed: int = 0) -> dict
     return {n: (t / norm).to(params[n]) for n, t in u.items()}
 
 
+@checked
 def flatness(
     model: nn.Module,
     params_a: Params,

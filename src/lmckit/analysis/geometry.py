@@ -11,9 +11,11 @@ from collections.abc import Sequence
 import torch
 
 from lmckit.errors import ParamsError
+from lmckit.options import checked
 from lmckit.params import Params, params_distance
 
 
+@checked
 def pairwise_distances(aligned: Sequence[Params]) -> torch.Tensor:
     """``(n, n)`` float64 matrix of L2 distances between the parameter sets."""
     n = len(aligned)
@@ -23,6 +25,7 @@ def pairwise_distances(aligned: Sequence[Params]) -> torch.Tensor:
     return d
 
 
+@checked
 def distance_ratios(aligned: Sequence[Params]) -> list[float]:
     """``‖θ_i − θ_j‖ / mean_{k<l} ‖θ_k − θ_l‖`` for every pair ``i < j`` (all 1 for a regular
     simplex; NaN when all the models are identical)."""
@@ -36,6 +39,7 @@ def distance_ratios(aligned: Sequence[Params]) -> list[float]:
     return [p / mean for p in pairs]
 
 
+@checked
 def triplet_angles(aligned: Sequence[Params]) -> list[float]:
     """The three interior angles (degrees) of every triangle ``(θ_i, θ_j, θ_k)`` (NaN at a
     vertex where two of the models coincide)."""

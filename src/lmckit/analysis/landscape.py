@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from lmckit.data import DataSource
 from lmckit.errors import ParamsError
 from lmckit.evaluate import bn_reset, evaluate
+from lmckit.options import checked
 from lmckit.params import Params, floating_names
 from lmckit.progress import ProgressCallback, notify
 
@@ -35,6 +36,7 @@ class Landscape:
         return vars(self)
 
 
+@checked
 def plane_landscape(
     model: nn.Module,
     three: Sequence[Params],

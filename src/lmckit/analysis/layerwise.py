@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from lmckit.errors import ParamsError
 from lmckit.evaluate.bn import bn_reset
 from lmckit.functional import check_model_fits, forward, module_mode
+from lmckit.options import checked
 from lmckit.params import Params, check_finite, check_params_compatible, has_batchnorm, lerp_params
 
 __all__ = [
@@ -83,6 +84,7 @@ class Layer:
     linear: str | None = None
 
 
+@checked
 def model_layers(model: nn.Module, layers: Sequence[Layer | Mapping] | None = None) -> list[Layer]:
     """``layers`` (or the model's ``layerwise_layers()``), checked against the model: each
     named module exists and each ``linear`` is a Linear or Conv layer."""
@@ -273,6 +275,7 @@ def large_moment_overlap(rms_a: Tensor, rms_b: Tensor, small: float) -> dict[str
     }
 
 
+@checked
 def layerwise(
     model: nn.Module,
     params_a: Params,
@@ -461,6 +464,7 @@ def _result(layers, lam, sums, moments, commute, small, count) -> Layerwise:
     return Layerwise(lam=lam, layers=rows, moments=rms, small=small, count=count)
 
 
+@checked
 def gaussian_weak_additivity(
     dims: Sequence[int], *, samples: int = 100, seed: int = 0
 ) -> dict[int, tuple[float, float]]:

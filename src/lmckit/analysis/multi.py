@@ -12,6 +12,7 @@ from lmckit.analysis.geometry import distance_ratios, triplet_angles
 from lmckit.data import DataSource
 from lmckit.errors import ParamsError
 from lmckit.evaluate import bn_reset, evaluate
+from lmckit.options import checked
 from lmckit.params import Params, average_params, lerp_params
 from lmckit.perm import Permutation
 
@@ -42,6 +43,7 @@ class MultiModelMetrics:
         return vars(self)
 
 
+@checked
 def multi_model_metrics(
     model: nn.Module,
     params_list: Sequence[Params],

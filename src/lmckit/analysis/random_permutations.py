@@ -30,6 +30,7 @@ from lmckit.evaluate.bn import bn_reset
 from lmckit.evaluate.calibration import calibrated_loss
 from lmckit.functional import check_model_fits
 from lmckit.metrics import predict
+from lmckit.options import checked
 from lmckit.params import Params, check_finite, check_params_compatible, has_batchnorm, lerp_params
 from lmckit.perm import Permutation, PermutationSpec
 
@@ -80,6 +81,7 @@ class RandomPermutationMerges:
         return asdict(self)
 
 
+@checked
 def random_permutation_merges(
     model: nn.Module,
     spec: PermutationSpec,

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, forward, module_mode
 from lmckit.metrics import fixed_batches
+from lmckit.options import checked
 from lmckit.params import Params
 
 
@@ -48,6 +49,7 @@ def _loss_fn(model: nn.Module, params: Params, names: list[str], batches):
     return loss
 
 
+@checked
 def sharpness(
     model: nn.Module,
     params: Params,
@@ -79,6 +81,7 @@ def sharpness(
     return Sharpness(mean, math.sqrt(var / probes), probes, tuple(samples))
 
 
+@checked
 def exact_weighted_hessian_trace(
     model: nn.Module,
     params: Params,

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from lmckit.errors import ParamsError, SpecError
 from lmckit.functional import check_model_fits, forward, module_mode
+from lmckit.options import checked
 from lmckit.params import Params, check_finite, check_params_compatible
 from lmckit.perm import Permutation, PermutationSpec, axis_index
 
@@ -85,6 +86,7 @@ def _select(params: Params, names: Sequence[str] | None) -> list[str]:
     return list(names)
 
 
+@checked
 def layer_svds(
     params: Params, names: Sequence[str] | None = None, *, dtype: torch.dtype = torch.float64
 ) -> dict[str, LayerSVD]:
@@ -104,6 +106,7 @@ def layer_svds(
     return out
 
 
+@checked
 def singular_values(
     params: Params, names: Sequence[str] | None = None, *, normalized: bool = False
 ) -> dict[str, Tensor]:
@@ -119,6 +122,7 @@ def singular_values(
     return out
 
 
+@checked
 def effective_rank(values: Tensor) -> float:
     """Roy & Vetterli's effective rank of a matrix from its singular values ``values``:
     ``exp(H(p))`` with ``p = σ / Σσ`` and ``H`` the Shannon entropy (0·log 0 = 0). It is
@@ -194,6 +198,7 @@ def _kept(singular: Tensor, gamma: float) -> Tensor:
     return singular / singular[0] > gamma
 
 
+@checked
 def alignment(
     spec: PermutationSpec,
     params_a: Params,
@@ -249,6 +254,7 @@ def alignment(
     return Alignment(gamma, total, per_layer, kept)
 
 
+@checked
 def singular_vector_cosines(
     spec: PermutationSpec,
     params_a: Params,
@@ -279,6 +285,7 @@ def singular_vector_cosines(
     return out
 
 
+@checked
 def conv_operator_singular_values(kernel: Tensor, input_size: int | tuple[int, int]) -> Tensor:
     """Singular values of the stride-1 convolution with ``kernel (out, in, kh, kw)`` as a
     linear map on ``in × n × m`` inputs with circular padding (Sedghi et al. 2019).
@@ -323,6 +330,7 @@ def conv_input_sizes(
     return sizes
 
 
+@checked
 def operator_spectra(
     model: nn.Module, params: Params, example_input: Tensor
 ) -> tuple[dict[str, Tensor], dict[str, str]]:

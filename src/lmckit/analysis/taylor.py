@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, forward, module_mode
 from lmckit.metrics import batch_mean, fixed_batches
+from lmckit.options import checked
 from lmckit.params import Params, check_finite, check_params_compatible, lerp_params
 
 __all__ = ["TaylorBarrier", "line_derivatives", "taylor_barrier"]
@@ -99,6 +100,7 @@ def line_derivatives(
     return f0, f1, f2
 
 
+@checked
 def taylor_barrier(
     model: nn.Module,
     params_a: Params,

@@ -16,6 +16,7 @@ from lmckit.analysis.spectral import alignment, layer_svds
 from lmckit.data import DataSource
 from lmckit.evaluate import bn_reset
 from lmckit.metrics import evaluate
+from lmckit.options import checked
 from lmckit.params import Params, has_batchnorm, lerp_params
 from lmckit.perm import Permutation, PermutationSpec
 
@@ -41,6 +42,7 @@ class ThreeModels:
         return dict(vars(self))
 
 
+@checked
 def three_models(
     spec: PermutationSpec,
     model: nn.Module,

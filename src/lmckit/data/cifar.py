@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from lmckit.errors import DataError
+from lmckit.options import checked
 
 try:  # numpy ≥ 2
     from numpy._core import multiarray as _multiarray
@@ -49,6 +50,7 @@ class _ArrayOnlyUnpickler(pickle.Unpickler):
             ) from None
 
 
+@checked
 def read_cifar_batch(
     path: str | os.PathLike, label_key: str = "labels"
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -89,6 +91,7 @@ def read_cifar_batch(
     return data.reshape(-1, 3, 32, 32), labels
 
 
+@checked
 def write_cifar_batch(
     path: str | os.PathLike, images: np.ndarray, labels, label_key: str = "labels"
 ) -> Path:

@@ -46,6 +46,7 @@ from lmckit.data.download import download, extract_tar
 from lmckit.data.idx import read_idx
 from lmckit.data.loaders import TensorLoader, random_crop_flip
 from lmckit.errors import DataError, DatasetNotFoundError
+from lmckit.options import checked
 
 IDX_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -457,6 +458,7 @@ def load_digits_dataset(*, pad_to: int | None = None, seed: int = 0) -> Dataset:
     )
 
 
+@checked
 def make_synthetic(
     *, n_train: int = 4000, n_test: int = 1000, dim: int = 32, num_classes: int = 4, seed: int = 0
 ) -> Dataset:
@@ -485,6 +487,7 @@ def make_synthetic(
     )
 
 
+@checked
 def canonical_name(name: str) -> str:
     """The registry name of a dataset (accepts aliases such as ``fmnist``, ``cifar-10``)."""
     if not isinstance(name, str):
@@ -496,6 +499,7 @@ def canonical_name(name: str) -> str:
     return key
 
 
+@checked
 def load_dataset(
     name: str,
     root: str | os.PathLike | None = None,
@@ -523,6 +527,7 @@ def load_dataset(
     return make_synthetic()
 
 
+@checked
 def fashion_mnist_available(root: str | os.PathLike | None = None) -> bool:
     """Whether Fashion-MNIST can be loaded without a download."""
     return any(_load_idx_dir_exists(d) for d in _candidates("fashion-mnist", root, "fashion-mnist"))

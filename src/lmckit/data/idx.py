@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from lmckit.errors import DataError
+from lmckit.options import checked
 
 # IDX type code -> big-endian numpy dtype
 _DTYPES = {
@@ -37,6 +38,7 @@ def _read_bytes(path: Path) -> bytes:
     return raw
 
 
+@checked
 def read_idx(path: str | os.PathLike) -> np.ndarray:
     """Read an IDX file (gzipped or not) into a native-endian numpy array.
 
@@ -66,6 +68,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     return arr.astype(dtype.newbyteorder("="), copy=True)
 
 
+@checked
 def write_idx(path: str | os.PathLike, array: np.ndarray, *, compress: bool | None = None) -> Path:
     """Write ``array`` as IDX; gzipped when ``compress`` is True or the name ends in ``.gz``."""
     path = Path(path)

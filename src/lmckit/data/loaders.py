@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lmckit.errors import DataError
+from lmckit.options import checked
 
 Augment = Callable[[Tensor, torch.Generator], Tensor]
 
@@ -26,6 +27,7 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state) & ((1 << 63) - 1))
 
 
+@checked
 def random_crop_flip(x: Tensor, generator: torch.Generator, *, padding: int = 4) -> Tensor:
     """The papers' CIFAR augmentation, batched: zero-pad by ``padding``, take a random crop of
     the original size, flip horizontally with probability ½. ``x``: ``(N, C, H, W)``."""

@@ -13,12 +13,14 @@ import torch
 from torch import Tensor
 
 from lmckit.errors import DataError
+from lmckit.options import checked
 
 
 def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
 
 
+@checked
 def class_imbalanced_split(
     labels: Tensor, *, fraction: float = 0.2, num_classes: int | None = None, seed: int = 0
 ) -> tuple[Tensor, Tensor]:
@@ -44,6 +46,7 @@ def class_imbalanced_split(
     return torch.cat(part_a).sort().values, torch.cat(part_b).sort().values
 
 
+@checked
 def random_partition(n: int, fractions: Sequence[float], *, seed: int = 0) -> list[Tensor]:
     """Disjoint random subsets of ``range(n)`` with the given fractions (sum ≤ 1).
 
@@ -65,18 +68,23 @@ def random_partition(n: int, fractions: Sequence[float], *, seed: int = 0) -> li
     return parts
 
 
+@checked
 def random_subset(n: int, fraction: float, *, seed: int = 0) -> Tensor:
     """A random ``fraction`` of ``range(n)``."""
     return random_partition(n, [fraction], seed=seed)[0]
 
 
+@checked
 def holdout_split(n: int, fraction: float = 0.2, *, seed: int = 0) -> tuple[Tensor, Tensor]:
     """``(held_out, rest)``: e.g. the calibration split (default 20 % of the test set) on which
     a temperature is fitted, and the remainder on which calibrated metrics are reported."""
+    if n < 0:
+        raise DataError(f"holdout_split needs a number of examples ≥ 0, got {n}")
     held, rest = random_partition(n, [fraction, 1.0 - fraction], seed=seed)
     return held, rest
 
 
+@checked
 def dirichlet_split(
     labels: Tensor,
     *,
@@ -255,6 +263,7 @@ class Split:
         return f"{self.kind}{params} part {self.part} of {self.clients}"
 
 
+@checked
 def indices_digest(indices: Tensor) -> str:
     """SHA-256 of an index vector (as int64), for records of which examples were used."""
     return hashlib.sha256(indices.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()

@@ -23,6 +23,7 @@ from lmckit._checks import check_number
 from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, forward, module_mode
+from lmckit.options import checked
 from lmckit.params import Params, lerp_params
 
 __all__ = ["ChannelStats", "bn_reset", "channel_statistics", "repair", "repair_layers"]
@@ -62,6 +63,7 @@ def _bn_modules(model: nn.Module) -> list[tuple[str, nn.modules.batchnorm._Batch
     ]
 
 
+@checked
 @torch.no_grad()
 def bn_reset(
     model: nn.Module,
@@ -116,6 +118,7 @@ def bn_reset(
     return new
 
 
+@checked
 def repair_layers(model: nn.Module) -> list[str]:
     """The layers REPAIR corrects: every Linear/Conv2d in registration order (taken as
     forward order) except the last, whose outputs are the logits.
@@ -132,6 +135,7 @@ def repair_layers(model: nn.Module) -> list[str]:
     return layers[:-1]
 
 
+@checked
 @torch.no_grad()
 def channel_statistics(
     model: nn.Module,
@@ -175,6 +179,7 @@ def channel_statistics(
     return out
 
 
+@checked
 @torch.no_grad()
 def repair(
     model: nn.Module,

@@ -19,6 +19,7 @@ from torch import Tensor
 from lmckit._checks import check_int, check_number, check_positive, check_seed
 from lmckit.data import holdout_split
 from lmckit.errors import ParamsError
+from lmckit.options import checked
 
 __all__ = ["calibrated_loss", "calibration_metrics", "fit_temperature"]
 
@@ -50,6 +51,7 @@ def _pair(value: Any) -> tuple[Any, Any]:
     return value[0], value[1]
 
 
+@checked
 def fit_temperature(logits: Tensor, labels: Tensor, bounds=(1e-3, 1e3)) -> float:
     """The inverse temperature ``β`` minimising ``NLL(softmax(β · logits), labels)``
     (a 1-D bounded search over ``log β``). ``logits``: ``(N, C)``; ``labels``: ``(N,)``;
@@ -72,6 +74,7 @@ def fit_temperature(logits: Tensor, labels: Tensor, bounds=(1e-3, 1e3)) -> float
     return float(math.exp(res.x))
 
 
+@checked
 def calibrated_loss(
     logits: Tensor, labels: Tensor, *, fraction: float = 0.2, seed: int = 0
 ) -> dict[str, Any]:
@@ -95,6 +98,7 @@ def calibrated_loss(
     return {"temperature": 1.0 / beta, "loss": loss, "held": held, "rest": rest}
 
 
+@checked
 def calibration_metrics(logits: Tensor, labels: Tensor, n_bins: int = 15) -> dict[str, Any]:
     """Expected calibration error and reliability-diagram data (equal-width confidence bins).
 

@@ -39,6 +39,7 @@ from lmckit.evaluate.bn import bn_reset, channel_statistics, repair, repair_laye
 from lmckit.evaluate.calibration import calibrated_loss, calibration_metrics
 from lmckit.functional import check_model_fits
 from lmckit.metrics import predict
+from lmckit.options import checked
 from lmckit.params import Params, check_finite, check_params_compatible, lerp_params
 from lmckit.progress import ProgressCallback, notify
 
@@ -95,6 +96,7 @@ class Curve:
             raise ParamsError(f"not an interpolation curve: {exc}") from None
 
 
+@checked
 def save_curves(curves: Mapping[str, Curve], path: str | Path) -> tuple[Path, Path]:
     """Write curves as ``<path>.json`` (``{label: curve}``) and ``<path>.csv`` (one row per
     label, split, metric and λ), atomically; returns both paths."""
@@ -114,6 +116,7 @@ def save_curves(curves: Mapping[str, Curve], path: str | Path) -> tuple[Path, Pa
     return json_path, csv_path
 
 
+@checked
 def load_curves(path: str | Path) -> dict[str, Curve]:
     """Read curves written by :func:`save_curves` (the ``.json`` file)."""
     path = Path(path).with_suffix(".json")
@@ -126,6 +129,7 @@ def load_curves(path: str | Path) -> dict[str, Curve]:
     return {str(k): Curve.from_dict(v) for k, v in data.items()}
 
 
+@checked
 def barriers(lambdas: Sequence[float], values: Sequence[float], higher_is_better: bool) -> dict:
     """Both barrier definitions of one metric curve (exactly 0 for a constant curve)."""
     lam = np.asarray(lambdas, dtype=np.float64)
@@ -139,6 +143,7 @@ def barriers(lambdas: Sequence[float], values: Sequence[float], higher_is_better
     }
 
 
+@checked
 def lambda_grid(lambdas: int | Sequence[float]) -> list[float]:
     """``n`` evenly spaced points of [0, 1], or the given points checked: increasing, finite,
     from exactly 0 to exactly 1 (barriers and the ensemble read the endpoints)."""
@@ -168,6 +173,7 @@ def lambda_grid(lambdas: int | Sequence[float]) -> list[float]:
     return lams
 
 
+@checked
 def interpolate(
     model: nn.Module,
     params_a: Params,

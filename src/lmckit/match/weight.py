@@ -34,6 +34,7 @@ from lmckit.perm import Permutation, PermutationSpec, group_cost_matrix
 from lmckit.progress import ProgressCallback, notify
 
 
+@checked
 def weight_matching_reference(
     spec: PermutationSpec,
     params_a: Params,
@@ -47,6 +48,7 @@ def weight_matching_reference(
     """Git Re-Basin Alg. 1 as written — the statement of what :func:`weight_matching`
     computes. Every sweep forms every group's cost matrix afresh and solves it with SciPy;
     slow, and meant for tests and for reading. Arguments as in :func:`weight_matching`."""
+    check_inputs(spec, params_a, params_b, init, seed)
     params_a, params_b = detached(params_a), detached(params_b)
     names = set(matched_names(params_a, include_running_stats))
     active = {g for g in spec.groups if any(k in names for k, _ in spec.group_axes(g))}

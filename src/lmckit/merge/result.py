@@ -14,6 +14,7 @@ from lmckit.data import DataSource
 from lmckit.errors import LmcError, ParamsError
 from lmckit.evaluate.bn import bn_reset
 from lmckit.match.result import check_init, check_inputs
+from lmckit.options import checked
 from lmckit.params import Params, average_params, detached, has_batchnorm
 from lmckit.perm import Permutation, PermutationSpec
 
@@ -83,6 +84,7 @@ def canonicalise(perms: Sequence[Permutation], reference: int) -> tuple[Permutat
     return tuple(inv.compose(p) for p in perms)
 
 
+@checked
 def merge_with(
     params_list: Sequence[Params],
     perms: Sequence[Permutation],
@@ -90,6 +92,11 @@ def merge_with(
 ) -> dict:
     """``(1/n) Σ π_i(θ_i)``: the plain average of the aligned models — or ``Σ w_i π_i(θ_i)``
     with ``weights`` (summing to 1)."""
+    if len(perms) != len(params_list) or not all(isinstance(p, Permutation) for p in perms):
+        raise ParamsError(
+            f"merge_with needs one Permutation per model: {len(params_list)} models, "
+            f"{len(perms)} permutations"
+        )
     aligned = [p.apply(params) for p, params in zip(perms, params_list, strict=True)]
     return average_params(aligned, weights)
 

@@ -16,7 +16,7 @@ from lmckit.models.mlp import MLP
 from lmckit.models.resnet import ResNet20
 from lmckit.models.transformer import TransformerClassifier, ViT
 from lmckit.models.vgg import VGG
-from lmckit.options import check_options
+from lmckit.options import check_options, checked
 from lmckit.perm import PermutationSpec
 
 __all__ = [
@@ -46,6 +46,7 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+@checked
 def build_model(name: str, /, **config: Any) -> nn.Module:
     """Build a zoo model by registry name (``mlp``, ``vgg``, ``vgg11``, ``vgg16``, ``resnet20``,
     ``vit``, ``transformer``), or a user's class with ``name="custom"`` and the configuration
@@ -102,6 +103,7 @@ def build_model(name: str, /, **config: Any) -> nn.Module:
         raise ModelConfigError(f"{cls.__name__}: invalid configuration {config}: {exc}") from None
 
 
+@checked
 def model_config(model: nn.Module) -> dict[str, Any]:
     """The JSON-ready configuration that :func:`build_model` turns back into ``model``."""
     config = getattr(model, "config", None)
@@ -110,6 +112,7 @@ def model_config(model: nn.Module) -> dict[str, Any]:
     return dict(config)
 
 
+@checked
 def permutation_spec(model: nn.Module) -> PermutationSpec:
     """The model's permutation spec (``model.permutation_spec()``)."""
     fn = getattr(model, "permutation_spec", None)

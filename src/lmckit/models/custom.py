@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from lmckit.errors import ModelConfigError
+from lmckit.options import checked
 from lmckit.perm import PermutationSpec
 
 __all__ = ["build_custom", "class_source_digest", "example_batch", "import_model_class"]
@@ -91,6 +92,7 @@ def class_source_digest(cls: type) -> str | None:
     return digest.hexdigest()
 
 
+@checked
 def build_custom(
     class_path: str,
     args: Mapping[str, Any] | None = None,

@@ -57,6 +57,7 @@ from torch.utils import _pytree as pytree
 
 from lmckit.errors import InputMisfitError, SpecError
 from lmckit.functional import module_mode
+from lmckit.options import checked
 from lmckit.params import check_finite
 from lmckit.perm import Permutation, PermutationSpec, axis_groups, random_index_vectors
 from lmckit.spec.rules import IGNORED, RULES, Axes
@@ -221,6 +222,7 @@ class TraceReport:
         return "\n".join(lines)
 
 
+@checked
 def trace(
     model: nn.Module,
     example_inputs: Tensor | Sequence[Any],
@@ -256,6 +258,7 @@ def trace(
     ).spec
 
 
+@checked
 def trace_report(
     model: nn.Module,
     example_inputs: Tensor | Sequence[Any],
