@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from lmckit.cli import main
-from tests.test_cli import digits_mlp_args, write_bad_input_files
+from tests.test_cli import digits_mlp_args, unclear_lines, write_bad_input_files
 
 
 @pytest.fixture(scope="module")
@@ -267,21 +267,7 @@ def cases(f):
 
 
 def test_every_input_that_was_ignored_is_one_clear_line_and_touches_nothing(f, capsys):
-    failures = []
-    for case, argv, status, culprit in cases(f):
-        code = main(argv)
-        err = capsys.readouterr().err
-        lines = err.strip().splitlines()
-        ok = (
-            code == status
-            and len(lines) == 1
-            and "error" in lines[0]
-            and culprit in lines[0]
-            and "Traceback" not in err
-            and "internal error" not in err
-        )
-        if not ok:
-            failures.append(f"{case}: exit {code} (wanted {status}), stderr {err!r}")
+    failures = unclear_lines(cases(f), capsys)
     assert not failures, "\n".join(failures)
     root = f["root"]
     after = {str(p.relative_to(root)): _digest(p) for p in root.rglob("*") if p.is_file()}
