@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import math
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -271,25 +270,6 @@ def _budget(args: argparse.Namespace):
     from lmckit.budget import Budget
 
     return Budget.hours(getattr(args, "max_hours", None))
-
-
-def _per_example(ckpt, data) -> float:
-    """Seconds of one forward pass per example of ``data`` for ``ckpt``'s model (measured)."""
-    from lmckit.budget import forward_seconds
-
-    seconds, n = forward_seconds(ckpt.model, ckpt.params, data.loader("test", batch_size=256))
-    return seconds / max(n, 1)
-
-
-def _wm_sweep_seconds(a, b) -> float:
-    """One weight-matching restart of one sweep for these two checkpoints, measured: a
-    call with three such restarts (after a warm-up call), divided by three."""
-    from lmckit.match import weight_matching
-
-    weight_matching(a.spec, a.params, b.params, max_iter=1)  # compiled kernels, caches
-    start = time.perf_counter()
-    weight_matching(a.spec, a.params, b.params, restarts=3, max_iter=1)
-    return (time.perf_counter() - start) / 3
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -597,7 +577,12 @@ def cmd_match(args: argparse.Namespace) -> int:
     )
     check_same_architecture(a, b)
     data = _data_for(a, args) if METHODS[args.method].needs_data else None
-    _check_match_budget(args, a, b, data)
+    from lmckit.experiments.estimates import check_match
+
+    check_match(
+        a, b, args.method, data, restarts=args.restarts, epochs=args.epochs,
+        batch_size=args.batch_size, budget=_budget(args),
+    )  # fmt: skip
     folder = locked_output(args.out.parent, "--out's folder", guard=False)
     with ProgressBars(not args.quiet) as bars, folder:
         result = match_checkpoints(
@@ -622,35 +607,6 @@ def cmd_match(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_match_budget(args: argparse.Namespace, a, b, data) -> None:
-    from lmckit.budget import check_budget
-
-    budget = _budget(args)
-    if args.method in ("wm", "wm-fast"):
-        restarts = args.restarts or 1
-        sweep = _wm_sweep_seconds(a, b) if restarts > 1 else 0.0
-        check_budget(
-            f"weight matching with {restarts} restart(s)",
-            seconds=restarts * 2 * sweep,
-            detail=f"each restart sweeps at least twice; one sweep took {sweep:.2g} s",
-            budget=budget,
-        )
-    if data is not None and args.epochs:
-        per_pass = len(data.train_y) * _per_example(a, data)
-        if args.method == "ste":  # every step projects by weight matching: ≥ one sweep
-            steps = math.ceil(len(data.train_y) / (args.batch_size or 256))
-            per_pass += steps * _wm_sweep_seconds(a, b)
-        check_budget(
-            f"{args.method} for {args.epochs} epoch(s)",
-            seconds=args.epochs * per_pass,
-            detail=f"each epoch ≥ {per_pass:.2g} s: a forward pass over the "
-            f"{len(data.train_y)} training examples"
-            + (" and a weight-matching sweep per step" if args.method == "ste" else "")
-            + ", measured",
-            budget=budget,
-        )
-
-
 def cmd_interpolate(args: argparse.Namespace) -> int:
     from lmckit._io import check_output_dir
     from lmckit.experiments.interpolation import run_interpolate
@@ -661,7 +617,13 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
     if "bn_batches" in args.given and not has_batchnorm(a.params):
         raise UsageError("--bn-batches does not apply here: the model has no BatchNorm")
     data = _data_for(a, args)
-    _check_curve_budget(args, a, data)
+    from lmckit.experiments.estimates import check_curves
+
+    paths = 1 if args.perm else len(args.method)
+    check_curves(
+        a, data, paths=paths, lambdas=args.lambdas, test_only=args.test_only,
+        budget=_budget(args),
+    )  # fmt: skip
     with ProgressBars(not args.quiet) as bars:
         summary = run_interpolate(
             a,
@@ -688,24 +650,6 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
         )
     print(f"curves, barriers and plots -> {args.out}")
     return 0
-
-
-def _check_curve_budget(args: argparse.Namespace, a, data) -> None:
-    """λ values × paths × examples evaluated, and the logits kept for every λ."""
-    from lmckit.budget import check_budget
-
-    examples = len(data.test_y) + (0 if args.test_only else len(data.train_y))
-    paths = 1 if args.perm else len(args.method)
-    count = args.lambdas * paths
-    classes = data.num_classes
-    check_budget(
-        f"{paths} path(s) at {args.lambdas} λ values",
-        seconds=count * examples * _per_example(a, data),
-        memory=args.lambdas * examples * classes * 4,
-        detail=f"{count} evaluations of {examples} examples; each path keeps "
-        f"{args.lambdas} × {examples} × {classes} float32 logits",
-        budget=_budget(args),
-    )
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -845,7 +789,12 @@ def cmd_merge(args: argparse.Namespace) -> int:
     ckpts = _load_user_checkpoints(args.checkpoints, args)
     check_checkpoints(ckpts)
     data = _data_for(ckpts[0], args)
-    _check_merge_budget(args, ckpts[0], data)
+    from lmckit.experiments.estimates import check_merge
+
+    check_merge(
+        ckpts, args.method, data, landscape=args.landscape,
+        sharpness_probes=args.sharpness_probes, epochs=args.epochs, budget=_budget(args),
+    )  # fmt: skip
     options = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size}
     with ProgressBars(not args.quiet) as bars:
         if args.sweep_n:
@@ -905,37 +854,6 @@ def cmd_merge(args: argparse.Namespace) -> int:
         )
     print(f"merged checkpoint, permutations.json, metrics.json, plots -> {args.out}")
     return 0
-
-
-def _check_merge_budget(args: argparse.Namespace, ckpt, data) -> None:
-    from lmckit.budget import check_budget
-
-    budget = _budget(args)
-    per_example = _per_example(ckpt, data)
-    if args.landscape:
-        points = args.landscape**2
-        check_budget(
-            f"a landscape of resolution {args.landscape}",
-            seconds=points * len(data.test_y) * per_example,
-            memory=points * 3 * 8,
-            detail=f"{points} points, each an evaluation of {len(data.test_y)} test examples",
-            budget=budget,
-        )
-    if args.sharpness_probes:
-        # four batches of 1000 per Hessian-vector product, ≥ one forward pass each
-        check_budget(
-            f"sharpness with {args.sharpness_probes} probes",
-            seconds=args.sharpness_probes * 4000 * per_example * 2,
-            detail="per probe and model, a Hessian-vector product over 4 batches",
-            budget=budget,
-        )
-    if args.epochs:
-        check_budget(
-            f"{args.method} for {args.epochs} epoch(s)",
-            seconds=args.epochs * len(data.train_y) * per_example,
-            detail=f"each epoch ≥ a forward pass over {len(data.train_y)} examples",
-            budget=budget,
-        )
 
 
 def _overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
