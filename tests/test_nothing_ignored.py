@@ -227,6 +227,14 @@ def cases(f):
             2,
             "hidden must be a list of integers",
         ),
+        (
+            "augment-vectors",
+            ["train", "--model", "mlp", "--dataset", "synthetic", "--augment", "--out", m],
+            2,
+            "augment does not apply: synthetic holds no images",
+        ),
+        ("gamma-twice", ["analyze", a, b, "--gamma", "0.3", "0.3", "--out", m], 2, "more than"),
+        ("method-twice", [*interp, "--method", "wm", "wm"], 2, "--method lists ['wm'] more than"),
         # integrity and the same model twice
         ("sidecar-digest", ["match", str(r / "claims.json"), b, "--out", o], 1, "records 0000"),
         ("v1-flipped", ["match", str(r / "old.json"), b, "--out", o], 1, "old.safetensors"),

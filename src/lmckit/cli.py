@@ -411,9 +411,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     from lmckit.train import TrainConfig
 
     check_output_dir(args.out, "--out")
-    repeated = sorted({s for s in args.seeds if args.seeds.count(s) > 1})
-    if repeated:
-        raise UsageError(f"--seeds lists {repeated} more than once; one model per seed")
     if args.threads:
         torch.set_num_threads(args.threads)
     data = load_for_model(args.model, args.dataset, args.data_dir, download=not args.no_download)
@@ -1077,7 +1074,22 @@ APPLIES: dict[str, list[tuple[str, Check]]] = {
 given on the command line where it does not apply is an error, never silently ignored."""
 
 
+NO_REPEATS: dict[str, tuple[str, ...]] = {
+    "train": ("seeds",),
+    "interpolate": ("method",),
+    "analyze": ("method", "gamma"),
+    "merge": ("methods",),
+}
+"""List options whose values must be distinct: a repeated seed, method or γ would compute
+the same thing twice and list it twice."""
+
+
 def _check_applicable(args: argparse.Namespace) -> None:
+    for dest in NO_REPEATS.get(args.command, ()):
+        values = getattr(args, dest, None) or []
+        repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+        if dest in args.given and repeated:
+            raise UsageError(f"{_flag(dest)} lists {repeated} more than once")
     for dest, check in APPLIES.get(args.command, []):
         if dest in args.given:
             why = check(args)

@@ -181,7 +181,11 @@ class TrainConfig:
         if unknown:
             raise TrainConfigError(f"unknown training option(s) {unknown}; known: {sorted(known)}")
         config = cls(**{**base, **overrides})
+        from lmckit.data.datasets import INPUT_SHAPES, canonical_name
+
+        shape = INPUT_SHAPES.get(canonical_name(dataset)) if dataset else None
         for name, applies, why in (
+            ("augment", shape is None or len(shape) == 3, f"{dataset} holds no images"),
             ("momentum", config.optimizer == "sgd", f"the optimizer is {config.optimizer}"),
             ("nesterov", config.optimizer == "sgd", f"the optimizer is {config.optimizer}"),
             (
