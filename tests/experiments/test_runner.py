@@ -176,6 +176,10 @@ def test_run_command_runs_and_resumes(tmp_path, capsys):
     assert all(r["experiment"] == ran for r in runs)
     assert main(["run", str(TINY), "--out", str(tmp_path), "--set", "seeds=[0, 0]"]) == 2
     assert "seeds must be distinct" in capsys.readouterr().err
+    # the file as it ran is an input now: a run of it into the same folder must not replace it
+    assert main(["run", str(tmp_path / "experiment.toml"), "--out", str(tmp_path), "-q"]) == 2
+    assert "which is one of the inputs" in capsys.readouterr().err
+    assert (tmp_path / "experiment.toml").read_text() == ran
 
 
 def test_default_threads_follow_the_cpu_affinity_not_the_machine(monkeypatch):

@@ -169,7 +169,10 @@ def run_experiment(
     def data_for(model_name: str):
         return dataset_for(model_name, experiment.dataset, data_key, download)
 
-    check_outputs([out / n for n in ("experiment.toml", "ledger.sqlite", "store")])
+    check_outputs(
+        [out / n for n in ("experiment.toml", "ledger.sqlite", "store")],
+        [experiment.source] if experiment.source is not None else [],
+    )
     configs = model_configs(experiment, data_for)
     all_jobs = build_jobs(experiment, configs)
     check_training_jobs(all_jobs, data_for, budget or Budget())

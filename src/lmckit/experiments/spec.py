@@ -83,7 +83,7 @@ import itertools
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +250,7 @@ class Experiment:
     text: str = field(default="", compare=False)
     overrides: Mapping[str, Any] = field(default_factory=dict, compare=False)
     document: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    source: Path | None = field(default=None, compare=False)  # the file it was read from
 
     def as_run(self) -> str:
         """The experiment file as it runs: its own text, or — with overrides — the
@@ -757,6 +758,6 @@ def load_experiment(path: str | Path, overrides: Mapping[str, Any] | None = None
     except tomllib.TOMLDecodeError as exc:
         raise ExperimentError(f"{path} is not valid TOML: {exc}") from None
     try:
-        return parse_experiment(raw, text, overrides)
+        return replace(parse_experiment(raw, text, overrides), source=path)
     except ExperimentError as exc:
         raise ExperimentError(f"{path}: {exc}") from None
