@@ -44,6 +44,24 @@ def test_lookup_order_explicit_then_env_then_cache(tmp_path, monkeypatch):
     assert len(load_dataset("mnist", tmp_path / "explicit", download=False).train_x) == 5
 
 
+def test_a_partial_copy_on_the_lookup_path_is_an_error_not_skipped(tmp_path, monkeypatch):
+    """$LMCKIT_DATA holding some of the files is a mistake to report: the complete copy in
+    the cache behind it must not be taken silently in its place."""
+    write_tiny_idx(tmp_path / "cache" / "lmckit" / "mnist", n_train=9)
+    write_tiny_idx(tmp_path / "env" / "mnist", n_train=7)
+    (tmp_path / "env" / "mnist" / "train-labels-idx1-ubyte.gz").unlink()
+    monkeypatch.setenv("LMCKIT_DATA", str(tmp_path / "env"))
+    with pytest.raises(DatasetNotFoundError, match="incomplete: train-labels-idx1-ubyte"):
+        load_dataset("mnist", download=False)
+    write_cifar_dir(tmp_path / "cache" / "lmckit" / "cifar-10-batches-py")
+    write_cifar_dir(tmp_path / "env" / "cifar-10-batches-py")
+    (tmp_path / "env" / "cifar-10-batches-py" / "data_batch_2").unlink()
+    with pytest.raises(DatasetNotFoundError, match="incomplete: data_batch_2 missing"):
+        load_dataset("cifar10", download=False)
+    monkeypatch.delenv("LMCKIT_DATA")
+    assert len(load_dataset("mnist", download=False).train_x) == 9
+
+
 def test_debian_package_location_is_used(tmp_path, monkeypatch):
     write_tiny_idx(tmp_path / "debian")
     monkeypatch.setattr(ds, "DEBIAN_FASHION_MNIST", tmp_path / "debian")

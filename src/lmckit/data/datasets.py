@@ -315,25 +315,35 @@ def _check_labels(labels: np.ndarray, num_classes: int, what: str) -> None:
         )
 
 
+def _refuse_incomplete_idx(name: str, directory: Path) -> None:
+    found = {k: _find_idx_file(directory, stem) for k, stem in IDX_FILES.items()}
+    missing = [IDX_FILES[k] for k, f in found.items() if f is None]
+    if 0 < len(missing) < len(IDX_FILES):
+        raise DatasetNotFoundError(
+            f"{name} in {directory} is incomplete: {', '.join(missing)}[.gz] missing "
+            "(complete it or remove the folder's IDX files)"
+        )
+
+
 def load_idx_dataset(
     name: str, root=None, *, download_missing: bool = True, pad_to=None
 ) -> Dataset:
     """Fashion-MNIST or MNIST from IDX files (see the module docstring for the lookup order)."""
     looked = _candidates(name, root, name)
+    download_target = _download_target(name) if download_missing and root is None else None
     arrays, where = None, None
     for directory in looked:
         arrays = _load_idx_dir(directory)
         if arrays is not None:
             where = directory
             break
+        # A partial copy is a mistake to report, never a reason to take another copy
+        # silently — except where a download is about to complete it.
+        if root is None and directory != download_target:
+            _refuse_incomplete_idx(name, directory)
     if arrays is None and root is not None:
         for directory in looked:
-            found = {k: _find_idx_file(directory, stem) for k, stem in IDX_FILES.items()}
-            missing = [IDX_FILES[k] for k, f in found.items() if f is None]
-            if len(missing) < len(IDX_FILES):
-                raise DatasetNotFoundError(
-                    f"{name} in {directory} is incomplete: {', '.join(missing)}[.gz] missing"
-                )
+            _refuse_incomplete_idx(name, directory)
         raise DatasetNotFoundError(
             f"{name} is not in the data folder {root} (looked for "
             f"{IDX_FILES['train_images']}[.gz] and the other three IDX files in "
@@ -378,16 +388,28 @@ def load_cifar(name: str, root=None, *, download_missing: bool = True, pad_to=No
     files = CIFAR10_FILES if name == "cifar10" else CIFAR100_FILES
     label_key = "labels" if name == "cifar10" else "fine_labels"
     looked = _candidates(name, root, subdir)
-    where = next(
-        (d for d in looked if all((d / f).is_file() for f in files["train"] + files["test"])), None
-    )
+    every_file = files["train"] + files["test"]
+    download_folder = _download_target("") / subdir if download_missing and root is None else None
+
+    def refuse_incomplete(directory: Path) -> None:
+        missing = [f for f in every_file if not (directory / f).is_file()]
+        if 0 < len(missing) < len(every_file):
+            raise DatasetNotFoundError(
+                f"{name} in {directory} is incomplete: {', '.join(missing)} missing"
+            )
+
+    where = None
+    for directory in looked:
+        if all((directory / f).is_file() for f in every_file):
+            where = directory
+            break
+        # a partial copy is reported, never skipped for another copy (unless a download
+        # is about to replace it)
+        if root is None and directory != download_folder:
+            refuse_incomplete(directory)
     if where is None and root is not None:
         for directory in looked:
-            missing = [f for f in files["train"] + files["test"] if not (directory / f).is_file()]
-            if len(missing) < len(files["train"] + files["test"]):
-                raise DatasetNotFoundError(
-                    f"{name} in {directory} is incomplete: {', '.join(missing)} missing"
-                )
+            refuse_incomplete(directory)
         raise DatasetNotFoundError(
             f"{name} is not in the data folder {root} (looked for {subdir}/ with "
             f"{files['test'][0]} in {', '.join(str(d) for d in looked)})"
