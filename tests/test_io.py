@@ -69,6 +69,12 @@ def test_a_guarded_folder_never_overwrites_what_lmckit_did_not_write(tmp_path):
 
     listed = json.loads((out / MANIFEST).read_text())["entries"]
     assert sorted(listed) == ["results.json", "sub"]
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    for written in (out / MANIFEST, out / "results.json"):  # readable as open() would make them
+        assert written.stat().st_mode & 0o777 == 0o666 & ~umask, written.name
     # outside any held folder nothing is guarded (a library caller writes where it likes)
     atomic_write_json(out / "experiment.toml", {"mine": True})
 

@@ -218,6 +218,7 @@ class _Manifest:
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=scratch_prefix(MANIFEST), suffix=".part")
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+        os.chmod(tmp, _default_mode())  # readable like the files it lists, not mkstemp's 0o600
         os.replace(tmp, self.path)
 
 
