@@ -1047,6 +1047,22 @@ MUTATIONS = [
         "        return isinstance(value, int)",
         ("tests/test_registry.py", "tests/experiments/test_spec.py"),
     ),
+    M(
+        "partial-dataset-skipped",
+        "a partial copy of a dataset on the lookup path is passed over for the next copy",
+        "src/lmckit/data/datasets.py",
+        "        if root is None and directory != download_target:",
+        "        if False:",
+        ("tests/data/test_datasets.py",),
+    ),
+    M(
+        "private-file-list",
+        "the output folder's file list keeps mkstemp's 0o600",
+        "src/lmckit/_io.py",
+        "        os.chmod(tmp, _default_mode())  # readable like the files it lists",
+        "        pass  # readable like the files it lists",
+        ("tests/test_io.py",),
+    ),
 ]
 
 
