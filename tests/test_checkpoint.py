@@ -128,12 +128,20 @@ def test_foreign_pt_files_are_loaded_with_weights_only(tmp_path):
     assert set(import_state_dict(tmp_path / "wrapped.pth")) == set(sd)
     marker = tmp_path / "pwned"
     torch.save({"w": torch.zeros(2), "x": PickledCode(str(marker))}, tmp_path / "evil.pt")
-    with pytest.raises(CheckpointError, match="weights_only=True"):
+    with pytest.raises(CheckpointError, match="weights_only=True") as exc:
         import_state_dict(tmp_path / "evil.pt")
     assert not marker.exists()
+    # one line, the unpickler's reason, and never torch's advice to turn the check off
+    message = str(exc.value)
+    assert "\n" not in message
+    assert "not a plain file of tensors (the weights-only unpickler: Unsupported global" in message
+    assert "weights_only` set to `False`" not in message
     (tmp_path / "junk.pt").write_bytes(b"not a torch file")
-    with pytest.raises(CheckpointError, match="refusing or unable to load"):
+    with pytest.raises(CheckpointError, match="not a plain file of tensors") as exc:
         import_state_dict(tmp_path / "junk.pt")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"not a PyTorch file \(torch.load raised EOFError"):
+        import_state_dict(tmp_path / "empty.pt")
 
 
 def test_checkpoint_params_do_not_alias_the_module(tmp_path):

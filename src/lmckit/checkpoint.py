@@ -23,9 +23,11 @@ import json
 import math
 import os
 import queue
+import re
 import struct
 import sys
 import threading
+import warnings
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,6 +54,24 @@ from lmckit.perm import PermutationSpec
 FORMAT = "lmckit-checkpoint"
 FORMAT_VERSION = 2  # 2: the sidecar holds the weights file's SHA-256
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+
+
+def _load_failure(exc: BaseException) -> str:
+    """One line saying why ``torch.load(weights_only=True)`` failed: the unpickler's own
+    reason where there is one (torch's paragraph around it recommends ``weights_only=False``,
+    which is exactly what must not be done with a file of unknown origin)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    found = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\n\n|$)", text, re.S)
+    if found:
+        reason = " ".join(found.group(1).split())
+        reason = reason.split(" was not an allowed global")[0]
+        return f"not a plain file of tensors (the weights-only unpickler: {reason})"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if isinstance(exc, (KeyError, IndexError, EOFError)) or not lines or len(lines[0]) < 12:
+        # torch.load's answer to bytes that are no pickle at all (KeyError: 105, ...)
+        said = f": {lines[0]}" if lines else ""
+        return f"it is not a PyTorch file (torch.load raised {type(exc).__name__}{said})"
+    return lines[0]
 
 
 def checkpoint_paths(path: str | os.PathLike) -> tuple[Path, Path]:
@@ -529,13 +549,14 @@ def import_state_dict(path: str | os.PathLike, *, data: bytes | None = None) -> 
         except (SafetensorError, ValueError) as exc:
             raise CheckpointError(f"cannot read {path} as safetensors: {exc}") from None
     try:
-        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's pickle-protocol notes are not the user's news
+            warnings.simplefilter("ignore")
+            obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError, RuntimeError, EOFError, zip errors ...
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
-            f"refusing or unable to load {path} with weights_only=True: {first}. lmckit never "
-            "unpickles arbitrary objects; save a plain state_dict (torch.save(model.state_dict()))"
-            " or safetensors instead"
+            f"refusing or unable to load {path} with weights_only=True: {_load_failure(exc)}. "
+            "lmckit never unpickles arbitrary objects; save a plain state_dict "
+            "(torch.save(model.state_dict())) or safetensors instead"
         ) from None
     if isinstance(obj, Mapping):
         for key in ("state_dict", "model_state_dict", "model"):
