@@ -1056,6 +1056,14 @@ MUTATIONS = [
         ("tests/data/test_datasets.py",),
     ),
     M(
+        "repeats-accepted",
+        "a method, model count or grid value listed twice is accepted (jobs run twice)",
+        "src/lmckit/experiments/spec.py",
+        "    if repeated:\n        raise ExperimentError(",
+        "    if False:\n        raise ExperimentError(",
+        ("tests/experiments/test_spec.py",),
+    ),
+    M(
         "private-file-list",
         "the output folder's file list keeps mkstemp's 0o600",
         "src/lmckit/_io.py",

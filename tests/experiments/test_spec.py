@@ -106,6 +106,13 @@ def test_the_tiny_file_expands_into_cells():
         ({"compare": [{"pairs": [[True, 0]]}]}, "must be a list of [i, j] index lists"),
         ({"compare": [{"pairs": []}]}, "must list at least one [i, j]"),
         ({"compare": [{"lambdas": 10**9}]}, "compare[0].lambdas must be in [2, 10000]"),
+        ({"compare": [{"methods": ["none", "wm-fast", "none"]}]}, "lists 'none' more than once"),
+        ({"merge": [{"methods": ["average"], "n": [2, 2]}]}, "merge[0].n lists 2 more than once"),
+        ({"grid": {"train.epochs": [1, 2, 1]}}, "grid.train.epochs lists 1 more than once"),
+        ({"grid": {"model.hidden": [[8], [8]]}}, "grid.model.hidden lists [8] more than once"),
+        ({"name": ""}, "name must be a non-empty line of printable text"),
+        ({"name": "a\x00b"}, "name must be a non-empty line of printable text"),
+        ({"variants": [{"name": " "}]}, "variants[0].name must be a non-empty line"),
         (
             {"grid": {f"train.{k}": list(range(1, 30)) for k in ("epochs", "batch_size", "seed")}},
             "the grid has 24,389 cells (29 × 29 × 29)",
@@ -184,6 +191,11 @@ def test_overrides_reach_nested_keys_and_blocks_by_index():
         load_experiment(TINY, {"compare.lambdas": 3})
     with pytest.raises(ExperimentError, match="name one by its index"):
         load_experiment(TINY, {"compare.5.lambdas": 3})
+
+
+def test_a_byte_order_mark_is_read_as_the_text_it_starts(tmp_path):
+    (tmp_path / "bom.toml").write_bytes("\ufeff".encode() + TINY.read_bytes())
+    assert load_experiment(tmp_path / "bom.toml") == load_experiment(TINY)
 
 
 def test_a_file_that_is_not_utf8_is_named(tmp_path):

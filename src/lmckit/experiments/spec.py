@@ -80,9 +80,10 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -299,7 +300,7 @@ VARIANT_KEY = "variant.name"
 
 def _parse_variant(entry: Any, where: str) -> dict[str, Any]:
     table = _table(entry, where)
-    name = _expect(table.get("name"), str, f"{where}.name")
+    name = _label(table.get("name"), f"{where}.name")
     for key, value in table.items():
         if key == "name":
             continue
@@ -321,7 +322,32 @@ def _methods(value: Any, key: str, allowed: set[str]) -> tuple[str, ...]:
             raise ExperimentError(f"{key}: unknown method {m!r}; choose from {sorted(allowed)}")
     if not methods:
         raise ExperimentError(f"{key} must name at least one method")
+    _distinct(methods, key)
     return methods
+
+
+def _distinct(values: Sequence[Any], key: str) -> None:
+    """A value listed twice would run the same jobs twice under one label (or be dropped
+    silently): either way the list does not say what the user meant."""
+    seen, repeated = set(), []
+    for v in values:
+        marker = json.dumps(v, sort_keys=True)
+        if marker in seen and v not in repeated:
+            repeated.append(v)
+        seen.add(marker)
+    if repeated:
+        raise ExperimentError(f"{key} lists {', '.join(map(repr, repeated))} more than once")
+
+
+def _label(value: Any, key: str) -> str:
+    """A name shown in reports and logs: a non-empty line of printable text."""
+    text = _expect(value, str, key)
+    if not text.strip() or not text.isprintable() or len(text) > 200:
+        raise ExperimentError(
+            f"{key} must be a non-empty line of printable text (at most 200 characters), "
+            f"got {text!r}"
+        )
+    return text
 
 
 def _options(
@@ -469,6 +495,7 @@ def _parse_merge(raw: Any, where: str) -> MergeBlock:
     )
     if not ns or min((n for n in ns if n != PARTS), default=2) < 2:
         raise ExperimentError(f'{where}.n must list model counts of at least 2 (or "parts")')
+    _distinct(ns, f"{where}.n")
     server = _server_examples(block.get("server_examples"), where)
     options = _options(block.get("options", {}), f"{where}.options", methods, MERGERS)
     train = _expect(block.get("train_metrics", False), bool, f"{where}.train_metrics")
@@ -555,7 +582,7 @@ def parse_experiment(
     unknown = sorted(set(raw) - TOP_KEYS)
     if unknown:
         raise ExperimentError(f"unknown top-level key(s) {unknown}; known: {sorted(TOP_KEYS)}")
-    name = _expect(raw.get("name", "experiment"), str, "name")
+    name = _label(raw.get("name", "experiment"), "name")
     seeds = tuple(
         _expect(s, int, "seeds[]") for s in _expect(raw.get("seeds", [0, 1]), list, "seeds")
     )
@@ -576,6 +603,7 @@ def parse_experiment(
             raise ExperimentError(f'grid key {key!r} must be "model.<option>" or "train.<option>"')
         if not _expect(values, list, f"grid.{key}"):
             raise ExperimentError(f"grid.{key} must list at least one value")
+        _distinct(values, f"grid.{key}")
         grid[key] = tuple(values)
     variants = tuple(
         _parse_variant(entry, f"variants[{i}]")
@@ -744,7 +772,7 @@ def load_experiment(path: str | Path, overrides: Mapping[str, Any] | None = None
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is no error
         raw = tomllib.loads(text)
     except UnicodeDecodeError as exc:
         byte = exc.object[exc.start]
