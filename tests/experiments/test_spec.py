@@ -189,8 +189,10 @@ def test_overrides_reach_nested_keys_and_blocks_by_index():
     assert "lambdas = 3" in experiment.as_run() and experiment.as_run().startswith("# lmckit")
     with pytest.raises(ExperimentError, match="compare is a list of blocks; name one"):
         load_experiment(TINY, {"compare.lambdas": 3})
-    with pytest.raises(ExperimentError, match="name one by its index"):
+    with pytest.raises(ExperimentError, match=r"\(indices 0..0\); there is no block 5"):
         load_experiment(TINY, {"compare.5.lambdas": 3})
+    with pytest.raises(ExperimentError, match=r"by its index, e\.g\. compare\.0\.x\.lambdas"):
+        load_experiment(TINY, {"compare.x.lambdas": 3})
 
 
 def test_a_byte_order_mark_is_read_as_the_text_it_starts(tmp_path):

@@ -515,11 +515,18 @@ def _override(raw: dict[str, Any], dotted: str, value: Any) -> None:
     for i, part in enumerate(parts[:-1]):
         where = ".".join(parts[: i + 1])
         if isinstance(target, list):
-            if not part.isdigit() or int(part) >= len(target):
+            if not part.isdigit():
                 raise ExperimentError(
                     f"override {dotted!r}: {'.'.join(parts[:i])} is a list of "
                     f"{len(target)} block(s); name one by its index, e.g. "
                     f"{'.'.join(parts[:i])}.0.{'.'.join(parts[i:])}"
+                )
+            if int(part) >= len(target):
+                raise ExperimentError(
+                    f"override {dotted!r}: {'.'.join(parts[:i])} is a list of "
+                    f"{len(target)} block(s)"
+                    + (f" (indices 0..{len(target) - 1})" if target else "")
+                    + f"; there is no block {part}"
                 )
             target = target[int(part)]
         elif isinstance(target, dict):
