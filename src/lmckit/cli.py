@@ -919,11 +919,17 @@ class _JobBars:
 def cmd_status(args: argparse.Namespace) -> int:
     from datetime import datetime
 
+    from lmckit._io import locked_output
     from lmckit.experiments.ledger import STATUSES, Ledger
 
     path = args.out / "ledger.sqlite"
     if not path.is_file():
         raise UsageError(f"{args.out} holds no experiment ledger (ledger.sqlite)")
+    if args.parquet:
+        import importlib.util
+
+        if importlib.util.find_spec("pyarrow") is None:  # before any output, not after
+            raise UsageError("--parquet needs pyarrow (pip install pyarrow); --csv does not")
     ledger = Ledger(path, create=False)
     try:
         runs = ledger.runs()
@@ -946,12 +952,15 @@ def cmd_status(args: argparse.Namespace) -> int:
                 lines = (job["error"] or "").strip().splitlines()
                 reason = lines[-1] if lines else ""
                 print(f"{job['status']}: {job['name']} ({job['attempts']} attempt(s)): {reason}")
-        if args.csv:
-            for path in ledger.export_csv(args.csv):
-                print(f"wrote {path}")
-        if args.parquet:
-            for path in ledger.export_parquet(args.parquet):
-                print(f"wrote {path}")
+        # the tables go into folders lmckit guards: a user's own jobs.csv is never replaced
+        for folder, export in (
+            (args.csv, ledger.export_csv),
+            (args.parquet, ledger.export_parquet),
+        ):
+            if folder:
+                with locked_output(folder, "export folder"):
+                    for path in export(folder):
+                        print(f"wrote {path}")
     finally:
         ledger.close()
     return 0

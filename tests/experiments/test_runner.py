@@ -147,13 +147,21 @@ def test_status_summarises_and_exports_the_ledger(reference, tmp_path, capsys):
     try:
         import pyarrow  # noqa: F401
     except ImportError:
-        assert main(["status", str(reference), "--parquet", str(tmp_path)]) == 1
-        assert "needs pyarrow" in capsys.readouterr().err
+        assert main(["status", str(reference), "--parquet", str(tmp_path)]) == 2
+        captured = capsys.readouterr()
+        assert "needs pyarrow" in captured.err and not captured.out  # refused before printing
     else:
         assert main(["status", str(reference), "--parquet", str(tmp_path)]) == 0
         assert (tmp_path / "metrics.parquet").exists()
     assert main(["status", str(tmp_path)]) == 2
     assert "holds no experiment ledger" in capsys.readouterr().err
+    # a user's own jobs.csv in the export folder is never replaced
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "jobs.csv").write_text("mine\n")
+    assert main(["status", str(reference), "--csv", str(theirs)]) == 2
+    assert "jobs.csv already exists and was not written by lmckit" in capsys.readouterr().err
+    assert (theirs / "jobs.csv").read_text() == "mine\n"
 
 
 def test_run_command_runs_and_resumes(tmp_path, capsys):
