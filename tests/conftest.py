@@ -11,6 +11,12 @@ TEST_DEVICE = os.environ.get("LMCKIT_TEST_DEVICE", "cpu")
 
 
 def pytest_configure(config):
+    # Under pytest-xdist (`-n N`) every worker would otherwise run torch with one thread per
+    # core: N × cores spinning threads on `cores` cores, and a fixture that trains in a
+    # second alone timed out after 100 s on a 16-core GPU machine with 14 workers.
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
     try:
         torch.empty(1, device=TEST_DEVICE)
     except (RuntimeError, AssertionError) as exc:
