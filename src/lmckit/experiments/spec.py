@@ -331,7 +331,7 @@ def _distinct(values: Sequence[Any], key: str) -> None:
     silently): either way the list does not say what the user meant."""
     seen, repeated = set(), []
     for v in values:
-        marker = json.dumps(v, sort_keys=True)
+        marker = json.dumps(v, sort_keys=True, default=repr)  # TOML dates too
         if marker in seen and v not in repeated:
             repeated.append(v)
         seen.add(marker)
