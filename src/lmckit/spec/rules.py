@@ -535,6 +535,28 @@ def pooling(node: fx.Node, ax: Axes, spatial: int) -> None:
         ax.freeze(node, i, "spatial axis of a pooling op")
 
 
+def pad(node: fx.Node, ax: Axes) -> None:
+    """``pad(input, pad, ...)``, ``constant_pad_nd`` and the reflection/replication pads:
+    ``pad`` lists (before, after) amounts from the last axis backwards. Axes it does not pad
+    map through — the fill is one constant (or copies along the padded axis) in every
+    channel, so a permutation of channels commutes with it; a padded axis is frozen (its
+    positions change)."""
+    x = node.args[0]
+    xs = ax.shape(x)
+    assert xs is not None
+    amounts = list(node.args[1]) if len(node.args) > 1 else list(node.kwargs["pad"])
+    padded = set()
+    for k in range(len(amounts) // 2):
+        if amounts[2 * k] != 0 or amounts[2 * k + 1] != 0:
+            padded.add(len(xs) - 1 - k)
+    for i in range(len(xs)):
+        if i in padded:
+            ax.freeze(x, i, "padded axis")
+            ax.freeze(node, i, "padded axis")
+        else:
+            ax.same(x, i, node, i)
+
+
 def flatten(node: fx.Node, ax: Axes) -> None:
     reshape(node, ax)
 
@@ -939,6 +961,19 @@ _TABLE: list[tuple[Rule, tuple[str, ...]]] = [
         ),
     ),
     (_pooling(3), ("max_pool3d", "avg_pool3d", "adaptive_avg_pool3d")),
+    (
+        pad,
+        (
+            "pad",
+            "constant_pad_nd",
+            "reflection_pad1d",
+            "reflection_pad2d",
+            "reflection_pad3d",
+            "replication_pad1d",
+            "replication_pad2d",
+            "replication_pad3d",
+        ),
+    ),
     (flatten, ("flatten",)),
     (reshape, ("view", "reshape", "_unsafe_view", "unflatten")),
     (select, ("select",)),

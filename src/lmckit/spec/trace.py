@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import logging
 import operator
 import re
@@ -238,7 +239,10 @@ def trace(
         model: any module ``torch.export`` can export (left unchanged: mode and weights).
         example_inputs: a tensor or a tuple of positional inputs; shapes are taken from
             them (batch of at least 2, so that BatchNorm can run in train mode).
-        example_kwargs: keyword inputs, if the model takes some.
+        example_kwargs: keyword inputs, if the model takes some. A model whose forward
+            takes ``use_cache`` (Hugging Face decoders) is traced with ``use_cache=False``
+            unless given: the key/value cache is an inference-time buffer, not part of the
+            function, and its cache objects are no tensors ``torch.export`` can return.
         strict: raise instead of freezing when an operator has no rule.
         seed: seeds the verification's random permutations.
         inside_blocks: permute inside heads where the trace proves it (head-structured
@@ -273,6 +277,8 @@ def trace_report(
         raise SpecError(f"trace() needs a torch.nn.Module, got {type(model).__name__}")
     args = (example_inputs,) if isinstance(example_inputs, Tensor) else tuple(example_inputs)
     kwargs = dict(example_kwargs or {})
+    if "use_cache" not in kwargs and _takes_keyword(model, "use_cache"):
+        kwargs["use_cache"] = False  # see trace(): the cache is no part of the function
     args, kwargs = _check_trace_inputs(model, args, kwargs)
     start = time.perf_counter()
     with module_mode(model, False), torch.no_grad(), _quiet_torch_logs():
@@ -322,6 +328,14 @@ def trace_report(
         seconds=time.perf_counter() - start,
         numels={k: v.numel() for k, v in state.items()},
     )
+
+
+def _takes_keyword(model: nn.Module, name: str) -> bool:
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters
 
 
 def _check_trace_inputs(
