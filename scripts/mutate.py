@@ -1088,6 +1088,14 @@ MUTATIONS = [
         ("tests/spec/test_trace_transformers.py",),
     ),
     M(
+        "no-pointwise-fallback",
+        "ops outside the hand-written table get no rule even when PyTorch tags them pointwise",
+        "src/lmckit/spec/rules.py",
+        "    if rule is None and torch.Tag.pointwise in getattr(target, \"tags\", ()):",
+        "    if False:",
+        ("tests/spec/test_trace.py",),
+    ),
+    M(
         "private-file-list",
         "the output folder's file list keeps mkstemp's 0o600",
         "src/lmckit/_io.py",

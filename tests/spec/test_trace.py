@@ -287,6 +287,28 @@ def test_a_padded_channel_axis_is_frozen_with_its_reason():
     assert report.spec.axes["b.weight"][0] is not None  # the next layer's units still move
 
 
+class Pointwise(nn.Module):
+    """Elementwise ops that no hand-written table listed (``atan``, ``min`` of two tensors,
+    ``logaddexp``, ``hypot``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(5, 8), nn.Linear(5, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h, g = self.a(x), self.b(x)
+        return self.c(torch.atan(torch.min(h, g)) + torch.logaddexp(h, g) * torch.hypot(h, g))
+
+
+def test_every_op_pytorch_tags_pointwise_relates_its_axes_elementwise():
+    report = trace_report(Pointwise(), torch.randn(4, 5))
+    assert report.unknown_ops == () and report.checked_modes == ("eval", "train")
+    hidden = report.spec.axes["a.weight"][0]
+    assert hidden is not None and report.spec.axes["b.weight"][0] == hidden
+    assert report.spec.axes["c.weight"] == (None, hidden)
+    planted_recovery(Pointwise(), trace(Pointwise(), torch.randn(4, 5)))
+
+
 class Concatenated(nn.Module):
     def __init__(self):
         super().__init__()

@@ -985,5 +985,18 @@ _TABLE: list[tuple[Rule, tuple[str, ...]]] = [
 RULES: dict[Any, Rule] = {op: rule for rule, names in _TABLE for op in _ops(*names)}
 RULES[operator.getitem] = getitem
 
+
+def rule_for(target: Any) -> Rule | None:
+    """The rule of an op: from the table, else :func:`elementwise` for every op PyTorch
+    tags ``pointwise`` (each output entry a function of the inputs' entries at the same,
+    broadcast, position — exactly what the rule assumes), so no elementwise operator of
+    the ATen set is left without one. The trace's verification checks the result either
+    way."""
+    rule = RULES.get(target)
+    if rule is None and torch.Tag.pointwise in getattr(target, "tags", ()):
+        return elementwise
+    return rule
+
+
 # Ops with no tensor result (shape assertions, symbolic sizes) relate nothing.
 IGNORED = re.compile(r"^(aten\._assert|aten\.sym_|aten\._assert_tensor_metadata|_operator\.)")

@@ -61,7 +61,7 @@ from lmckit.functional import module_mode
 from lmckit.options import checked
 from lmckit.params import check_finite
 from lmckit.perm import Permutation, PermutationSpec, axis_groups, random_index_vectors
-from lmckit.spec.rules import IGNORED, RULES, Axes
+from lmckit.spec.rules import IGNORED, Axes, rule_for
 
 __all__ = ["TraceReport", "trace", "trace_report"]
 
@@ -446,7 +446,7 @@ def _relate(exported) -> tuple[_UnionFind, list[str], _Found]:
                 if isinstance(out, fx.Node) and out.name in user_outputs:
                     ax.freeze_all(out, "model output")
         elif node.op == "call_function":
-            rule = RULES.get(node.target)
+            rule = rule_for(node.target)
             if rule is not None:
                 ax.op = str(node.target)
                 rule(node, ax)
