@@ -1096,6 +1096,22 @@ MUTATIONS = [
         ("tests/spec/test_trace.py",),
     ),
     M(
+        "ramp-as-constant",
+        "an arange made in forward is taken for a constant (every entry equal)",
+        "src/lmckit/spec/rules.py",
+        '    (fresh_constant, ("arange", "empty",',
+        '    (like_constant, ("arange",)),\n    (fresh_constant, ("empty",',
+        ("tests/spec/test_trace.py",),
+    ),
+    M(
+        "constants-made-in-forward-freeze",
+        "zeros/ones/full made in forward freeze the axes they meet",
+        "src/lmckit/spec/rules.py",
+        '    (fresh_constant, ("arange", "empty",',
+        '    (fresh_constant, ("zeros", "ones", "full", "new_ones", "arange", "empty",',
+        ("tests/spec/test_trace.py",),
+    ),
+    M(
         "private-file-list",
         "the output folder's file list keeps mkstemp's 0o600",
         "src/lmckit/_io.py",

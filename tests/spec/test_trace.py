@@ -309,6 +309,34 @@ def test_every_op_pytorch_tags_pointwise_relates_its_axes_elementwise():
     planted_recovery(Pointwise(), trace(Pointwise(), torch.randn(4, 5)))
 
 
+class MadeInForward(nn.Module):
+    """Adds tensors made inside forward: constant ones (zeros, ones, full, new_ones, as
+    T5's cross-attention does with its zero position bias) or, with ``ramp``, an arange."""
+
+    def __init__(self, ramp: bool = False):
+        super().__init__()
+        self.ramp = ramp
+        self.a, self.c = nn.Linear(5, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        n = h.shape[-1]
+        h = h + torch.zeros(n) + torch.full((1, n), 0.5) + h.new_ones(h.shape) * torch.ones(n)
+        if self.ramp:
+            h = h + torch.arange(n, dtype=h.dtype)
+        return self.c(h)
+
+
+def test_constant_tensors_made_in_forward_let_the_axes_move_and_a_ramp_does_not():
+    report = trace_report(MadeInForward(), torch.randn(4, 5))
+    assert report.unknown_ops == ()
+    hidden = report.spec.axes["a.weight"][0]
+    assert hidden is not None and report.spec.axes["c.weight"] == (None, hidden)
+    ramp = trace_report(MadeInForward(ramp=True), torch.randn(4, 5))
+    assert ramp.spec.axes["a.weight"][0] is None
+    assert ramp.frozen["a.weight"][0].endswith("creates a tensor inside forward")
+
+
 class Concatenated(nn.Module):
     def __init__(self):
         super().__init__()

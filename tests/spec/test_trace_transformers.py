@@ -97,6 +97,27 @@ def test_gpt2_traces_with_its_default_cache_setting():
     planted_recovery(model, report.spec)
 
 
+def test_t5_cross_attention_heads_move_despite_the_zero_bias_made_in_forward():
+    """T5's cross-attention adds a position bias of zeros made in forward; it used to
+    freeze those heads. The encoder's last hidden state is among T5's outputs, so the
+    encoder's residual stream stays frozen (with that reason)."""
+    torch.manual_seed(0)
+    config = T.T5Config(
+        vocab_size=40, d_model=16, d_kv=4, d_ff=24, num_layers=2, num_heads=4,
+        decoder_start_token_id=0,
+    )  # fmt: skip
+    model = T.T5ForConditionalGeneration(config)
+    ids = torch.randint(0, 40, (3, 7))
+    report = trace_report(model, (), example_kwargs={"input_ids": ids, "decoder_input_ids": ids})
+    assert report.unknown_ops == () and report.checked_modes == ("eval", "train")
+    assert report.permuted_fraction > 0.9, str(report)  # 0.72 before
+    axes = report.spec.axes
+    cross = axes["decoder.block.0.layer.1.EncDecAttention.q.weight"][0]
+    assert cross is not None and report.spec.heads[cross][1] == 4
+    assert report.frozen["encoder.block.0.layer.1.DenseReluDense.wo.weight"][0] == "model output"
+    planted_recovery(model, report.spec)
+
+
 def test_mobilenet_v2_is_covered_through_its_padding_and_depthwise_convolutions():
     torch.manual_seed(0)
     config = T.MobileNetV2Config(image_size=32, depth_multiplier=0.35, num_labels=10)

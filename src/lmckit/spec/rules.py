@@ -926,11 +926,23 @@ def _pooling(spatial: int) -> Rule:
 _TABLE: list[tuple[Rule, tuple[str, ...]]] = [
     (elementwise, _ELEMENTWISE),
     (expand, ("expand", "expand_as", "broadcast_to")),
-    (like_constant, ("zeros_like", "ones_like", "empty_like", "full_like")),
     (
-        fresh_constant,
-        ("arange", "full", "zeros", "ones", "empty", "randn", "rand", "scalar_tensor"),
+        like_constant,
+        (
+            "zeros_like",
+            "ones_like",
+            "empty_like",
+            "full_like",
+            # created in forward, but every entry equal: no permutation can tell
+            "zeros",
+            "ones",
+            "full",
+            "new_zeros",
+            "new_ones",
+            "new_full",
+        ),
     ),
+    (fresh_constant, ("arange", "empty", "new_empty", "randn", "rand", "scalar_tensor")),
     (linear, ("linear",)),
     (convolution, ("conv1d", "conv2d", "conv3d")),
     (batch_norm, ("batch_norm",)),
