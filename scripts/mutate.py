@@ -1112,6 +1112,22 @@ MUTATIONS = [
         ("tests/spec/test_trace.py",),
     ),
     M(
+        "unread-values-constrain",
+        "a value nothing reads (a shape probe) still freezes the axes it selects from",
+        "src/lmckit/spec/trace.py",
+        "            if _unread(node):\n                continue",
+        "            if False:\n                continue",
+        ("tests/spec/test_trace.py",),
+    ),
+    M(
+        "mutating-ops-skipped",
+        "an in-place op whose result nobody reads is skipped (its write ignored)",
+        "src/lmckit/spec/trace.py",
+        "    return schema is not None and not schema.is_mutable",
+        "    return schema is not None",
+        ("tests/spec/test_trace.py",),
+    ),
+    M(
         "private-file-list",
         "the output folder's file list keeps mkstemp's 0o600",
         "src/lmckit/_io.py",

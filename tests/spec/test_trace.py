@@ -337,6 +337,70 @@ def test_constant_tensors_made_in_forward_let_the_axes_move_and_a_ramp_does_not(
     assert ramp.frozen["a.weight"][0].endswith("creates a tensor inside forward")
 
 
+class ShapeProbe(nn.Module):
+    """Selects one unit only to read a shape (BART does this with its embeddings); with
+    ``read``, the selected values are used."""
+
+    def __init__(self, read: bool = False):
+        super().__init__()
+        self.read = read
+        self.a, self.c = nn.Linear(5, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        probe = h[:, -1]
+        out = self.c(h) + torch.zeros(probe.shape[0], 1)
+        return out + probe[:, None] if self.read else out
+
+
+def test_a_value_read_only_for_its_shape_constrains_nothing():
+    report = trace_report(ShapeProbe(), torch.randn(4, 5))
+    assert report.spec.axes["a.weight"][0] is not None
+    read = trace_report(ShapeProbe(read=True), torch.randn(4, 5))
+    assert read.frozen["a.weight"][0] == "indexed by select"
+
+
+class WritesInPlace(nn.Module):
+    """Makes a buffer at the default dtype in forward and adds into it through a view: an
+    in-place op whose result nobody reads, which must still relate its axes."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.c = nn.Linear(5, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        buf = torch.zeros(h.shape)
+        buf.view(-1, 8).add_(h)
+        return self.c(buf)
+
+
+def test_an_in_place_write_relates_axes_and_default_dtype_tensors_follow_the_check():
+    """(The float64 check used to end in a raw dtype error on ``torch.zeros(shape)``.)"""
+    report = trace_report(WritesInPlace(), torch.randn(4, 5))
+    hidden = report.spec.axes["a.weight"][0]
+    assert hidden is not None and report.spec.axes["c.weight"] == (None, hidden)
+    assert report.checked_modes == ("eval", "train")
+    assert torch.get_default_dtype() == torch.float32  # restored
+
+
+class OnlyFloat32(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.c = nn.Linear(5, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        if x.dtype != torch.float32:
+            raise TypeError("this model runs in float32 only")
+        return self.c(torch.relu(self.a(x)))
+
+
+def test_a_model_that_cannot_run_in_float64_is_a_spec_error_naming_why():
+    with pytest.raises(SpecError, match=r"float64 copy of OnlyFloat32.*float32 only"):
+        trace_report(OnlyFloat32(), torch.randn(4, 5))
+    assert torch.get_default_dtype() == torch.float32
+
+
 class Concatenated(nn.Module):
     def __init__(self):
         super().__init__()

@@ -940,6 +940,8 @@ _TABLE: list[tuple[Rule, tuple[str, ...]]] = [
             "new_zeros",
             "new_ones",
             "new_full",
+            "fill",
+            "fill_",
         ),
     ),
     (fresh_constant, ("arange", "empty", "new_empty", "randn", "rand", "scalar_tensor")),

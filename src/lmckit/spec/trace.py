@@ -330,6 +330,16 @@ def trace_report(
     )
 
 
+def _unread(node: fx.Node) -> bool:
+    """A value nothing reads (BART selects a channel of its embeddings for the shape alone,
+    which export has already fixed) constrains no axis; ops that write into their inputs
+    are never skipped."""
+    if node.users:
+        return False
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and not schema.is_mutable
+
+
 def _takes_keyword(model: nn.Module, name: str) -> bool:
     try:
         parameters = inspect.signature(model.forward).parameters
@@ -446,6 +456,8 @@ def _relate(exported) -> tuple[_UnionFind, list[str], _Found]:
                 if isinstance(out, fx.Node) and out.name in user_outputs:
                     ax.freeze_all(out, "model output")
         elif node.op == "call_function":
+            if _unread(node):
+                continue
             rule = rule_for(node.target)
             if rule is not None:
                 ax.op = str(node.target)
@@ -980,10 +992,24 @@ class _NoDropout(TorchFunctionMode):
 
 
 def _run(model: nn.Module, params, args, kwargs, training: bool):
+    """The float64 twin's outputs. Tensors the model makes in forward at the default dtype
+    (``torch.zeros(shape)``) are made in float64 too, as they would be in float32 beside
+    float32 weights; a failure of the run is a :class:`SpecError`, not a raw exception."""
     params = {k: v.clone() for k, v in params.items()}  # train-mode BN updates buffers
-    with module_mode(model, training), torch.no_grad(), _NoDropout():
-        torch.manual_seed(0)
-        out = torch.func.functional_call(model, params, args, kwargs, tie_weights=False)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with module_mode(model, training), torch.no_grad(), _NoDropout():
+            torch.manual_seed(0)
+            out = torch.func.functional_call(model, params, args, kwargs, tie_weights=False)
+    except Exception as exc:  # the model's own code: any error type
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise SpecError(
+            f"the float64 copy of {type(model).__name__} used to verify the spec fails "
+            f"({'train' if training else 'eval'} mode): {type(exc).__name__}: {first}"
+        ) from exc
+    finally:
+        torch.set_default_dtype(default)
     return [t for t in pytree.tree_leaves(out) if isinstance(t, Tensor)]
 
 
