@@ -136,6 +136,58 @@ def test_mobilenet_v2_is_covered_through_its_padding_and_depthwise_convolutions(
     # property of the spec, which the trace verified above.)
 
 
+IDS = (3, 7)
+
+
+def _ids(vocab=40):
+    return torch.randint(0, vocab, IDS)
+
+
+# (factory, least share of parameters in permuted tensors, WM recovers a planted permutation)
+MORE = {
+    "distilbert": (lambda: (T.DistilBertForSequenceClassification(T.DistilBertConfig(
+        vocab_size=40, dim=16, n_layers=2, n_heads=4, hidden_dim=24,
+        max_position_embeddings=12)), _ids()), 1.0, True),
+    "roberta": (lambda: (T.RobertaForSequenceClassification(T.RobertaConfig(
+        vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=24, max_position_embeddings=20, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2)), _ids(37) + 3), 1.0, True),
+    "mistral": (lambda: (T.MistralForCausalLM(T.MistralConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+        bos_token_id=0, eos_token_id=0)), _ids()), 1.0, True),
+    "qwen2-tied": (lambda: (T.Qwen2ForCausalLM(T.Qwen2Config(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+        tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)), _ids()), 1.0, True),
+    # BART returns the encoder's last hidden state too: the encoder's stream stays frozen
+    "bart": (lambda: (T.BartForConditionalGeneration(T.BartConfig(
+        vocab_size=40, d_model=16, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=24,
+        decoder_ffn_dim=24, max_position_embeddings=16)), _ids()), 0.84, True),
+    "convnext": (lambda: (T.ConvNextForImageClassification(T.ConvNextConfig(
+        num_channels=3, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1],
+        num_labels=10)), torch.randn(3, 3, 32, 32)), 0.99, True),
+    # WM stops in a local optimum on this random bottleneck ResNet (distance 6.0 where the
+    # planted permutation gives 0, from 17.3), as on MobileNetV2: reported, not asserted
+    "resnet-bottleneck": (lambda: (T.ResNetForImageClassification(T.ResNetConfig(
+        num_channels=3, embedding_size=8, hidden_sizes=[16, 32], depths=[1, 1],
+        layer_type="bottleneck", num_labels=10)), torch.randn(3, 3, 32, 32)), 0.99, False),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(MORE))
+def test_more_architectures_trace_verified_with_planted_recovery(name):
+    make, least, recovers = MORE[name]
+    torch.manual_seed(0)
+    model, inputs = make()
+    report = trace_report(model, inputs)
+    assert report.checked_modes == ("eval", "train")
+    assert report.permuted_fraction >= least - 1e-3, str(report)
+    if recovers:
+        planted_recovery(model, report.spec)
+
+
 @pytest.mark.parametrize("make", [bert, vit], ids=["bert", "vit"])
 def test_separate_query_key_value_projections_give_head_groups(make):
     torch.manual_seed(0)
