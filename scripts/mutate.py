@@ -1128,6 +1128,22 @@ MUTATIONS = [
         ("tests/spec/test_trace.py",),
     ),
     M(
+        "every-output-is-the-function",
+        "a Hugging Face output holding logits is read whole (T5's encoder stream freezes)",
+        "src/lmckit/spec/trace.py",
+        '    if isinstance(output, Mapping) and "logits" in output:',
+        "    if False:",
+        ("tests/spec/test_trace_transformers.py",),
+    ),
+    M(
+        "outputs-selector-ignored",
+        "outputs= is accepted but every output is frozen anyway",
+        "src/lmckit/spec/trace.py",
+        "    return {names[i] for i in picked if i < len(names) and names[i] is not None}",
+        "    return {n for n in names if n is not None}",
+        ("tests/spec/test_trace.py",),
+    ),
+    M(
         "private-file-list",
         "the output folder's file list keeps mkstemp's 0o600",
         "src/lmckit/_io.py",

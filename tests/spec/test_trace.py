@@ -401,6 +401,35 @@ def test_a_model_that_cannot_run_in_float64_is_a_spec_error_naming_why():
     assert torch.get_default_dtype() == torch.float32
 
 
+class TwoOutputs(nn.Module):
+    """Returns its prediction and a hidden representation."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.c = nn.Linear(5, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        return self.c(h), h
+
+
+def test_outputs_says_which_outputs_are_the_function():
+    x = torch.randn(4, 5)
+    every = trace_report(TwoOutputs(), x)  # a returned representation is an output too
+    assert every.spec.axes["a.weight"][0] is None
+    assert every.frozen["a.weight"][0] == "model output"
+    first = trace_report(TwoOutputs(), x, outputs=lambda out: out[0])
+    hidden = first.spec.axes["a.weight"][0]
+    assert hidden is not None and first.spec.axes["c.weight"] == (None, hidden)
+    assert first.checked_modes == ("eval", "train")
+    with pytest.raises(SpecError, match="selected none of the model's outputs"):
+        trace_report(TwoOutputs(), x, outputs=lambda out: [])
+    with pytest.raises(SpecError, match="outputs must be a function of the model's output"):
+        trace_report(TwoOutputs(), x, outputs="logits")
+    with pytest.raises(SpecError, match="could not select from the model's output"):
+        trace_report(TwoOutputs(), x, outputs=lambda out: out["logits"])
+
+
 class Concatenated(nn.Module):
     def __init__(self):
         super().__init__()

@@ -46,7 +46,7 @@ import logging
 import operator
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -232,6 +232,7 @@ def trace(
     strict: bool = False,
     seed: int = 0,
     inside_blocks: bool = True,
+    outputs: Callable[[Any], Any] | None = None,
 ) -> PermutationSpec:
     """The :class:`~lmckit.perm.PermutationSpec` of ``model``, traced and verified.
 
@@ -247,6 +248,11 @@ def trace(
         seed: seeds the verification's random permutations.
         inside_blocks: permute inside heads where the trace proves it (head-structured
             groups); ``False`` moves heads only as whole blocks.
+        outputs: which of the model's outputs are its function, as a function of the
+            output (``lambda out: out[0]``): only these must stay unchanged, other outputs
+            are representations a permutation changes by design. By default every output,
+            except that a Hugging Face output holding ``logits`` is read as its logits (T5
+            and BART also return the encoder's last hidden state).
 
     Raises:
         SpecError: the model cannot be exported; ``strict`` and an operator has no rule;
@@ -259,6 +265,7 @@ def trace(
         strict=strict,
         seed=seed,
         inside_blocks=inside_blocks,
+        outputs=outputs,
     ).spec
 
 
@@ -271,10 +278,16 @@ def trace_report(
     strict: bool = False,
     seed: int = 0,
     inside_blocks: bool = True,
+    outputs: Callable[[Any], Any] | None = None,
 ) -> TraceReport:
     """:func:`trace` with its coverage report (:class:`TraceReport`)."""
     if not isinstance(model, nn.Module):
         raise SpecError(f"trace() needs a torch.nn.Module, got {type(model).__name__}")
+    if outputs is not None and not callable(outputs):
+        raise SpecError(
+            f"outputs must be a function of the model's output (lambda out: out[0]), "
+            f"got {type(outputs).__name__}"
+        )
     args = (example_inputs,) if isinstance(example_inputs, Tensor) else tuple(example_inputs)
     kwargs = dict(example_kwargs or {})
     if "use_cache" not in kwargs and _takes_keyword(model, "use_cache"):
@@ -290,7 +303,8 @@ def trace_report(
                 f"torch.export could not trace {type(model).__name__}: "
                 f"{type(exc).__name__}: {first}"
             ) from exc
-    uf, unknown, found = _relate(exported)
+    select = outputs if outputs is not None else _logits_if_any
+    uf, unknown, found = _relate(exported, _output_names(exported, select))
     state = model.state_dict(keep_vars=True)
     aliases, placeholder_of = _state_placeholders(exported, state, uf)
     if strict and unknown:
@@ -305,7 +319,7 @@ def trace_report(
     if not inside_blocks:
         inside = dict.fromkeys(_blocked_groups(spec), "inside_blocks=False")
     try:
-        modes = _verify(model, spec, args, kwargs, seed, rtol)
+        modes = _verify(model, spec, args, kwargs, seed, rtol, select)
     except SpecError as exc:
         if not spec.heads:
             raise
@@ -314,7 +328,7 @@ def trace_report(
         spec, frozen, inside, sites = _build_spec(
             exported, state, aliases, placeholder_of, uf, found, inner=False
         )
-        modes = _verify(model, spec, args, kwargs, seed, rtol)
+        modes = _verify(model, spec, args, kwargs, seed, rtol, select)
         why = f"permutations inside its blocks failed the equivalence check ({exc})"
         inside = dict.fromkeys(_blocked_groups(spec), why)
     return TraceReport(
@@ -328,6 +342,29 @@ def trace_report(
         seconds=time.perf_counter() - start,
         numels={k: v.numel() for k, v in state.items()},
     )
+
+
+def _logits_if_any(output: Any) -> Any:
+    """The default of ``outputs``: a mapping output (Hugging Face's ``ModelOutput``) that
+    holds ``logits`` is read as them; anything else is the function whole."""
+    if isinstance(output, Mapping) and "logits" in output:
+        return output["logits"]
+    return output
+
+
+def _output_names(exported, select: Callable[[Any], Any]) -> set[str]:
+    """The names of the output nodes ``select`` picks, found by applying it to the
+    output's structure filled with the leaves' positions."""
+    names = list(exported.graph_signature.user_outputs)
+    spec = exported.call_spec.out_spec
+    try:
+        chosen = select(pytree.tree_unflatten(list(range(spec.num_leaves)), spec))
+    except Exception as exc:  # the user's selector on the output's structure
+        raise SpecError(f"outputs= could not select from the model's output: {exc}") from exc
+    picked = [i for i in pytree.tree_leaves(chosen) if isinstance(i, int)]
+    if not picked:
+        raise SpecError("outputs= selected none of the model's outputs")
+    return {names[i] for i in picked if i < len(names) and names[i] is not None}
 
 
 def _unread(node: fx.Node) -> bool:
@@ -424,8 +461,9 @@ def _blocked_groups(spec: PermutationSpec) -> list[str]:
     return [g for g in spec.groups if any(spec.block(k, i) > 1 for k, i in spec.group_axes(g))]
 
 
-def _relate(exported) -> tuple[_UnionFind, list[str], _Found]:
-    """Run every op's rule over the graph."""
+def _relate(exported, function_outputs: set[str]) -> tuple[_UnionFind, list[str], _Found]:
+    """Run every op's rule over the graph; ``function_outputs``: the output nodes that are
+    the model's function (their axes are frozen)."""
     uf = _UnionFind()
     unknown: list[str] = []
     joins: list[tuple[AxisKey, AxisKey]] = []
@@ -451,9 +489,8 @@ def _relate(exported) -> tuple[_UnionFind, list[str], _Found]:
             elif node.name in constants:
                 ax.freeze_all(node, "a constant tensor of the model (not in its state_dict)")
         elif node.op == "output":
-            user_outputs = set(sig.user_outputs)
             for out in pytree.tree_leaves(node.args):
-                if isinstance(out, fx.Node) and out.name in user_outputs:
+                if isinstance(out, fx.Node) and out.name in function_outputs:
                     ax.freeze_all(out, "model output")
         elif node.op == "call_function":
             if _unread(node):
@@ -912,7 +949,13 @@ def _tolerance(exported) -> float:
 
 
 def _verify(
-    model: nn.Module, spec: PermutationSpec, args, kwargs, seed: int, rtol: float = 1e-7
+    model: nn.Module,
+    spec: PermutationSpec,
+    args,
+    kwargs,
+    seed: int,
+    rtol: float = 1e-7,
+    select: Callable[[Any], Any] = _logits_if_any,
 ) -> tuple[str, ...]:
     """Check that random permutations leave the outputs unchanged (to ``rtol`` of the
     outputs' scale); name the culprit."""
@@ -923,19 +966,19 @@ def _verify(
     params = {k: v.detach().clone() for k, v in twin.state_dict().items()}
     modes: list[str] = []
     for mode in ("eval", "train"):
-        reference = _run(twin, params, args64, kwargs64, mode == "train")
+        reference = _run(twin, params, args64, kwargs64, mode == "train", select)
         if mode == "train":
-            again = _run(twin, params, args64, kwargs64, True)
+            again = _run(twin, params, args64, kwargs64, True, select)
             if not _close(reference, again, rtol):
                 continue  # random in train mode even with dropout modules off
         perm = _moving_permutation(spec, seed)
-        permuted = _run(twin, perm.apply(params), args64, kwargs64, mode == "train")
+        permuted = _run(twin, perm.apply(params), args64, kwargs64, mode == "train", select)
         if _close(reference, permuted, rtol):
             modes.append(mode)
             continue
         for unit in spec.update_units():  # groups tied by one head permutation move together
             one = Permutation.identity(spec).replace(**{g: perm[g] for g in unit})
-            out = _run(twin, one.apply(params), args64, kwargs64, mode == "train")
+            out = _run(twin, one.apply(params), args64, kwargs64, mode == "train", select)
             if not _close(reference, out, rtol):
                 g = unit[0]
                 tied = f" (with {', '.join(map(repr, unit[1:]))}, one head permutation)"
@@ -991,7 +1034,9 @@ class _NoDropout(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _run(model: nn.Module, params, args, kwargs, training: bool):
+def _run(
+    model: nn.Module, params, args, kwargs, training: bool, select=_logits_if_any
+) -> list[Tensor]:
     """The float64 twin's outputs. Tensors the model makes in forward at the default dtype
     (``torch.zeros(shape)``) are made in float64 too, as they would be in float32 beside
     float32 weights; a failure of the run is a :class:`SpecError`, not a raw exception."""
@@ -1010,7 +1055,7 @@ def _run(model: nn.Module, params, args, kwargs, training: bool):
         ) from exc
     finally:
         torch.set_default_dtype(default)
-    return [t for t in pytree.tree_leaves(out) if isinstance(t, Tensor)]
+    return [t for t in pytree.tree_leaves(select(out)) if isinstance(t, Tensor)]
 
 
 def _close(x: list[Tensor], y: list[Tensor], rtol: float = 1e-7) -> bool:
