@@ -1,7 +1,8 @@
 """Tracing a permutation spec: time and coverage per model, beside PyPI ``rebasin``.
 
 For each model — the zoo (MLP, VGG-11, ResNet-20), an ``nn.TransformerEncoder`` classifier,
-and Hugging Face BERT, GPT-2 and ViT from small configs (random weights) — it reports
+Hugging Face BERT, GPT-2 and ViT from small configs, and DistilBERT, RoBERTa, Llama,
+Mistral, Qwen2, T5, BART, MobileNetV2, ResNet-50 and ConvNeXt-T (random weights) — it reports
 :func:`lmckit.spec.trace_report`'s wall-clock time (export + rules + verification; median of
 ``--repeats``), its groups and the fraction of parameters in permuted tensors.
 
@@ -13,7 +14,7 @@ randomised first, as after training), and how much model B's outputs moved
 (a correct alignment leaves them unchanged: max |Δ logit| relative to max |logit|, eval
 mode). Prints one JSON document.
 
-    PYTHONPATH=/path/to/rebasin python benchmarks/bench_trace.py [--repeats 3]
+    PYTHONPATH=/path/to/rebasin python benchmarks/bench_trace.py [--repeats 3] [--only hf]
 """
 
 from __future__ import annotations
@@ -93,6 +94,54 @@ def models() -> dict:
         ),
         torch.randn(8, 1, 28, 28),
     )
+    ids = torch.randint(0, 1000, (8, 16))
+    decoder = {"vocab_size": 1000, "hidden_size": 128, "intermediate_size": 344,
+               "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "bos_token_id": 0, "eos_token_id": 0}  # fmt: skip
+    out["hf DistilBERT (4 layers, d=128)"] = (
+        lambda: T.DistilBertForSequenceClassification(T.DistilBertConfig(
+            vocab_size=1000, dim=128, n_layers=4, n_heads=4, hidden_dim=512, num_labels=4)),
+        ids,
+    )  # fmt: skip
+    out["hf RoBERTa (4 layers, d=128)"] = (
+        lambda: T.RobertaForSequenceClassification(T.RobertaConfig(
+            vocab_size=1000, intermediate_size=512, num_labels=4, pad_token_id=1, **small)),
+        ids + 2,
+    )  # fmt: skip
+    out["hf Llama (4 layers, d=128, GQA 4/2)"] = (
+        lambda: T.LlamaForCausalLM(T.LlamaConfig(**decoder)), ids,
+    )  # fmt: skip
+    out["hf Mistral (4 layers, d=128, GQA 4/2)"] = (
+        lambda: T.MistralForCausalLM(T.MistralConfig(**decoder)), ids,
+    )  # fmt: skip
+    out["hf Qwen2 (4 layers, d=128, GQA 4/2, tied)"] = (
+        lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**decoder, tie_word_embeddings=True)), ids,
+    )  # fmt: skip
+    out["hf T5 (2+2 layers, d=128)"] = (
+        lambda: T.T5ForConditionalGeneration(T.T5Config(
+            vocab_size=1000, d_model=128, d_kv=32, d_ff=512, num_layers=2, num_heads=4,
+            decoder_start_token_id=0)),
+        {"input_ids": ids, "decoder_input_ids": ids},
+    )  # fmt: skip
+    out["hf BART (2+2 layers, d=128)"] = (
+        lambda: T.BartForConditionalGeneration(T.BartConfig(
+            vocab_size=1000, d_model=128, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=512,
+            decoder_ffn_dim=512)),
+        ids,
+    )  # fmt: skip
+    images = torch.randn(8, 3, 64, 64)
+    out["hf MobileNetV2 (depth 1.0, 64x64)"] = (
+        lambda: T.MobileNetV2ForImageClassification(
+            T.MobileNetV2Config(image_size=64, num_labels=10)),
+        images,
+    )  # fmt: skip
+    out["hf ResNet-50 (bottleneck, 64x64)"] = (
+        lambda: T.ResNetForImageClassification(T.ResNetConfig(num_labels=10)), images,
+    )  # fmt: skip
+    out["hf ConvNeXt-T (64x64)"] = (
+        lambda: T.ConvNextForImageClassification(T.ConvNextConfig(num_labels=10)), images,
+    )  # fmt: skip
     return out
 
 
@@ -147,15 +196,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-rebasin", nargs="*", default=[], help="model names")
+    parser.add_argument("--only", nargs="*", help="model names that start with these")
     args = parser.parse_args()
     rows = {}
     for name, (make, x) in models().items():
+        if args.only and not name.startswith(tuple(args.only)):
+            continue
         print(f"{name}: tracing", file=sys.stderr, flush=True)
         torch.manual_seed(0)
         model = trained_like(make(), 0)
         times = []
         for _ in range(args.repeats):
-            report = trace_report(copy.deepcopy(model), x)
+            if isinstance(x, dict):  # keyword inputs (encoder-decoder models)
+                report = trace_report(copy.deepcopy(model), (), example_kwargs=x)
+            else:
+                report = trace_report(copy.deepcopy(model), x)
             times.append(report.seconds)
         rows[name] = {
             "parameters": sum(p.numel() for p in model.parameters()),
