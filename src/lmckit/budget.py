@@ -2,8 +2,8 @@
 
 A command that would run for years or cannot fit in memory is refused in a second, with
 its estimate, instead of running for hours or dying of ``MemoryError`` half-way. Estimates
-are *lower bounds* built from a measured unit — one forward pass over a batch, the
-machine's matrix-multiply rate — times a count the request fixes (points of a landscape,
+are *lower bounds* built from a measured unit — one forward pass over a batch —
+times a count the request fixes (points of a landscape,
 λ values, restarts, epochs): a refusal is certain to be right, never a guess about a run
 that would have fit. The limits: ``Budget.seconds`` (``--max-hours`` on the command line,
 24 h by default) and the memory the machine has available now.
@@ -11,7 +11,6 @@ that would have fit. The limits: ``Budget.seconds`` (``--max-hours`` on the comm
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import time
@@ -32,7 +31,6 @@ __all__ = [
     "forward_seconds",
     "human_bytes",
     "human_seconds",
-    "matmul_flops_per_second",
 ]
 
 DEFAULT_HOURS = 24.0
@@ -126,24 +124,6 @@ def check_budget(
             f"{what} would need at least {human_bytes(memory)} of memory{how}; "
             f"{human_bytes(limit)} is available"
         )
-
-
-@functools.lru_cache(maxsize=4)
-def matmul_flops_per_second(device: str = "cpu") -> float:
-    """The floating-point rate of a float32 matrix product on ``device``, measured once
-    (the best of a few 512³ products): what dense layers run at, at best."""
-    n = 512
-    a = torch.randn(n, n, device=device)
-    best = math.inf
-    for _ in range(4):
-        if device != "cpu":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        a @ a
-        if device != "cpu":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / max(best, 1e-9)
 
 
 def forward_seconds(

@@ -30,7 +30,7 @@ import torch
 
 from lmckit import __version__
 from lmckit._io import atomic_write_bytes, check_outputs, writes_folder
-from lmckit.budget import Budget, check_budget, forward_seconds
+from lmckit.budget import Budget
 from lmckit.errors import LmcError
 from lmckit.experiments.dag import build_jobs
 from lmckit.experiments.executors import make_executor, usable_cores
@@ -48,7 +48,7 @@ def check_training_jobs(jobs: list[Job], data_for, budget: Budget) -> None:
     most work (parameters × epochs × examples) must fit the time budget — one forward pass
     of its model is timed and scaled to its epochs (a lower bound: training also runs the
     backward pass)."""
-    from lmckit.experiments.training import check_training_budget
+    from lmckit.experiments.training import check_training_budget, check_training_time
     from lmckit.models import build_model
     from lmckit.train import TrainConfig, init_model, train_examples
 
@@ -76,15 +76,7 @@ def check_training_jobs(jobs: list[Job], data_for, budget: Budget) -> None:
         return
     job, config, data = heaviest
     model = init_model(job.settings["model_name"], job.settings["model_config"], 0)
-    seconds, n = forward_seconds(model, None, data.loader("test", batch_size=256))
-    examples = train_examples(config, data)
-    check_budget(
-        f"training job {job.name} ({config.epochs} epochs)",
-        seconds=config.epochs * examples * seconds / max(n, 1),
-        detail=f"each epoch ≥ a forward pass over {examples} examples, "
-        f"{examples * seconds / max(n, 1):.2g} s measured",
-        budget=budget,
-    )
+    check_training_time(model, data, config, f"training job {job.name}", budget)
 
 
 def _worker_died(ledger: Ledger, jobs: list[Job], summary: RunSummary) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from torch import nn
 
 from lmckit._io import prepare_output_dir, writes_folder
 from lmckit.budget import Budget, check_budget, forward_seconds
@@ -254,6 +255,23 @@ def check_training_budget(
     )
 
 
+def check_training_time(
+    model: nn.Module, data: Dataset, config: TrainConfig, what: str, budget: Budget
+) -> None:
+    """Refuse a training whose epochs cannot finish in the budget: one forward pass of
+    ``model`` is timed and scaled to the epochs' examples (a lower bound: training also
+    runs the backward pass)."""
+    seconds, n = forward_seconds(model, None, data.loader("test", batch_size=256))
+    examples = train_examples(config, data)
+    per_epoch = examples * seconds / max(n, 1)
+    check_budget(
+        f"{what} for {config.epochs} epoch(s)",
+        seconds=config.epochs * per_epoch,
+        detail=f"each epoch ≥ a forward pass over {examples} examples, {per_epoch:.2g} s measured",
+        budget=budget,
+    )
+
+
 def train_checkpoint(
     model_name: str,
     model_config: dict[str, Any],
@@ -299,16 +317,7 @@ def train_checkpoint(
     check_training_budget(model_name, model_config, data, config, budget)
     model = init_model(model_name, model_config, config.model_seed).to(device)
     if budget is not None:
-        per_example = forward_seconds(model, None, data.loader("test", batch_size=256))
-        per_example_s = per_example[0] / max(per_example[1], 1)
-        examples = train_examples(config, data)
-        check_budget(
-            f"training {model_name} for {config.epochs} epoch(s)",
-            seconds=config.epochs * examples * per_example_s,
-            detail=f"each epoch ≥ a forward pass over {examples} examples, "
-            f"{examples * per_example_s:.2g} s measured",
-            budget=budget,
-        )
+        check_training_time(model, data, config, f"training {model_name}", budget)
     try:
         result = train(model, data, config, progress=progress, keep_diverged=keep_diverged)
     except TrainingDiverged as exc:
