@@ -309,14 +309,22 @@ def test_every_op_pytorch_tags_pointwise_relates_its_axes_elementwise():
     planted_recovery(Pointwise(), trace(Pointwise(), torch.randn(4, 5)))
 
 
-class MadeInForward(nn.Module):
+class FiveEightThree(nn.Module):
+    """Two linear layers around 8 hidden units, for models that differ only in what their
+    forward does with them."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.c = nn.Linear(5, 8), nn.Linear(8, 3)
+
+
+class MadeInForward(FiveEightThree):
     """Adds tensors made inside forward: constant ones (zeros, ones, full, new_ones, as
     T5's cross-attention does with its zero position bias) or, with ``ramp``, an arange."""
 
     def __init__(self, ramp: bool = False):
         super().__init__()
         self.ramp = ramp
-        self.a, self.c = nn.Linear(5, 8), nn.Linear(8, 3)
 
     def forward(self, x):
         h = torch.relu(self.a(x))
@@ -337,14 +345,13 @@ def test_constant_tensors_made_in_forward_let_the_axes_move_and_a_ramp_does_not(
     assert ramp.frozen["a.weight"][0].endswith("creates a tensor inside forward")
 
 
-class ShapeProbe(nn.Module):
+class ShapeProbe(FiveEightThree):
     """Selects one unit only to read a shape (BART does this with its embeddings); with
     ``read``, the selected values are used."""
 
     def __init__(self, read: bool = False):
         super().__init__()
         self.read = read
-        self.a, self.c = nn.Linear(5, 8), nn.Linear(8, 3)
 
     def forward(self, x):
         h = torch.relu(self.a(x))
@@ -360,13 +367,9 @@ def test_a_value_read_only_for_its_shape_constrains_nothing():
     assert read.frozen["a.weight"][0] == "indexed by select"
 
 
-class WritesInPlace(nn.Module):
+class WritesInPlace(FiveEightThree):
     """Makes a buffer at the default dtype in forward and adds into it through a view: an
     in-place op whose result nobody reads, which must still relate its axes."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.c = nn.Linear(5, 8), nn.Linear(8, 3)
 
     def forward(self, x):
         h = torch.relu(self.a(x))
@@ -384,11 +387,7 @@ def test_an_in_place_write_relates_axes_and_default_dtype_tensors_follow_the_che
     assert torch.get_default_dtype() == torch.float32  # restored
 
 
-class OnlyFloat32(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.c = nn.Linear(5, 8), nn.Linear(8, 3)
-
+class OnlyFloat32(FiveEightThree):
     def forward(self, x):
         if x.dtype != torch.float32:
             raise TypeError("this model runs in float32 only")
@@ -401,12 +400,8 @@ def test_a_model_that_cannot_run_in_float64_is_a_spec_error_naming_why():
     assert torch.get_default_dtype() == torch.float32
 
 
-class TwoOutputs(nn.Module):
+class TwoOutputs(FiveEightThree):
     """Returns its prediction and a hidden representation."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.c = nn.Linear(5, 8), nn.Linear(8, 3)
 
     def forward(self, x):
         h = torch.relu(self.a(x))
