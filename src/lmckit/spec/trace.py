@@ -125,6 +125,9 @@ class TraceReport:
             carry the group, else of norms (a residual stream), else of linear maps and
             convolutions (attention's projections), else of any op.
         seconds: wall-clock time of export, tracing and verification.
+        precision: the dtype the verification computed in: ``"float64"``, or ``"float32"``
+            for a model whose float64 copies would not fit in memory (the check's tolerance
+            is then float32's rounding, still far below what a wrong rule changes).
     """
 
     spec: PermutationSpec
@@ -136,6 +139,7 @@ class TraceReport:
     activation_sites: Mapping[str, tuple[tuple[str, int], ...]]
     seconds: float
     numels: Mapping[str, int] = field(repr=False)
+    precision: str = "float64"
 
     @property
     def permuted_fraction(self) -> float:
@@ -174,6 +178,7 @@ class TraceReport:
             "checked_modes": list(self.checked_modes),
             "permuted_fraction": self.permuted_fraction,
             "seconds": self.seconds,
+            "precision": self.precision,
         }
 
     def _layout(self, name: str, axis: int) -> str:
@@ -191,7 +196,8 @@ class TraceReport:
     def __str__(self) -> str:
         lines = [
             f"{len(self.spec.groups)} groups, {self.permuted_fraction:.1%} of the parameters "
-            f"in permuted tensors (verified in {' and '.join(self.checked_modes)} mode; "
+            f"in permuted tensors (verified in {' and '.join(self.checked_modes)} mode"
+            f"{'' if self.precision == 'float64' else ' at ' + self.precision}; "
             f"{self.seconds:.2f} s)"
         ]
         ties = self.spec.head_ties()
@@ -233,6 +239,7 @@ def trace(
     seed: int = 0,
     inside_blocks: bool = True,
     outputs: Callable[[Any], Any] | None = None,
+    precision: str | None = None,
 ) -> PermutationSpec:
     """The :class:`~lmckit.perm.PermutationSpec` of ``model``, traced and verified.
 
@@ -253,6 +260,11 @@ def trace(
             are representations a permutation changes by design. By default every output,
             except that a Hugging Face output holding ``logits`` is read as its logits (T5
             and BART also return the encoder's last hidden state).
+        precision: ``"float64"`` or ``"float32"``: the dtype of the verification. By
+            default float64, unless its copies of the model (a twin and a permuted set, in
+            float64: :func:`verification_bytes`) would not fit in the memory available: a
+            billion-parameter model is then verified in float32 on its own weights, with
+            one permuted copy.
 
     Raises:
         SpecError: the model cannot be exported; ``strict`` and an operator has no rule;
@@ -266,6 +278,7 @@ def trace(
         seed=seed,
         inside_blocks=inside_blocks,
         outputs=outputs,
+        precision=precision,
     ).spec
 
 
@@ -279,6 +292,7 @@ def trace_report(
     seed: int = 0,
     inside_blocks: bool = True,
     outputs: Callable[[Any], Any] | None = None,
+    precision: str | None = None,
 ) -> TraceReport:
     """:func:`trace` with its coverage report (:class:`TraceReport`)."""
     if not isinstance(model, nn.Module):
@@ -288,6 +302,8 @@ def trace_report(
             f"outputs must be a function of the model's output (lambda out: out[0]), "
             f"got {type(outputs).__name__}"
         )
+    if precision not in (None, "float64", "float32"):
+        raise SpecError(f"precision must be 'float64' or 'float32', got {precision!r}")
     args = (example_inputs,) if isinstance(example_inputs, Tensor) else tuple(example_inputs)
     kwargs = dict(example_kwargs or {})
     if "use_cache" not in kwargs and _takes_keyword(model, "use_cache"):
@@ -315,11 +331,12 @@ def trace_report(
     spec, frozen, inside, sites = _build_spec(
         exported, state, aliases, placeholder_of, uf, found, inner=inside_blocks
     )
-    rtol = _tolerance(exported)
+    precision = precision or _precision_that_fits(state)
+    rtol = _tolerance(exported, precision)
     if not inside_blocks:
         inside = dict.fromkeys(_blocked_groups(spec), "inside_blocks=False")
     try:
-        modes = _verify(model, spec, args, kwargs, seed, rtol, select)
+        modes = _verify(model, spec, args, kwargs, seed, rtol, select, precision)
     except SpecError as exc:
         if not spec.heads:
             raise
@@ -328,7 +345,7 @@ def trace_report(
         spec, frozen, inside, sites = _build_spec(
             exported, state, aliases, placeholder_of, uf, found, inner=False
         )
-        modes = _verify(model, spec, args, kwargs, seed, rtol, select)
+        modes = _verify(model, spec, args, kwargs, seed, rtol, select, precision)
         why = f"permutations inside its blocks failed the equivalence check ({exc})"
         inside = dict.fromkeys(_blocked_groups(spec), why)
     return TraceReport(
@@ -341,6 +358,7 @@ def trace_report(
         activation_sites=sites,
         seconds=time.perf_counter() - start,
         numels={k: v.numel() for k, v in state.items()},
+        precision=precision,
     )
 
 
@@ -933,12 +951,29 @@ def _sum_entry(leaves, group_of, owner: str, i: int):
     return tuple(entry), block, None
 
 
-def _tolerance(exported) -> float:
-    """The relative tolerance of the float64 check: 1e-7, unless the model casts to a lower
-    precision itself (Llama's RMSNorm computes in float32 whatever the weights' dtype), in
-    which case a permutation's reordered sums differ at that precision's rounding — 1000
-    machine epsilons of it, still far below what a wrong rule changes."""
-    lowest = torch.finfo(torch.float64).eps
+def verification_bytes(state: Mapping[str, Tensor], precision: str) -> int:
+    """Memory the verification adds to the model's: in float64 a float64 twin and one
+    permuted set of its weights; in float32 one permuted set of the model's own."""
+    floats = sum(t.numel() for t in state.values() if t.is_floating_point())
+    return 2 * 8 * floats if precision == "float64" else 4 * floats
+
+
+def _precision_that_fits(state: Mapping[str, Tensor]) -> str:
+    """``"float64"`` if the float64 verification's copies fit in the memory available now,
+    else ``"float32"``."""
+    from lmckit.budget import available_memory
+
+    fits = verification_bytes(state, "float64") < 0.8 * available_memory()
+    return "float64" if fits else "float32"
+
+
+def _tolerance(exported, precision: str = "float64") -> float:
+    """The relative tolerance of the check: 1e-7 in float64, unless the model casts to a
+    lower precision itself (Llama's RMSNorm computes in float32 whatever the weights'
+    dtype) or the check runs in float32, in which case a permutation's reordered sums
+    differ at that precision's rounding — 1000 machine epsilons of it, still far below
+    what a wrong rule changes."""
+    lowest = torch.finfo(getattr(torch, precision)).eps
     for node in exported.graph.nodes:
         if node.op != "call_function" or not str(node.target).startswith(("aten.to", "aten._to")):
             continue
@@ -956,30 +991,44 @@ def _verify(
     seed: int,
     rtol: float = 1e-7,
     select: Callable[[Any], Any] = _logits_if_any,
+    precision: str = "float64",
 ) -> tuple[str, ...]:
     """Check that random permutations leave the outputs unchanged (to ``rtol`` of the
-    outputs' scale); name the culprit."""
+    outputs' scale); name the culprit. In float64 on a float64 twin of the model; in
+    float32 on the model itself, its weights uncopied."""
     if not spec.groups:
         return ("eval", "train")
-    twin = copy.deepcopy(model).double()
-    args64, kwargs64 = _to_double((args, kwargs))
-    params = {k: v.detach().clone() for k, v in twin.state_dict().items()}
+    if precision == "float64":
+        twin = copy.deepcopy(model).double()
+        args64, kwargs64 = _to_double((args, kwargs))
+        params = {k: v.detach() for k, v in twin.state_dict().items()}  # _run copies buffers
+    else:
+        twin, args64, kwargs64 = model, args, kwargs
+        params = {k: v.detach() for k, v in model.state_dict().items()}
+    dtype = getattr(torch, precision)
+    # float32 sums over thousands of terms leave near-zero outputs with absolute errors of
+    # the large ones' rounding: the floor is the tolerance itself there
+    floor = 1e-2 if precision == "float64" else 1.0
+
+    def close(x: list[Tensor], y: list[Tensor]) -> bool:
+        return _close(x, y, rtol, floor)
+
     modes: list[str] = []
     for mode in ("eval", "train"):
-        reference = _run(twin, params, args64, kwargs64, mode == "train", select)
+        reference = _run(twin, params, args64, kwargs64, mode == "train", select, dtype)
         if mode == "train":
-            again = _run(twin, params, args64, kwargs64, True, select)
-            if not _close(reference, again, rtol):
+            again = _run(twin, params, args64, kwargs64, True, select, dtype)
+            if not close(reference, again):
                 continue  # random in train mode even with dropout modules off
         perm = _moving_permutation(spec, seed)
-        permuted = _run(twin, perm.apply(params), args64, kwargs64, mode == "train", select)
-        if _close(reference, permuted, rtol):
+        permuted = _run(twin, perm.apply(params), args64, kwargs64, mode == "train", select, dtype)
+        if close(reference, permuted):
             modes.append(mode)
             continue
         for unit in spec.update_units():  # groups tied by one head permutation move together
             one = Permutation.identity(spec).replace(**{g: perm[g] for g in unit})
-            out = _run(twin, one.apply(params), args64, kwargs64, mode == "train", select)
-            if not _close(reference, out, rtol):
+            out = _run(twin, one.apply(params), args64, kwargs64, mode == "train", select, dtype)
+            if not close(reference, out):
                 g = unit[0]
                 tied = f" (with {', '.join(map(repr, unit[1:]))}, one head permutation)"
                 raise SpecError(
@@ -1035,14 +1084,22 @@ class _NoDropout(TorchFunctionMode):
 
 
 def _run(
-    model: nn.Module, params, args, kwargs, training: bool, select=_logits_if_any
+    model: nn.Module,
+    params,
+    args,
+    kwargs,
+    training: bool,
+    select=_logits_if_any,
+    dtype: torch.dtype = torch.float64,
 ) -> list[Tensor]:
-    """The float64 twin's outputs. Tensors the model makes in forward at the default dtype
-    (``torch.zeros(shape)``) are made in float64 too, as they would be in float32 beside
+    """The twin's outputs. Tensors the model makes in forward at the default dtype
+    (``torch.zeros(shape)``) are made in ``dtype`` too, as they would be in float32 beside
     float32 weights; a failure of the run is a :class:`SpecError`, not a raw exception."""
-    params = {k: v.clone() for k, v in params.items()}  # train-mode BN updates buffers
+    buffers = {name for name, _ in model.named_buffers()}
+    # train-mode BatchNorm updates its buffers; the parameters are only read
+    params = {k: v.clone() if k in buffers else v for k, v in params.items()}
     default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
+    torch.set_default_dtype(dtype)
     try:
         with module_mode(model, training), torch.no_grad(), _NoDropout():
             torch.manual_seed(0)
@@ -1050,7 +1107,8 @@ def _run(
     except Exception as exc:  # the model's own code: any error type
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise SpecError(
-            f"the float64 copy of {type(model).__name__} used to verify the spec fails "
+            f"the {str(dtype).removeprefix('torch.')} copy of {type(model).__name__} used to "
+            "verify the spec fails "
             f"({'train' if training else 'eval'} mode): {type(exc).__name__}: {first}"
         ) from exc
     finally:
@@ -1058,7 +1116,10 @@ def _run(
     return [t for t in pytree.tree_leaves(select(out)) if isinstance(t, Tensor)]
 
 
-def _close(x: list[Tensor], y: list[Tensor], rtol: float = 1e-7) -> bool:
+def _close(x: list[Tensor], y: list[Tensor], rtol: float = 1e-7, floor: float = 1e-2) -> bool:
+    """Whether outputs agree to ``rtol`` relative, with an absolute floor of ``floor ×
+    rtol`` of their largest magnitude (entries near zero carry the rounding of the large
+    ones they were summed from)."""
     if len(x) != len(y):
         return False
     for a, b in zip(x, y, strict=True):
@@ -1066,7 +1127,7 @@ def _close(x: list[Tensor], y: list[Tensor], rtol: float = 1e-7) -> bool:
             return False
         if a.is_floating_point():
             scale = a.abs().max().item() if a.numel() else 0.0
-            if not torch.allclose(a, b, rtol=rtol, atol=rtol * 1e-2 * max(scale, 1.0)):
+            if not torch.allclose(a, b, rtol=rtol, atol=rtol * floor * max(scale, 1.0)):
                 return False
         elif not torch.equal(a, b):
             return False
