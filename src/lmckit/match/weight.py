@@ -27,9 +27,16 @@ from torch import nn
 from lmckit._checks import check_int
 from lmckit.lap import LapDuals, assign_heads
 from lmckit.match.result import MatchResult, check_duals, check_inputs, matched_names
-from lmckit.match.weight_matcher import WeightMatcher, acceptance_tolerance, improves_all
+from lmckit.match.weight_matcher import (
+    DeltaPolicy,
+    MemoryNeed,
+    WeightMatcher,
+    _distance,
+    acceptance_tolerance,
+    improves_all,
+)
 from lmckit.options import Count, checked
-from lmckit.params import Params, detached, params_distance
+from lmckit.params import Params, detached
 from lmckit.perm import Permutation, PermutationSpec, group_cost_matrix
 from lmckit.progress import ProgressCallback, notify
 
@@ -98,6 +105,7 @@ def weight_matching(
     include_running_stats: bool = True,
     warm_start: bool = True,
     lap_backend: Literal["jv", "lapjv", "scipy"] = "jv",
+    max_memory: Count | None = None,
 ) -> MatchResult:
     """Find π maximising ``⟨θ_A, π(θ_B)⟩`` by coordinate descent over the groups.
 
@@ -123,6 +131,11 @@ def weight_matching(
             its reduction duals. Both reach the same permutations.
         lap_backend: ``"jv"`` (default), ``"lapjv"`` or ``"scipy"`` (see
             :func:`lmckit.lap.solve_lap`).
+        max_memory: bytes the match may hold (:class:`MemoryNeed`: the two models, the
+            groups' cost matrices kept between sweeps, one step's working set). Where the
+            kept matrices do not fit, every matrix is formed anew in each solve (the same
+            permutations, more products); where not even that fits, the match is refused
+            before any work. ``None``: no limit.
 
     Returns:
         :class:`MatchResult` of the best restart: ``history`` is its objective after each
@@ -140,8 +153,13 @@ def weight_matching(
     check_int("restarts", restarts)
     check_int("max_iter", max_iter)
     check_duals(duals)
+    delta = _delta_within(MemoryNeed.of(spec, params_a, params_b), max_memory)
     matcher = WeightMatcher(
-        spec, params_b, include_running_stats=include_running_stats, lap_backend=lap_backend
+        spec,
+        params_b,
+        include_running_stats=include_running_stats,
+        lap_backend=lap_backend,
+        delta=delta,
     )
     results: list[MatchResult] = []
     sweeps_done = 0
@@ -178,10 +196,29 @@ def weight_matching(
         history=best.history,
         iterations=best.iterations,
         seconds=time.perf_counter() - start,
-        distance_before=params_distance(params_a, params_b),
-        distance_after=params_distance(params_a, best.perm.apply(params_b)),
+        # one tensor permuted at a time: a permuted copy of B would be a third model
+        distance_before=_distance(spec, params_a, params_b, None),
+        distance_after=_distance(spec, params_a, params_b, dict(best.perm.items())),
         duals=best.duals,
         info=info,
+    )
+
+
+def _delta_within(need: MemoryNeed, max_memory: int | None) -> DeltaPolicy | None:
+    """The engine's cost-matrix policy within ``max_memory`` bytes: kept and updated
+    matrices where they fit, formed anew where only that fits; else refused."""
+    if max_memory is None or need.total <= max_memory:
+        return DeltaPolicy()
+    if need.without_kept_costs <= max_memory:
+        return None
+    from lmckit.budget import ResourceError, human_bytes
+
+    raise ResourceError(
+        f"weight matching needs at least {human_bytes(need.without_kept_costs)} "
+        f"(the two models {human_bytes(need.models)}, one step's cost matrix, LAP and "
+        f"tensor copies {human_bytes(need.working)}; {human_bytes(need.total)} with the "
+        f"cost matrices kept between sweeps), more than the {human_bytes(max_memory)} "
+        "allowed by max_memory"
     )
 
 

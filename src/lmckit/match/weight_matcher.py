@@ -65,6 +65,7 @@ from lmckit.progress import ProgressCallback, notify
 
 __all__ = [
     "DeltaPolicy",
+    "MemoryNeed",
     "ProfiledWeightMatcher",
     "WeightMatcher",
     "acceptance_tolerance",
@@ -294,6 +295,47 @@ class DeltaPolicy:
         """Whether updating a kept matrix can beat forming it anew with
         ``formation_flops`` (multiply-adds ×2) on this device."""
         return not on_gpu or formation_flops >= self.gpu_min_flops
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """What weight matching holds at its peak, in bytes (a lower bound of its resident
+    memory: Python's and the libraries' own overhead come on top).
+
+    Attributes:
+        models: models A and B (each counted in full once read, memory-mapped or not).
+        kept_costs: one ``(n, n)`` cost matrix per group, kept between sweeps so that later
+            sweeps update them over the columns that moved instead of forming them anew.
+        working: what one step holds beside them: the largest group's cost matrix while it
+            is formed and its LAP's float64 reduced costs, one tensor of B laid out under
+            the other groups' permutations (B̃), and an update's chunked temporaries.
+    """
+
+    models: int
+    kept_costs: int
+    working: int
+
+    @property
+    def total(self) -> int:
+        """With the cost matrices kept (the default engine)."""
+        return self.models + self.kept_costs + self.working
+
+    @property
+    def without_kept_costs(self) -> int:
+        """Every cost matrix formed anew in each solve (slower, less memory)."""
+        return self.models + self.working
+
+    @classmethod
+    def of(cls, spec: PermutationSpec, params_a: Params, params_b: Params) -> MemoryNeed:
+        """The need of matching ``params_b`` onto ``params_a`` under ``spec``."""
+        sizes = [n for g, n in spec.groups.items() if spec.group_axes(g)]
+        itemsize = max((t.element_size() for t in params_a.values()), default=4)
+        largest_n = max(sizes, default=0)
+        largest_tensor = max((t.numel() * t.element_size() for t in params_b.values()), default=0)
+        models = sum(t.numel() * t.element_size() for p in (params_a, params_b) for t in p.values())
+        kept = sum(n * n * itemsize for n in sizes)
+        working = largest_n**2 * (itemsize + 8 + itemsize // 4 * 2) + 2 * largest_tensor
+        return cls(models=models, kept_costs=kept, working=working)
 
 
 class WeightMatcher:
