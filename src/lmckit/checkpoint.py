@@ -123,6 +123,14 @@ class Checkpoint:
     weights_sha256: str = ""  # of the bytes read, computed on load (never the sidecar's word)
     code_sha256: str | None = None  # a user's class: the digest of its source
     foreign: bool = False  # a user's plain weights file, without an lmckit sidecar
+    # a Hugging Face model folder (lmckit.model_folder): its layout and trace report
+    layout: Any = None
+    trace_report: Any = None
+
+    @property
+    def folder(self) -> bool:
+        """Whether this is a Hugging Face model folder (:mod:`lmckit.model_folder`)."""
+        return self.layout is not None
 
     @property
     def content_hash(self) -> str:
@@ -137,10 +145,12 @@ class Checkpoint:
 
     @property
     def files(self) -> tuple[Path, ...]:
-        """The files this checkpoint was read from: ``(weights, sidecar)``, or the user's
-        weights file alone."""
+        """The files this checkpoint was read from: ``(weights, sidecar)``, the user's
+        weights file alone, or a model folder's config, shards and index."""
         if self.foreign:
             return (self.path,)
+        if self.layout is not None:
+            return (self.path / "config.json", *self.layout.weight_files)
         return checkpoint_paths(self.path)
 
     @property

@@ -115,6 +115,23 @@ def _device(text: str) -> str:
     return str(device)
 
 
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _size(text: str) -> int:
+    """A memory size: bytes, or a number with K, M, G or T (binary units; "12G", "1.5GiB",
+    "800MB")."""
+    import re
+
+    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
+    if not found:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 12G, 800M or 4096")
+    value = float(found.group(1)) * _SIZE_UNITS[found.group(2)]
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"the size must be at least one byte, got {text!r}")
+    return int(value)
+
+
 def _out_path(text: str) -> Path:
     """An output path: any path but the empty one (which would mean the current folder)."""
     if not text.strip():
@@ -123,14 +140,21 @@ def _out_path(text: str) -> Path:
 
 
 def _weights(text: str) -> Path:
-    """A checkpoint's weights: an existing file, or an lmckit checkpoint by stem."""
+    """A checkpoint's weights: an existing file, an lmckit checkpoint by stem, or a Hugging
+    Face model folder."""
     from lmckit.checkpoint import checkpoint_paths
+    from lmckit.model_folder import is_model_folder
 
     path = Path(text)
     if path.is_file():
         return path
     if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a folder, not a checkpoint")
+        if is_model_folder(path):
+            return path
+        raise argparse.ArgumentTypeError(
+            f"{text} is a folder without config.json or safetensors weights: neither a "
+            "checkpoint nor a Hugging Face model folder"
+        )
     try:
         weights, _ = checkpoint_paths(text)
     except LmcError as exc:
@@ -349,7 +373,26 @@ def cmd_spec(args: argparse.Namespace) -> int:
         prepare_output_file(args.out, "--out")
     path = Path(args.target)
     if path.is_dir():
-        raise UsageError(f"{args.target} is a folder; spec takes a checkpoint or MODULE:CLASS")
+        from lmckit.model_folder import is_model_folder, load_model_folder
+
+        if not is_model_folder(path):
+            raise UsageError(
+                f"{args.target} is a folder without config.json or safetensors weights; spec "
+                "takes a checkpoint, a Hugging Face model folder or MODULE:CLASS"
+            )
+        if args.out is not None:
+            check_output_file(args.out, "--out", inputs=[], file_format=SPEC_FORMAT)
+        ckpt = load_model_folder(path)
+        if args.out is not None:
+            check_output_file(args.out, "--out", inputs=ckpt.files, file_format=SPEC_FORMAT)
+        report = ckpt.trace_report
+        print(report)
+        if args.out is not None:
+            atomic_write_json(args.out, {"format": SPEC_FORMAT, **report.to_dict()})
+            print(f"spec and report -> {args.out}")
+        return 0
+    if args.input_shape is None:
+        raise UsageError("spec needs --input-shape (one example's shape) for this target")
     if ":" not in args.target or path.is_file():  # MODULE:CLASS always has a colon
         lmckit_checkpoint = argparse.Namespace(model_class=None, device="cpu")
         ckpt = _load_user_checkpoints([path], lmckit_checkpoint)[0]
@@ -513,6 +556,19 @@ def _load_user_checkpoints(paths: Sequence[Path], args: argparse.Namespace):
     from lmckit.checkpoint import checkpoint_paths, load_foreign
     from lmckit.spec import trace
 
+    folders = [p for p in paths if Path(p).is_dir()]
+    if folders:
+        if len(folders) != len(paths):
+            raise UsageError(
+                f"{folders[0]} is a model folder and {next(p for p in paths if p not in folders)} "
+                "is not: give model folders or checkpoints, not both"
+            )
+        if args.model_class is not None:
+            raise UsageError(
+                "--model-class is for plain state dicts; a model folder names its class in "
+                "its config.json"
+            )
+        return _load_folders(paths, args)
     if args.model_class is None:
         for path in paths:
             weights, sidecar = checkpoint_paths(path)
@@ -534,12 +590,57 @@ def _load_user_checkpoints(paths: Sequence[Path], args: argparse.Namespace):
     ]
 
 
+def _load_folders(paths: Sequence[Path], args: argparse.Namespace):
+    """Hugging Face model folders of one architecture: every layout checked first (headers
+    only), the spec traced on the first and checked on the others; the tensors the trace
+    leaves frozen are named on stderr before any long work."""
+    from lmckit.model_folder import frozen_summary, load_model_folder, read_layout
+
+    layouts = [read_layout(p) for p in paths]
+    first = layouts[0].architecture()
+    for path, layout in zip(paths[1:], layouts[1:], strict=True):
+        other = layout.architecture()
+        if other != first:
+            keys = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
+            shown = ", ".join(f"{k} {first.get(k)!r} vs {other.get(k)!r}" for k in keys[:3])
+            raise UsageError(
+                f"model folders of different architectures: {paths[0]} and {path} differ in "
+                f"their config ({shown})"
+            )
+    budget = getattr(args, "max_memory", None)
+    if budget is not None:
+        from lmckit.budget import ResourceError, human_bytes
+
+        need = sum(4 * sum(math.prod(e.shape) for e in lay.tensors.values()) for lay in layouts)
+        if need > budget:
+            raise ResourceError(
+                f"the {len(paths)} models alone take {human_bytes(need)} in float32, more "
+                f"than --max-memory {human_bytes(budget)}"
+            )
+    ckpts, spec = [], None
+    for path in paths:
+        ckpt = load_model_folder(path, device=args.device, spec=spec)
+        if spec is None:
+            spec = ckpt.spec
+            note = frozen_summary(ckpt)
+            if note:
+                print(f"note: {note}", file=sys.stderr)
+        ckpts.append(ckpt)
+    return ckpts
+
+
 def _data_for(ckpt, args: argparse.Namespace):
     from lmckit.data import load_dataset
     from lmckit.data.datasets import INPUT_SHAPES
     from lmckit.experiments.matching import check_data_fits
     from lmckit.experiments.training import load_for_model
 
+    if ckpt.folder:
+        raise UsageError(
+            f"{ckpt.path} is a model folder: lmckit aligns and merges model folders by their "
+            "weights (wm, wm-fast, the weight-based merges, analyze --no-data); evaluating "
+            "them on a dataset is not supported"
+        )
     name = args.dataset or ckpt.meta.get("dataset")
     if not name:
         raise UsageError(f"{ckpt.path} does not record its dataset; pass --dataset")
@@ -558,7 +659,13 @@ def _data_for(ckpt, args: argparse.Namespace):
 
 
 def cmd_match(args: argparse.Namespace) -> int:
-    from lmckit._io import check_output_file, locked_output, prepare_output_file
+    from lmckit._io import (
+        check_output_dir,
+        check_output_file,
+        check_outputs,
+        locked_output,
+        prepare_output_file,
+    )
     from lmckit.experiments.matching import (
         PERMUTATION_FORMAT,
         check_same_architecture,
@@ -568,11 +675,15 @@ def cmd_match(args: argparse.Namespace) -> int:
     from lmckit.match import METHODS
 
     prepare_output_file(args.out, "--out")
+    if args.aligned is not None:
+        check_output_dir(args.aligned, "--aligned")
     a, b = _load_pair(args)
     check_output_file(
         args.out, "--out", inputs=[*a.files, *b.files], file_format=PERMUTATION_FORMAT
     )
     check_same_architecture(a, b)
+    if args.aligned is not None and not b.folder:
+        raise UsageError("--aligned writes a model folder; B is not one")
     data = _data_for(a, args) if METHODS[args.method].needs_data else None
     from lmckit.experiments.estimates import check_match
 
@@ -581,7 +692,15 @@ def cmd_match(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, budget=_budget(args),
     )  # fmt: skip
     folder = locked_output(args.out.parent, "--out's folder", guard=False)
-    with ProgressBars(not args.quiet) as bars, folder:
+    with contextlib.ExitStack() as stack:
+        bars = stack.enter_context(ProgressBars(not args.quiet))
+        stack.enter_context(folder)
+        if args.aligned is not None:
+            stack.enter_context(locked_output(args.aligned, "--aligned"))
+            from lmckit.model_folder import output_names
+
+            outputs = [args.aligned / n for n in output_names(b.layout)]
+            check_outputs(outputs, [*a.files, *b.files], "--aligned")
         result = match_checkpoints(
             a,
             b,
@@ -593,15 +712,41 @@ def cmd_match(args: argparse.Namespace) -> int:
             lr=args.lr,
             batch_size=args.batch_size,
             restarts=args.restarts,
+            max_memory=args.max_memory,
         )
         save_match(args.out, result, a=str(a.path), b=str(b.path))
+        if args.aligned is not None:
+            from lmckit.model_folder import write_model_folder
+
+            write_model_folder(
+                args.aligned,
+                b,
+                perm=result.perm,
+                about=_folder_about(result.method, {"a": a, "b": b}, result),
+            )
     objective = f"{result.history[-1]:.6g}" if result.history else "n/a"
     print(f"method        {result.method}")
     print(f"objective     {objective}   ({result.iterations} iterations)")
     print(f"L2 distance   {result.distance_before:.4f} -> {result.distance_after:.4f}")
     print(f"time          {result.seconds:.2f} s")
     print(f"permutation   -> {args.out}")
+    if args.aligned is not None:
+        print(f"B aligned     -> {args.aligned} (a model folder)")
     return 0
+
+
+def _folder_about(method: str, inputs: dict, result=None) -> dict[str, Any]:
+    """What a written model folder's ``lmckit.json`` says it was made from."""
+    about: dict[str, Any] = {
+        "method": method,
+        "inputs": {
+            role: {"path": str(c.path), "sha256": c.content_hash, "files_sha256": c.meta["files"]}
+            for role, c in inputs.items()
+        },
+    }
+    if result is not None and hasattr(result, "distance_after"):
+        about["l2_distance"] = {"before": result.distance_before, "after": result.distance_after}
+    return about
 
 
 def cmd_interpolate(args: argparse.Namespace) -> int:
@@ -785,6 +930,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
     check_output_dir(args.out, "--out")
     ckpts = _load_user_checkpoints(args.checkpoints, args)
     check_checkpoints(ckpts)
+    if ckpts[0].folder:
+        return _merge_folders(ckpts, args)
     data = _data_for(ckpts[0], args)
     from lmckit.experiments.estimates import check_merge
 
@@ -850,6 +997,28 @@ def cmd_merge(args: argparse.Namespace) -> int:
             f"{report['sharpness_models_mean']:.4g}"
         )
     print(f"merged checkpoint, permutations.json, metrics.json, plots -> {args.out}")
+    return 0
+
+
+def _merge_folders(ckpts, args: argparse.Namespace) -> int:
+    """``lmckit merge`` of model folders: by their weights, written as a model folder."""
+    from lmckit.experiments.merging import run_merge_folders
+
+    if args.sweep_n or args.sharpness_probes or args.landscape:
+        raise UsageError(
+            "model folders are merged by their weights: --sweep-n, --sharpness-probes and "
+            "--landscape evaluate on data, which model folders do not record"
+        )
+    options = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size}
+    with ProgressBars(not args.quiet) as bars:
+        report = run_merge_folders(
+            ckpts, args.method, args.out, seed=args.seed, progress=bars, **options
+        )
+    print(f"method {report['method']}: {report['seconds']:.1f} s")
+    print(f"{'model':<40} {'L2 to merged':>13} {'aligned':>9}")
+    for path, d in report["distance_to_merged"].items():
+        print(f"{path:<40} {d['before_alignment']:>13.4f} {d['after_alignment']:>9.4f}")
+    print(f"merged model folder, permutations.json, metrics.json -> {args.out}")
     return 0
 
 
@@ -1033,7 +1202,15 @@ _MODEL_CLASS: list[tuple[str, Check]] = [
     (dest, _needs("model_class", "it describes a user's class"))
     for dest in ("model_args", "input_shape", "tokens")
 ]
-_MATCH_OPTIONS = ("epochs", "lr", "batch_size", "restarts")
+
+
+def _not_for_folders(a: argparse.Namespace) -> str | None:
+    if Path(a.target).is_dir():
+        return "a model folder's example input comes from its config"
+    return None
+
+
+_MATCH_OPTIONS = ("epochs", "lr", "batch_size", "restarts", "max_memory")
 _DATA_OPTIONS = ("dataset", "data_dir", "no_download")
 SWEEP_METHODS = ("star-wm", "merge-many", "ccmm", "ste-mm")
 _FIXED = "it draws a fixed construction"
@@ -1075,7 +1252,10 @@ APPLIES: dict[str, list[tuple[str, Check]]] = {
         ("split_seed", _split_setting("split_seed", ("class-imbalanced", "dirichlet", "random"))),
         ("hidden", _excludes("width_multiplier", "the MLP's widths are given or scaled")),
     ],
-    "spec": [("model_args", lambda a: None if ":" in a.target else "the target is a checkpoint")],
+    "spec": [
+        ("model_args", lambda a: None if ":" in a.target else "the target is a checkpoint"),
+        *((d, _not_for_folders) for d in ("input_shape", "tokens", "batch", "strict")),
+    ],
     "run": [("address", lambda a: None if a.executor == "ray" else "it is for --executor ray")],
 }
 """For each command, the options that apply only in some cases: ``(dest, check)`` pairs,
@@ -1301,6 +1481,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--restarts", type=_int_at_least(1), help="weight matching: best of this many starts"
     )
+    p.add_argument(
+        "--max-memory", type=_size, metavar="SIZE",
+        help="weight matching: memory it may hold, e.g. 12G (the two models, the cost "
+        "matrices, one step's working set); refused up front if too small",
+    )  # fmt: skip
+    p.add_argument(
+        "--aligned", type=_out_path, metavar="FOLDER",
+        help="model folders: also write B, permuted onto A, as a model folder of B's "
+        "architecture and sharding (from_pretrained loads it)",
+    )  # fmt: skip
     _add_data_arguments(p)
     _add_model_class_arguments(p)
     p.set_defaults(func=cmd_match)
@@ -1489,10 +1679,15 @@ def build_parser() -> argparse.ArgumentParser:
         "the resulting permutation spec (random permutations of every group leave the outputs "
         "unchanged, float64, eval and train mode) and print its groups and frozen axes.",
     )
-    p.add_argument("target", help="an lmckit checkpoint, or MODULE:CLASS (importable from here)")
     p.add_argument(
-        "--input-shape", type=_int_at_least(1), nargs="+", required=True, metavar="N",
-        help="one example's shape without the batch axis, e.g. 1 28 28 (tokens: the length)",
+        "target",
+        help="an lmckit checkpoint, a Hugging Face model folder, or MODULE:CLASS (importable "
+        "from here)",
+    )
+    p.add_argument(
+        "--input-shape", type=_int_at_least(1), nargs="+", metavar="N",
+        help="one example's shape without the batch axis, e.g. 1 28 28 (tokens: the length); "
+        "a model folder's comes from its config",
     )  # fmt: skip
     p.add_argument("--batch", type=_int_at_least(1), default=4, help="examples in the trace")
     p.add_argument(

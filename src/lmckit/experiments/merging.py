@@ -216,6 +216,73 @@ def run_merge(
     return report
 
 
+@writes_folder("out")
+def run_merge_folders(
+    ckpts: Sequence[Checkpoint],
+    method: str,
+    out: str | Path,
+    *,
+    seed: int = 0,
+    progress: Callable[[str], ProgressCallback | None] | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """``lmckit merge`` of Hugging Face model folders (:mod:`lmckit.model_folder`), by their
+    weights alone: the merged model is written as the model folder ``out/merged`` — the
+    reference's (last folder's) architecture, config and sharding — beside
+    ``permutations.json`` and ``metrics.json`` (each model's L2 distance to the merged one,
+    before and after alignment). Methods that need data are refused: a model folder records
+    no dataset.
+
+    Returns the report written to ``metrics.json``."""
+    from lmckit.model_folder import output_names, write_model_folder
+    from lmckit.params import params_distance
+
+    check_checkpoints(ckpts)
+    merger = METHODS.get(method)
+    if merger is not None and (merger.needs_data or merger.needs_sizes):
+        usable = sorted(m for m, x in METHODS.items() if not (x.needs_data or x.needs_sizes))
+        what = "data" if merger.needs_data else "the models' training-set sizes"
+        raise UsageError(
+            f"merge method {method} needs {what}, which model folders do not record; merge "
+            f"them by their weights with {', '.join(usable)}"
+        )
+    reference = ckpts[-1]
+    names = [f"merged/{n}" for n in output_names(reference.layout)]
+    outputs = [Path(out) / n for n in (*names, "permutations.json", "metrics.json")]
+    check_outputs(outputs, [f for c in ckpts for f in c.files])
+    result = merge_checkpoints(
+        ckpts, method, None, seed=seed, progress=progress(method) if progress else None, **options
+    )
+    report: dict[str, Any] = {
+        "method": result.method,
+        "seconds": result.seconds,
+        "checkpoints": [str(c.path) for c in ckpts],
+        "distance_to_merged": {
+            str(c.path): {
+                "before_alignment": params_distance(c.params, result.merged),
+                "after_alignment": params_distance(p.apply(c.params), result.merged),
+            }
+            for c, p in zip(ckpts, result.perms, strict=True)
+        },
+        "bn_reset": False,
+    }
+    about = {
+        "method": result.method,
+        "inputs": {
+            str(i): {"path": str(c.path), "sha256": c.content_hash, "files_sha256": c.meta["files"]}
+            for i, c in enumerate(ckpts)
+        },
+        "reference": str(reference.path),
+    }
+    write_model_folder(Path(out) / "merged", reference, params=result.merged, about=about)
+    atomic_write_json(
+        Path(out) / "permutations.json",
+        {"groups": dict(reference.spec.groups), "perms": [p.to_dict() for p in result.perms]},
+    )
+    atomic_write_json(Path(out) / "metrics.json", report)
+    return report
+
+
 def checkpoint_split(ckpt: Checkpoint, data: Dataset) -> Split | None:
     """The split ``ckpt`` was trained on (None: all the data), checked against ``data``:
     the recorded hash of its indices must be that of the same part of ``data``'s training

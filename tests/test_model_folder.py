@@ -1,0 +1,290 @@
+"""Hugging Face model folders in and out (lmckit.model_folder, `lmckit match|merge|spec` on
+folders): small configs, random weights, written here with save_pretrained — no downloads."""
+
+import hashlib
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from lmckit.budget import ResourceError
+from lmckit.cli import main
+from lmckit.errors import CheckpointError
+from lmckit.match import weight_matching
+from lmckit.match.weight_matcher import MemoryNeed
+from lmckit.model_folder import (
+    is_model_folder,
+    load_model_folder,
+    output_names,
+    read_layout,
+    write_model_folder,
+)
+from lmckit.perm import Permutation
+
+T = pytest.importorskip("transformers", reason="a dev dependency: pip install -e '.[dev]'")
+
+
+def llama_config(**changes):
+    base = dict(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=50, max_position_embeddings=16,
+    )  # fmt: skip
+    return T.LlamaConfig(**{**base, **changes})
+
+
+def gpt2_config():
+    return T.GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=16)
+
+
+def save(folder, cls, config, seed, shard="20KB", dtype=None):
+    torch.manual_seed(seed)
+    model = cls(config)
+    if dtype is not None:
+        model = model.to(dtype)
+    model.save_pretrained(folder, max_shard_size=shard)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("folders")
+    out = {}
+    for seed in (0, 1):
+        out[f"llama{seed}"] = save(root / f"llama{seed}", T.LlamaForCausalLM, llama_config(), seed)
+        out[f"gpt2{seed}"] = save(root / f"gpt2{seed}", T.GPT2LMHeadModel, gpt2_config(), seed)
+    return out
+
+
+def sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def outputs64(folder_or_model, ids, params=None):
+    model = folder_or_model
+    if not isinstance(model, torch.nn.Module):
+        model = type_of(folder_or_model).from_pretrained(folder_or_model, dtype=torch.float64)
+    with torch.no_grad():
+        if params is None:
+            return model(ids).logits
+        return torch.func.functional_call(model, params, (ids,), tie_weights=False).logits
+
+
+def type_of(folder):
+    name = json.loads((folder / "config.json").read_text())["architectures"][0]
+    return getattr(T, name)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_planted_permutation_round_trips_through_folders(folders, tmp_path, name):
+    """Acceptance: match → write → from_pretrained gives exactly the outputs of applying the
+    permutation in memory (float64), for a sharded Llama and a GPT-2 with tied embeddings."""
+    a = load_model_folder(folders[f"{name}0"])
+    assert a.trace_report.permuted_fraction == 1.0
+    planted = Permutation.random(a.spec, 7)
+    write_model_folder(tmp_path / "b", a, perm=planted, about={"planted": True})
+    b = load_model_folder(tmp_path / "b", spec=a.spec)
+    result = weight_matching(a.spec, a.params, b.params)
+    inverse = planted.inverse()
+    assert all(torch.equal(result.perm[g], inverse[g]) for g in a.spec.groups)
+
+    # B (seed 1) aligned onto A and written; reloaded, it computes what the permutation
+    # applied in memory computes
+    b = load_model_folder(folders[f"{name}1"], spec=a.spec)
+    perm = weight_matching(a.spec, a.params, b.params).perm
+    assert not perm.is_identity()
+    write_model_folder(tmp_path / "aligned", b, perm=perm, about={"method": "wm"})
+    ids = torch.randint(0, 50, (3, 9), generator=torch.Generator().manual_seed(0))
+    model64 = type_of(folders[f"{name}1"]).from_pretrained(folders[f"{name}1"], dtype=torch.float64)
+    in_memory = perm.apply({k: v.double() for k, v in model64.state_dict().items()})
+    expected = outputs64(model64, ids, in_memory)
+    got = outputs64(tmp_path / "aligned", ids)
+    assert torch.equal(got, expected)
+    # ... and the permutation changed B's weights but not its function (RMSNorm rounds in
+    # float32 whatever the weights' dtype: equal to float32 rounding)
+    torch.testing.assert_close(got, outputs64(model64, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_written_folder_has_the_source_files_and_a_sidecar(folders, tmp_path):
+    source = folders["llama1"]
+    b = load_model_folder(source)
+    layout = read_layout(source)
+    assert len(layout.shards) > 2  # sharded, as the fixture asks
+    perm = Permutation.random(b.spec, 3)
+    written = write_model_folder(tmp_path / "out", b, perm=perm, about={"method": "test"})
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(
+        output_names(layout)
+    )
+    assert (out / "config.json").read_bytes() == (source / "config.json").read_bytes()
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index == json.loads((source / "model.safetensors.index.json").read_text())
+    sidecar = json.loads((out / "lmckit.json").read_text())
+    assert sidecar["method"] == "test" and sidecar["format"] == "lmckit-model-folder"
+    for name, digest in sidecar["files_sha256"].items():
+        assert sha(out / name) == digest == written[name]
+    # every tensor in the shard the index names, permuted as Permutation.apply permutes
+    expected = perm.apply(b.params)
+    for key, shard in index["weight_map"].items():
+        with safe_open(out / shard, "pt") as fh:
+            assert torch.equal(fh.get_tensor(key), expected[key]), key
+
+
+def test_stored_dtype_is_kept(tmp_path):
+    """A bfloat16 folder is matched in float32 and written back in bfloat16, exactly (the
+    streaming writer's bytes are what safetensors reads)."""
+    src = save(tmp_path / "bf16", T.LlamaForCausalLM, llama_config(), 0, dtype=torch.bfloat16)
+    a = load_model_folder(src)
+    assert all(t.dtype == torch.float32 for t in a.params.values() if t.is_floating_point())
+    perm = Permutation.random(a.spec, 1)
+    write_model_folder(tmp_path / "out", a, perm=perm)
+    source = {}
+    for shard in read_layout(src).shards:
+        with safe_open(src / shard, "pt") as fh:
+            source.update({k: fh.get_tensor(k) for k in fh.keys()})  # noqa: SIM118
+    expected = perm.apply(source)
+    for shard in read_layout(tmp_path / "out").shards:
+        with safe_open(tmp_path / "out" / shard, "pt") as fh:
+            for k in fh.keys():  # noqa: SIM118
+                t = fh.get_tensor(k)
+                assert t.dtype == torch.bfloat16 and torch.equal(t, expected[k]), k
+
+
+def broken(folders, tmp_path, what):
+    folder = tmp_path / what
+    shutil.copytree(folders["llama0"], folder)
+    return folder
+
+
+def test_bad_folders_are_one_clear_line(folders, tmp_path):
+    no_config = broken(folders, tmp_path, "no-config")
+    (no_config / "config.json").unlink()
+    with pytest.raises(CheckpointError, match=r"has no config\.json"):
+        load_model_folder(no_config)
+
+    missing = broken(folders, tmp_path, "missing-shard")
+    shard = sorted(read_layout(missing).shards)[1]
+    (missing / shard).unlink()
+    with pytest.raises(CheckpointError, match=f"shard {shard} named by .* is missing"):
+        load_model_folder(missing)
+
+    wrong_map = broken(folders, tmp_path, "wrong-map")
+    index = json.loads((wrong_map / "model.safetensors.index.json").read_text())
+    key = next(iter(index["weight_map"]))
+    elsewhere = sorted(set(index["weight_map"].values()) - {index["weight_map"][key]})[0]
+    index["weight_map"][key] = elsewhere
+    (wrong_map / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=f"puts tensor '{key}'"):
+        load_model_folder(wrong_map)
+
+    dropped = broken(folders, tmp_path, "dropped-key")
+    index = json.loads((dropped / "model.safetensors.index.json").read_text())
+    del index["weight_map"][key]
+    (dropped / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"not in model\.safetensors\.index\.json"):
+        load_model_folder(dropped)
+
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    shutil.copy(folders["llama0"] / "config.json", pickled)
+    (pickled / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin, which are pickles"):
+        load_model_folder(pickled)
+
+    nan = tmp_path / "nan"
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(llama_config())
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
+    model.save_pretrained(nan)
+    with pytest.raises(CheckpointError, match=r"up_proj.weight' has 1 NaN"):
+        load_model_folder(nan)
+
+    other = save(tmp_path / "wider", T.LlamaForCausalLM, llama_config(intermediate_size=64), 0)
+    (other / "config.json").write_text((folders["llama0"] / "config.json").read_text())
+    with pytest.raises(CheckpointError, match="shapes do not fit"):
+        load_model_folder(other)
+    assert not is_model_folder(tmp_path / "nothing-here")
+
+
+def test_max_memory_is_honoured_or_refused(folders):
+    a = load_model_folder(folders["gpt20"])
+    b = load_model_folder(folders["gpt21"], spec=a.spec)
+    need = MemoryNeed.of(a.spec, a.params, b.params)
+    sizes = [n for n in a.spec.groups.values()]
+    assert need.kept_costs == sum(4 * n * n for n in sizes)  # one float32 matrix per group
+    assert need.models == 2 * sum(t.numel() * 4 for t in a.params.values())
+    free = weight_matching(a.spec, a.params, b.params)
+    # between the two needs: every cost matrix formed anew, the same permutations
+    tight = weight_matching(a.spec, a.params, b.params, max_memory=need.total - 1)
+    assert all(torch.equal(free.perm[g], tight.perm[g]) for g in a.spec.groups)
+    with pytest.raises(ResourceError, match="weight matching needs at least"):
+        weight_matching(a.spec, a.params, b.params, max_memory=need.without_kept_costs - 1)
+
+
+def run(argv, capsys):
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_match_writes_an_aligned_folder(folders, tmp_path, capsys):
+    code, out, _ = run(
+        ["match", folders["gpt20"], folders["gpt21"], "--out", tmp_path / "p.json",
+         "--aligned", tmp_path / "aligned", "-q"], capsys,
+    )  # fmt: skip
+    assert code == 0, out
+    sidecar = json.loads((tmp_path / "aligned" / "lmckit.json").read_text())
+    assert sidecar["inputs"]["b"]["path"] == str(folders["gpt21"])
+    assert sidecar["inputs"]["a"]["files_sha256"]["config.json"] == sha(
+        folders["gpt20"] / "config.json"
+    )
+    model = T.GPT2LMHeadModel.from_pretrained(tmp_path / "aligned")
+    source = T.GPT2LMHeadModel.from_pretrained(folders["gpt21"])
+    where = "_name_or_path"
+    assert {**model.config.to_dict(), where: 0} == {**source.config.to_dict(), where: 0}
+
+
+def test_cli_refuses_bad_requests_before_writing(folders, tmp_path, capsys):
+    other = save(tmp_path / "llama-wide", T.LlamaForCausalLM, llama_config(hidden_size=64), 0)
+    cases = [
+        ([folders["llama0"], other], "different architectures: .* hidden_size 32 vs 64"),
+        ([folders["llama0"], folders["gpt20"]], "different architectures"),
+        ([folders["llama0"], folders["llama1"], "--max-memory", "1K"], "more than --max-memory"),
+        ([folders["llama0"], tmp_path / "empty"], "neither a checkpoint nor a Hugging Face"),
+    ]
+    (tmp_path / "empty").mkdir()
+    capsys.readouterr()  # save_pretrained's progress bar
+    for argv, message in cases:
+        code, _, err = run(
+            ["match", *argv, "--out", tmp_path / "p.json", "--aligned", tmp_path / "al"], capsys
+        )
+        assert code == 2, (argv, err)
+        assert len(err.strip().splitlines()) == 1, err
+        assert pytest.importorskip("re").search(message, err), err
+        assert not (tmp_path / "p.json").exists() and not (tmp_path / "al").exists()
+
+
+def test_cli_merge_folders(folders, tmp_path, capsys):
+    code, out, _ = run(
+        ["merge", folders["llama0"], folders["llama1"], "--method", "average", "--out",
+         tmp_path / "m", "-q"], capsys,
+    )  # fmt: skip
+    assert code == 0, out
+    merged = T.LlamaForCausalLM.from_pretrained(tmp_path / "m" / "merged").state_dict()
+    a = T.LlamaForCausalLM.from_pretrained(folders["llama0"]).state_dict()
+    b = T.LlamaForCausalLM.from_pretrained(folders["llama1"]).state_dict()
+    for k in a:
+        torch.testing.assert_close(merged[k], (a[k] + b[k]) / 2, rtol=0, atol=1e-7)
+    code, _, err = run(
+        ["merge", folders["llama0"], folders["llama1"], "--method", "ste-mm", "--out",
+         tmp_path / "m2"], capsys,
+    )  # fmt: skip
+    assert code == 2 and "needs data" in err and not (tmp_path / "m2").exists()
+
+
+def test_cli_spec_of_a_folder(folders, capsys):
+    code, out, _ = run(["spec", folders["llama0"]], capsys)
+    assert code == 0
+    assert "100.0% of the parameters in permuted tensors" in out
