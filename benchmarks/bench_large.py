@@ -1,0 +1,181 @@
+"""Weight matching at size: Hugging Face model folders of 124 M (GPT-2 small's config) and
+1.1 B parameters (a Llama config of TinyLlama's shape), planted and independent pairs.
+
+For each model, two cases:
+
+* **planted** — B is A under a random permutation of every traced group, written as a model
+  folder by :func:`lmckit.model_folder.write_model_folder`; weight matching must recover it
+  exactly (B aligned equals A bit for bit);
+* **independent** — two random initialisations (seeds 0 and 1).
+
+Each case runs in a fresh process (its peak resident memory is its own): it loads both
+folders (memory-mapped; the spec traced on A), matches with
+:class:`~lmckit.match.weight_matcher.ProfiledWeightMatcher` and writes B aligned as a model
+folder. Reported: load and trace time, sweeps, time per sweep, the LAP share, the GEMM
+floor (the multiply-adds the products did, at this machine's float32 GEMM rate measured in
+the same process), peak RSS against one model's size and — above the process's baseline
+with its libraries imported — against issue 28's bound (two models + half a model + the
+groups' kept cost matrices), and the writing time. Prints one
+JSON document; finished cases are kept in ``--partial`` and not rerun.
+
+    python benchmarks/make_hf_pairs.py /work/runs/hf-large
+    python benchmarks/bench_large.py /work/runs/hf-large [--only gpt2-124m] [--cases planted]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from _timing import machine  # benchmarks/_timing.py (scripts run from this folder)
+
+MODELS = ("gpt2-124m", "llama-1.1b")
+CASES = ("planted", "independent")
+
+
+def gemm_rate(n: int = 2048, k: int = 8192, repeats: int = 3) -> float:
+    """This process's float32 GEMM rate (multiply-adds ×2 per second) on an ``(n, k) @ (k,
+    n)`` product, the shape of a cost-matrix term: the best of ``repeats``."""
+    a, b = torch.randn(n, k), torch.randn(k, n)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n * n * k / best
+
+
+def plant(root: Path, name: str) -> Path:
+    """B = A under a seeded random permutation, as a model folder (made once)."""
+    from lmckit.model_folder import load_model_folder, write_model_folder
+    from lmckit.perm import Permutation
+
+    out = root / f"{name}-planted"
+    if (out / "lmckit.json").is_file():
+        return out
+    a = load_model_folder(root / f"{name}-seed0")
+    perm = Permutation.random(a.spec, 1234)
+    write_model_folder(out, a, perm=perm, about={"planted": perm.to_dict()})
+    return out
+
+
+def run_case(root: Path, name: str, case: str, aligned: Path) -> dict:
+    """One case, in this process (see the module docstring)."""
+    from lmckit.match.weight_matcher import MemoryNeed, ProfiledWeightMatcher
+    from lmckit.model_folder import load_model_folder, read_layout, write_model_folder
+    from lmckit.perm import Permutation
+
+    rate = gemm_rate()
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # libraries, GEMM test
+    path_b = plant(root, name) if case == "planted" else root / f"{name}-seed1"
+    layout = read_layout(root / f"{name}-seed0")
+    one = 4 * sum(math.prod(e.shape) for e in layout.tensors.values())  # float32, as loaded
+    start = time.perf_counter()
+    # the trace's verification kept within the bound too: float64 only where it fits
+    a = load_model_folder(root / f"{name}-seed0", max_memory=2 * one + one // 2)
+    traced = time.perf_counter() - start
+    b = load_model_folder(path_b, spec=a.spec)
+    loaded = time.perf_counter() - start
+    rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    need = MemoryNeed.of(a.spec, a.params, b.params)
+    matcher = ProfiledWeightMatcher(a.spec, b.params)
+    result = matcher.match(a.params, distances=False)
+    info = result.info
+    start = time.perf_counter()
+    write_model_folder(aligned, b, perm=result.perm, about={"bench": name, "case": case})
+    written = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    unique = {k: t for k, t in a.params.items() if k not in a.trace_report.aliases}  # tied once
+    model_bytes = sum(t.numel() * t.element_size() for t in unique.values())
+    out = {
+        "model": name,
+        "case": case,
+        "parameters": sum(t.numel() for t in unique.values()),
+        "groups": len(a.spec.groups),
+        "permuted_fraction": a.trace_report.permuted_fraction,
+        "trace_precision": a.trace_report.precision,
+        "load_and_trace_seconds_a": round(traced, 2),
+        "load_seconds_both": round(loaded, 2),
+        "sweeps": result.iterations,
+        "match_seconds": round(result.seconds, 2),
+        "seconds_per_sweep": round(result.seconds / result.iterations, 2),
+        "lap_seconds": round(info["lap_seconds"], 2),
+        "lap_share": round(info["lap_seconds"] / result.seconds, 3),
+        "gemm_seconds": round(info["gemm_seconds"], 2),
+        "gemm_flops": info["gemm_flops"],
+        "gemm_rate_flops": rate,
+        "gemm_floor_seconds": round(info["gemm_flops"] / rate, 2),
+        "write_aligned_seconds": round(written, 2),
+        "model_bytes": model_bytes,
+        "peak_rss_bytes": peak,
+        "peak_rss_after_loading_bytes": rss_loaded,
+        "baseline_rss_bytes": baseline,
+        "peak_rss_models": round(peak / model_bytes, 2),
+        "match_rss_models": round((peak - baseline) / model_bytes, 2),
+        "bound_bytes": 2 * model_bytes + model_bytes // 2 + need.kept_costs,
+        "within_bound": peak - baseline <= 2 * model_bytes + model_bytes // 2 + need.kept_costs,
+        "memory_need_estimate": {
+            "models": need.models,
+            "kept_costs": need.kept_costs,
+            "working": need.working,
+        },
+    }
+    if case == "planted":
+        planted = json.loads((path_b / "lmckit.json").read_text())["planted"]
+        expected = Permutation.from_dict(planted, a.spec).inverse()
+        out["recovered_exactly"] = all(
+            torch.equal(result.perm[g], expected[g]) for g in a.spec.groups
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="the folder make_hf_pairs.py wrote")
+    parser.add_argument("--only", choices=MODELS, nargs="+", default=list(MODELS))
+    parser.add_argument("--cases", choices=CASES, nargs="+", default=list(CASES))
+    parser.add_argument("--partial", type=Path, help="finished cases (default ROOT/bench.jsonl)")
+    parser.add_argument("--case", nargs=2, help=argparse.SUPPRESS)  # a child process's case
+    args = parser.parse_args()
+    if args.case:
+        name, case = args.case
+        print(json.dumps(run_case(args.root, name, case, args.root / f"{name}-{case}-aligned")))
+        return
+    partial = args.partial or args.root / "bench.jsonl"
+    done = {}
+    if partial.is_file():
+        for line in partial.read_text().splitlines():
+            row = json.loads(line)
+            done[(row["model"], row["case"])] = row
+    for name in args.only:
+        for case in args.cases:
+            if (name, case) in done:
+                continue
+            child = subprocess.run(
+                [sys.executable, __file__, str(args.root), "--case", name, case],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if child.returncode != 0:
+                print(child.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"{name} {case} failed")
+            row = json.loads(child.stdout.strip().splitlines()[-1])
+            done[(name, case)] = row
+            with open(partial, "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            print(f"{name} {case}: {row['match_seconds']} s", file=sys.stderr)
+    rows = [done[(n, c)] for n in args.only for c in args.cases if (n, c) in done]
+    print(json.dumps({"machine": machine("cpu"), "results": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
