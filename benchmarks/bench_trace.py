@@ -142,6 +142,25 @@ def models() -> dict:
     out["hf ConvNeXt-T (64x64)"] = (
         lambda: T.ConvNextForImageClassification(T.ConvNextConfig(num_labels=10)), images,
     )  # fmt: skip
+    try:
+        import diffusers
+    except ImportError:
+        return out
+    out["diffusers UNet2DModel (small: 32/64 channels, 16x16)"] = (
+        lambda: diffusers.UNet2DModel(
+            sample_size=16,
+            layers_per_block=1,
+            block_out_channels=(32, 64),
+            down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+            up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+            norm_num_groups=8,
+        ),
+        {"sample": torch.randn(2, 3, 16, 16), "timestep": torch.tensor([1, 10])},
+    )
+    out["diffusers UNet2DModel (default config, 32x32)"] = (
+        lambda: diffusers.UNet2DModel(sample_size=32),
+        {"sample": torch.randn(2, 3, 32, 32), "timestep": torch.tensor([1, 10])},
+    )
     return out
 
 

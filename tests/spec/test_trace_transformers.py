@@ -231,3 +231,24 @@ def test_llama_grouped_query_attention_moves_key_value_groups_with_their_query_h
     assert report.whole_blocks[kv_groups] == "sliced"  # rotate_half of the rotary embedding
     assert report.checked_modes == ("eval", "train")
     planted_recovery(model, spec)
+
+
+def test_a_diffusers_unet_traces_through_its_upsampling_and_skip_connections():
+    diffusers = pytest.importorskip("diffusers", reason="a dev dependency")
+    torch.manual_seed(0)
+    model = diffusers.UNet2DModel(
+        sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
+        block_out_channels=(32, 64), down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=8,
+    )  # fmt: skip
+    inputs = (torch.randn(2, 3, 16, 16), torch.tensor([1, 10]))
+    report = trace_report(model, inputs, outputs=lambda out: out.sample)
+    assert report.unknown_ops == () and report.checked_modes == ("eval", "train")
+    # 90.2 % while upsampling had no rule; what stays frozen is where a skip connection is
+    # concatenated under a GroupNorm whose groups straddle the two parts (no permutation of
+    # either part alone keeps the norm's groups)
+    assert report.permuted_fraction >= 0.96, str(report)
+    frozen = {why for reasons in report.frozen.values() for why in reasons if why}
+    assert not any("resampling" in why and "no rule" in why for why in frozen)
+    assert any("direct sum" in why for why in frozen)
+    planted_recovery(model, report.spec)

@@ -522,17 +522,17 @@ def softmax(node: fx.Node, ax: Axes) -> None:
     ax.same_all(x, node, [(i, i) for i in range(len(ax.shape(x) or ()))])
 
 
-def pooling(node: fx.Node, ax: Axes, spatial: int) -> None:
-    """Pooling over the last ``spatial`` axes: channels and batch map through, the pooled
-    axes are frozen (positions are samples)."""
+def pooling(node: fx.Node, ax: Axes, spatial: int, what: str = "pooling") -> None:
+    """Pooling (or resampling: ``what``) over the last ``spatial`` axes: channels and batch
+    map through, the pooled axes are frozen (positions are samples)."""
     x = node.args[0]
     xs = ax.shape(x)
     assert xs is not None
     for i in range(len(xs) - spatial):
         ax.same(x, i, node, i)
     for i in range(len(xs) - spatial, len(xs)):
-        ax.freeze(x, i, "spatial axis of a pooling op")
-        ax.freeze(node, i, "spatial axis of a pooling op")
+        ax.freeze(x, i, f"spatial axis of a {what} op")
+        ax.freeze(node, i, f"spatial axis of a {what} op")
 
 
 def pad(node: fx.Node, ax: Axes) -> None:
@@ -923,6 +923,12 @@ def _pooling(spatial: int) -> Rule:
     return lambda node, ax: pooling(node, ax, spatial)
 
 
+def _resampling(spatial: int) -> Rule:
+    """Upsampling (nearest, linear, bilinear, bicubic, trilinear) of the last ``spatial``
+    axes: each channel resampled alone, like pooling."""
+    return lambda node, ax: pooling(node, ax, spatial, "resampling")
+
+
 _TABLE: list[tuple[Rule, tuple[str, ...]]] = [
     (elementwise, _ELEMENTWISE),
     (expand, ("expand", "expand_as", "broadcast_to")),
@@ -975,6 +981,22 @@ _TABLE: list[tuple[Rule, tuple[str, ...]]] = [
         ),
     ),
     (_pooling(3), ("max_pool3d", "avg_pool3d", "adaptive_avg_pool3d")),
+    (_resampling(1), ("upsample_nearest1d", "_upsample_nearest_exact1d", "upsample_linear1d")),
+    (
+        _resampling(2),
+        (
+            "upsample_nearest2d",
+            "_upsample_nearest_exact2d",
+            "upsample_bilinear2d",
+            "_upsample_bilinear2d_aa",
+            "upsample_bicubic2d",
+            "_upsample_bicubic2d_aa",
+        ),
+    ),
+    (
+        _resampling(3),
+        ("upsample_nearest3d", "_upsample_nearest_exact3d", "upsample_trilinear3d"),
+    ),
     (
         pad,
         (
