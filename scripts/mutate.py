@@ -39,6 +39,63 @@ class Mutation:
 
 M = Mutation
 MUTATIONS = [
+    # -- model folders and memory budgets (issue 28) --
+    M(
+        "folder-written-unpermuted",
+        "write_model_folder writes B's tensors without the permutation",
+        "src/lmckit/model_folder.py",
+        "    if perm is not None and name in spec.axes:\n",
+        "    if False:\n",
+        ("tests/test_model_folder.py",),
+    ),
+    M(
+        "folder-index-unchecked",
+        "a shard index that puts a tensor in the wrong shard is accepted",
+        "src/lmckit/model_folder.py",
+        "            if name not in tensors or tensors[name].shard != shard:\n",
+        "            if name not in tensors:\n",
+        ("tests/test_model_folder.py",),
+    ),
+    M(
+        "folder-mismatched-shapes-accepted",
+        "tensors whose shapes do not fit the model are re-initialised silently",
+        "src/lmckit/model_folder.py",
+        '            ("mismatched_keys", "tensors whose shapes do not fit the model"),\n',
+        "",
+        ("tests/test_model_folder.py",),
+    ),
+    M(
+        "wm-max-memory-ignored",
+        "weight matching runs whatever max_memory says",
+        "src/lmckit/match/weight.py",
+        "    if max_memory is None or need.total <= max_memory:\n",
+        "    if True:\n",
+        ("tests/test_model_folder.py",),
+    ),
+    M(
+        "block-view-columns-swapped",
+        "an update gathers a block view's columns with block and offset swapped",
+        "src/lmckit/match/weight_matcher.py",
+        '        return t[:, torch.div(index, width, rounding_mode="floor"), index % width]\n',
+        '        return t[:, index % width, torch.div(index, width, rounding_mode="floor")]\n',
+        ("tests/match/test_weight_matcher.py",),
+    ),
+    M(
+        "no-upsampling-rule",
+        "upsampling has no rule (a U-Net's up path freezes)",
+        "src/lmckit/spec/rules.py",
+        '            "upsample_nearest2d",\n',
+        "",
+        ("tests/spec/test_trace_transformers.py",),
+    ),
+    M(
+        "memory-need-forgets-kept-costs",
+        "the memory estimate leaves out the cost matrices kept between sweeps",
+        "src/lmckit/match/weight_matcher.py",
+        "        kept = sum(n * n * itemsize for n in sizes)\n",
+        "        kept = 0\n",
+        ("tests/test_model_folder.py",),
+    ),
     # -- the bugs a reviewer found unnoticed (issue "Tests that catch a wrong algorithm") --
     M(
         "lap-ignores-duals",
