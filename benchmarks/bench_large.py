@@ -6,7 +6,10 @@ For each model, two cases:
 * **planted** — B is A under a random permutation of every traced group, written as a model
   folder by :func:`lmckit.model_folder.write_model_folder`; weight matching must recover it
   exactly (B aligned equals A bit for bit);
-* **independent** — two random initialisations (seeds 0 and 1).
+* **independent** — two random initialisations (seeds 0 and 1);
+* **rebasin** — PyPI ``rebasin`` 0.0.47 on the independent pair, where it is importable
+  (``PYTHONPATH=/path/to/rebasin``; it needs ``torchview`` and ``graphviz``), under an
+  address-space limit.
 
 Each case runs in a fresh process (its peak resident memory is its own): it loads both
 folders (memory-mapped; the spec traced on A), matches with
@@ -38,7 +41,7 @@ import torch
 from _timing import machine  # benchmarks/_timing.py (scripts run from this folder)
 
 MODELS = ("gpt2-124m", "llama-1.1b")
-CASES = ("planted", "independent")
+CASES = ("planted", "independent", "rebasin")
 
 
 def gemm_rate(n: int = 2048, k: int = 8192, repeats: int = 3) -> float:
@@ -137,16 +140,68 @@ def run_case(root: Path, name: str, case: str, aligned: Path) -> dict:
     return out
 
 
+def run_rebasin(root: Path, name: str, memory_gib: float) -> dict:
+    """PyPI ``rebasin`` 0.0.47's ``PermutationCoordinateDescent`` on the independent pair,
+    in this process under an address-space limit of ``memory_gib`` (so that running out of
+    memory is an error it reports, not the machine's): seconds, peak RSS, whether B's
+    outputs stayed as they were (a correct alignment changes none), or its error."""
+    import transformers
+
+    limit = int(memory_gib * (1 << 30))
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    out: dict = {"model": name, "case": "rebasin", "address_space_limit_gib": memory_gib}
+    try:
+        from rebasin import PermutationCoordinateDescent
+    except ImportError as exc:
+        return {**out, "skipped": f"rebasin is not importable: {exc}"}
+    cls = transformers.AutoModelForCausalLM
+    a = cls.from_pretrained(root / f"{name}-seed0", local_files_only=True).eval()
+    b = cls.from_pretrained(root / f"{name}-seed1", local_files_only=True).eval()
+    ids = torch.randint(0, a.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = b(ids).logits
+    start = time.perf_counter()
+    try:
+        PermutationCoordinateDescent(a, b, ids).rebasin()
+    except (Exception, MemoryError) as exc:  # whatever it does on this model is the result
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        return {
+            **out,
+            "error": f"{type(exc).__name__}: {first}",
+            "seconds_until_error": round(time.perf_counter() - start, 1),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        }
+    with torch.no_grad():
+        after = b(ids).logits
+    return {
+        **out,
+        "seconds": round(time.perf_counter() - start, 1),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "output_change_relative": float((after - before).abs().max() / before.abs().max()),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, help="the folder make_hf_pairs.py wrote")
     parser.add_argument("--only", choices=MODELS, nargs="+", default=list(MODELS))
     parser.add_argument("--cases", choices=CASES, nargs="+", default=list(CASES))
     parser.add_argument("--partial", type=Path, help="finished cases (default ROOT/bench.jsonl)")
+    parser.add_argument(
+        "--rebasin-gib", type=float, default=16.0,
+        help="the address-space limit rebasin runs under (GiB)",
+    )  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per case")
+    parser.add_argument(
+        "--report-only", action="store_true", help="print the finished cases, run nothing"
+    )
     parser.add_argument("--case", nargs=2, help=argparse.SUPPRESS)  # a child process's case
     args = parser.parse_args()
     if args.case:
         name, case = args.case
+        if case == "rebasin":
+            print(json.dumps(run_rebasin(args.root, name, args.rebasin_gib)))
+            return
         print(json.dumps(run_case(args.root, name, case, args.root / f"{name}-{case}-aligned")))
         return
     partial = args.partial or args.root / "bench.jsonl"
@@ -157,14 +212,23 @@ def main() -> None:
             done[(row["model"], row["case"])] = row
     for name in args.only:
         for case in args.cases:
-            if (name, case) in done:
+            if (name, case) in done or args.report_only:
                 continue
-            child = subprocess.run(
-                [sys.executable, __file__, str(args.root), "--case", name, case],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            command = [sys.executable, __file__, str(args.root), "--case", name, case]
+            try:
+                child = subprocess.run(
+                    [*command, "--rebasin-gib", str(args.rebasin_gib)],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                    timeout=args.timeout,
+                )
+            except subprocess.TimeoutExpired:
+                row = {"model": name, "case": case, "error": f"not done in {args.timeout} s"}
+                done[(name, case)] = row
+                with open(partial, "a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+                continue
             if child.returncode != 0:
                 print(child.stderr[-3000:], file=sys.stderr)
                 raise SystemExit(f"{name} {case} failed")
@@ -172,7 +236,7 @@ def main() -> None:
             done[(name, case)] = row
             with open(partial, "a") as fh:
                 fh.write(json.dumps(row) + "\n")
-            print(f"{name} {case}: {row['match_seconds']} s", file=sys.stderr)
+            print(f"{name} {case}: {row.get('match_seconds', row)}", file=sys.stderr)
     rows = [done[(n, c)] for n in args.only for c in args.cases if (n, c) in done]
     print(json.dumps({"machine": machine("cpu"), "results": rows}, indent=1))
 

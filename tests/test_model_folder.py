@@ -252,7 +252,7 @@ def test_cli_refuses_bad_requests_before_writing(folders, tmp_path, capsys):
         ([folders["llama0"], other], "different architectures: .* hidden_size 32 vs 64"),
         ([folders["llama0"], folders["gpt20"]], "different architectures"),
         ([folders["llama0"], folders["llama1"], "--max-memory", "1K"], "more than --max-memory"),
-        ([folders["llama0"], tmp_path / "empty"], "neither a checkpoint nor a Hugging Face"),
+        ([folders["llama0"], tmp_path / "empty"], "no Hugging Face model folder"),
     ]
     (tmp_path / "empty").mkdir()
     capsys.readouterr()  # save_pretrained's progress bar
@@ -288,3 +288,29 @@ def test_cli_spec_of_a_folder(folders, capsys):
     code, out, _ = run(["spec", folders["llama0"]], capsys)
     assert code == 0
     assert "100.0% of the parameters in permuted tensors" in out
+
+
+def test_frozen_tensors_are_named_before_the_match(tmp_path, capsys):
+    """An encoder–decoder folder (example decoder ids made from its config) that the tracer
+    cannot cover completely: the tensors that stay as they are, and why, come on stderr
+    before the match."""
+    config = T.BartConfig(
+        vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=24,
+        decoder_ffn_dim=24, max_position_embeddings=16,
+    )  # fmt: skip
+    for seed in (0, 1):
+        save(tmp_path / f"bart{seed}", T.BartForConditionalGeneration, config, seed)
+    capsys.readouterr()
+    a = load_model_folder(tmp_path / "bart0")
+    assert 0.99 < a.trace_report.permuted_fraction < 1.0
+    stuck = [k for k, axes in a.spec.axes.items() if all(g is None for g in axes)]
+    stuck = [k for k in stuck if k not in a.trace_report.aliases]
+    code, _, err = run(
+        ["match", tmp_path / "bart0", tmp_path / "bart1", "--out", tmp_path / "p.json", "-q"],
+        capsys,
+    )
+    assert code == 0
+    note = err.strip().splitlines()[0]
+    assert note.startswith("note: ") and "stay as they are" in note
+    assert all(k in note for k in stuck[:3]), (stuck, note)

@@ -152,8 +152,8 @@ def _weights(text: str) -> Path:
         if is_model_folder(path):
             return path
         raise argparse.ArgumentTypeError(
-            f"{text} is a folder without config.json or safetensors weights: neither a "
-            "checkpoint nor a Hugging Face model folder"
+            f"{text} is a folder, not a checkpoint, and no Hugging Face model folder (it holds "
+            "no config.json, model.safetensors or shard index)"
         )
     try:
         weights, _ = checkpoint_paths(text)
@@ -377,8 +377,9 @@ def cmd_spec(args: argparse.Namespace) -> int:
 
         if not is_model_folder(path):
             raise UsageError(
-                f"{args.target} is a folder without config.json or safetensors weights; spec "
-                "takes a checkpoint, a Hugging Face model folder or MODULE:CLASS"
+                f"{args.target} is a folder, and no Hugging Face model folder (it holds no "
+                "config.json, model.safetensors or shard index); spec takes a checkpoint, a "
+                "model folder or MODULE:CLASS"
             )
         if args.out is not None:
             check_output_file(args.out, "--out", inputs=[], file_format=SPEC_FORMAT)
@@ -619,7 +620,7 @@ def _load_folders(paths: Sequence[Path], args: argparse.Namespace):
             )
     ckpts, spec = [], None
     for path in paths:
-        ckpt = load_model_folder(path, device=args.device, spec=spec)
+        ckpt = load_model_folder(path, device=args.device, spec=spec, max_memory=budget)
         if spec is None:
             spec = ckpt.spec
             note = frozen_summary(ckpt)
@@ -1205,7 +1206,9 @@ _MODEL_CLASS: list[tuple[str, Check]] = [
 
 
 def _not_for_folders(a: argparse.Namespace) -> str | None:
-    if Path(a.target).is_dir():
+    from lmckit.model_folder import is_model_folder
+
+    if is_model_folder(a.target):
         return "a model folder's example input comes from its config"
     return None
 

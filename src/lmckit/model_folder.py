@@ -127,10 +127,11 @@ class FolderLayout:
 
 
 def is_model_folder(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a folder holding ``config.json`` or safetensors weights (what a
-    model folder would hold; :func:`read_layout` says what is wrong with it)."""
+    """Whether ``path`` is a folder holding ``config.json``, ``model.safetensors`` or a shard
+    index — what a model folder holds (:func:`read_layout` says what is wrong with it); a
+    folder of lmckit checkpoints is none."""
     path = Path(path)
-    return path.is_dir() and ((path / "config.json").is_file() or any(path.glob("*.safetensors")))
+    return path.is_dir() and any((path / n).is_file() for n in ("config.json", SINGLE, INDEX))
 
 
 def _read_header(path: Path) -> dict[str, TensorEntry]:
@@ -433,7 +434,7 @@ def load_model_folder(
             precision=precision,
         )
         spec = report.spec
-        _return_freed_memory()  # the verification's permuted copy, before B is read
+    _return_freed_memory()  # the loader's and the verification's copies, before more is read
     meta = {
         "format": FOLDER_FORMAT,
         "model": {"name": "hf", "class": type(model).__name__, "config": layout.architecture()},
