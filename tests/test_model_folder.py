@@ -258,12 +258,13 @@ def test_cli_refuses_bad_requests_before_writing(folders, tmp_path, capsys):
     capsys.readouterr()  # save_pretrained's progress bar
     for argv, message in cases:
         code, _, err = run(
-            ["match", *argv, "--out", tmp_path / "p.json", "--aligned", tmp_path / "al"], capsys
+            ["match", *argv, "--out", tmp_path / "out" / "p.json", "--aligned", tmp_path / "al"],
+            capsys,
         )
         assert code == 2, (argv, err)
         assert len(err.strip().splitlines()) == 1, err
         assert pytest.importorskip("re").search(message, err), err
-        assert not (tmp_path / "p.json").exists() and not (tmp_path / "al").exists()
+        assert not (tmp_path / "out").exists() and not (tmp_path / "al").exists()
 
 
 def test_cli_merge_folders(folders, tmp_path, capsys):

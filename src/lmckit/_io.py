@@ -156,9 +156,13 @@ def prepare_output_dir(path: str | os.PathLike, what: str = "output folder") -> 
     return path
 
 
-def prepare_output_file(path: str | os.PathLike, what: str = "output file") -> Path:
-    """Check that a file can be written at ``path`` (creating its folder): not an existing
-    folder, not under a file, in a writable folder.
+def prepare_output_file(
+    path: str | os.PathLike, what: str = "output file", *, create: bool = True
+) -> Path:
+    """Check that a file can be written at ``path`` (creating its folder; with
+    ``create=False`` only checking that it could be created, for a command that may still
+    refuse its work and must then leave nothing behind): not an existing folder, not under
+    a file, in a writable folder.
 
     Raises:
         OutputPathError: naming ``what`` and the path.
@@ -170,7 +174,10 @@ def prepare_output_file(path: str | os.PathLike, what: str = "output file") -> P
     existing = _first_existing(parent)
     if not existing.is_dir():
         raise OutputPathError(f"{what} {path} is under a file ({existing})")
-    prepare_output_dir(parent, what=f"folder of {what}")
+    if create:
+        prepare_output_dir(parent, what=f"folder of {what}")
+    else:
+        check_output_dir(parent, what=f"folder of {what}")
     return path
 
 

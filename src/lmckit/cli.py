@@ -675,7 +675,7 @@ def cmd_match(args: argparse.Namespace) -> int:
     )
     from lmckit.match import METHODS
 
-    prepare_output_file(args.out, "--out")
+    prepare_output_file(args.out, "--out", create=False)  # created once the work starts
     if args.aligned is not None:
         check_output_dir(args.aligned, "--aligned")
     a, b = _load_pair(args)
