@@ -619,7 +619,17 @@ def _load_folders(paths: Sequence[Path], args: argparse.Namespace):
                 f"than --max-memory {human_bytes(budget)}"
             )
     ckpts, spec = [], None
-    for path in paths:
+    for path, layout in zip(paths, layouts, strict=True):
+        if not getattr(args, "quiet", False):
+            from lmckit.budget import human_bytes
+
+            doing = "hashing, loading" + (" and tracing" if spec is None else "")
+            print(
+                f"{doing} {path} ({human_bytes(layout.nbytes)} in {len(layout.shards)} "
+                "weight file(s))",
+                file=sys.stderr,
+                flush=True,
+            )
         ckpt = load_model_folder(path, device=args.device, spec=spec, max_memory=budget)
         if spec is None:
             spec = ckpt.spec
@@ -697,10 +707,12 @@ def cmd_match(args: argparse.Namespace) -> int:
         bars = stack.enter_context(ProgressBars(not args.quiet))
         stack.enter_context(folder)
         if args.aligned is not None:
-            stack.enter_context(locked_output(args.aligned, "--aligned"))
+            from lmckit._io import check_not_inputs
             from lmckit.model_folder import output_names
 
             outputs = [args.aligned / n for n in output_names(b.layout)]
+            check_not_inputs(outputs, [*a.files, *b.files], "--aligned")  # before any lock file
+            stack.enter_context(locked_output(args.aligned, "--aligned"))
             check_outputs(outputs, [*a.files, *b.files], "--aligned")
         result = match_checkpoints(
             a,
