@@ -409,7 +409,7 @@ def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
-_DTYPES = {
+SAFETENSORS_DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
     "F16": torch.float16,
@@ -424,25 +424,27 @@ _DTYPES = {
 
 
 def parse_safetensors_header(
-    data: bytes | bytearray, path: Path
+    data: bytes | bytearray, path: Path, *, file_size: int | None = None
 ) -> dict[str, tuple[torch.dtype, tuple[int, ...], int, int]]:
     """``{name: (dtype, shape, start, end)}`` from safetensors ``data`` (an 8-byte
     little-endian header length, that many bytes of JSON, then the tensors' bytes; offsets
-    are absolute here), checked for consistency with the file's size."""
+    are absolute here), checked for consistency with the file's size: ``file_size``, where
+    ``data`` is only the file's beginning (at least its header), else ``len(data)``."""
+    size = len(data) if file_size is None else file_size
     try:
         (length,) = struct.unpack("<Q", bytes(data[:8]))
-        if length > len(data) - 8:
-            raise ValueError(f"header of {length} bytes in a file of {len(data)}")
+        if length > size - 8 or 8 + length > len(data):
+            raise ValueError(f"header of {length} bytes in a file of {size}")
         header = json.loads(bytes(data[8 : 8 + length]))
         out = {}
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
-            dtype = _DTYPES[entry["dtype"]]
+            dtype = SAFETENSORS_DTYPES[entry["dtype"]]
             shape = tuple(int(d) for d in entry["shape"])
             start, end = (8 + length + int(o) for o in entry["data_offsets"])
             itemsize = torch.empty((), dtype=dtype).element_size()
-            if end > len(data) or end - start != math.prod(shape) * itemsize:
+            if end > size or end - start != math.prod(shape) * itemsize:
                 raise ValueError(f"tensor {name!r}: offsets do not fit its shape or the file")
             out[name] = (dtype, shape, start, end)
         return out

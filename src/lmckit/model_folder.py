@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 import struct
@@ -41,7 +40,7 @@ from torch import Tensor, nn
 
 from lmckit import __version__
 from lmckit._io import atomic_path, atomic_write_json
-from lmckit.checkpoint import Checkpoint
+from lmckit.checkpoint import SAFETENSORS_DTYPES, Checkpoint, parse_safetensors_header
 from lmckit.errors import CheckpointError, ParamsError
 from lmckit.params import check_finite
 from lmckit.perm import Permutation, PermutationSpec, permute_spec_axis
@@ -65,19 +64,7 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 # config fields that describe how a folder was saved, not the architecture
 VOLATILE_CONFIG = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")
-_SAFE_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-_DTYPE_NAMES = {v: k for k, v in _SAFE_DTYPES.items()}
+_DTYPE_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -135,33 +122,20 @@ def is_model_folder(path: str | os.PathLike) -> bool:
 
 
 def _read_header(path: Path) -> dict[str, TensorEntry]:
-    """``{name: TensorEntry}`` from a safetensors file's header, checked against the file's
-    size (offsets within the file, each tensor's byte count its shape's)."""
+    """``{name: TensorEntry}`` from a safetensors file's header alone, checked against the
+    file's size (offsets within the file, each tensor's byte count its shape's)."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as fh:
-            (length,) = struct.unpack("<Q", fh.read(8))
-            if length > size - 8:
-                raise ValueError(f"a header of {length} bytes in a file of {size}")
-            header = json.loads(fh.read(length))
-        out = {}
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
-            dtype = _SAFE_DTYPES[entry["dtype"]]
-            shape = tuple(int(d) for d in entry["shape"])
-            start, end = (8 + length + int(o) for o in entry["data_offsets"])
-            itemsize = torch.empty((), dtype=dtype).element_size()
-            if end > size or end - start != math.prod(shape) * itemsize:
-                raise ValueError(f"tensor {name!r}: offsets do not fit its shape or the file")
-            out[name] = TensorEntry(path.name, dtype, shape, start, end)
-        return out
+            start = fh.read(8)
+            (length,) = struct.unpack("<Q", start) if len(start) == 8 else (size,)
+            data = start + fh.read(min(length, size))
     except FileNotFoundError:
         raise CheckpointError(f"weights file {path} not found") from None
     except OSError as exc:
         raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (struct.error, ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"cannot read {path} as safetensors: {exc}") from None
+    header = parse_safetensors_header(data, path, file_size=size)
+    return {name: TensorEntry(path.name, *entry) for name, entry in header.items()}
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
