@@ -224,8 +224,8 @@ MUTATIONS = [
         "wm-cost-transposed",
         "the group cost matrix is built B-by-A instead of A-by-B",
         "src/lmckit/match/weight_matcher.py",
-        "        product = a2 @ self.b2(perm).T",
-        "        product = self.b2(perm) @ a2.T",
+        "        product = _rows_product(a2, self.b2(perm))",
+        "        product = _rows_product(a2, self.b2(perm)).T",
         ("tests/match/test_weight.py",),
     ),
     M(
@@ -536,7 +536,7 @@ MUTATIONS = [
         "trace-no-verification",
         "the traced spec is returned without the equivalence check",
         "src/lmckit/spec/trace.py",
-        "        modes = _verify(model, spec, args, kwargs, seed, rtol)\n"
+        "        modes = _verify(model, spec, args, kwargs, seed, rtol, select, precision)\n"
         "    except SpecError as exc:",
         '        modes = ("eval", "train")\n    except SpecError as exc:',
         ("tests/spec/test_trace.py",),
