@@ -33,7 +33,7 @@ from numba import njit
 # numba compiles on first use and caches the machine code beside this file (__pycache__)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def reduce_on_grid(c, maximize, u0, v0, grid_bits, out):  # pragma: no cover - compiled
     """``out = (±c − u0 − v0)`` lowered row by row to non-negative and rounded to the
     grid. Returns ``(shift, row_min, quantum, finite)``: the amount each row dual was
@@ -94,7 +94,7 @@ def reduce_on_grid(c, maximize, u0, v0, grid_bits, out):  # pragma: no cover - c
     return shift, row_min, quantum, finite
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _two_smallest(row, v):  # pragma: no cover - compiled
     """The smallest and second smallest of ``row − v`` and their columns."""
     n = row.shape[0]
@@ -111,7 +111,7 @@ def _two_smallest(row, v):  # pragma: no cover - compiled
     return first, at_first, second, at_second
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def warm_jv(reduced, row_min, previous):  # pragma: no cover - compiled
     """Solve ``min Σ reduced[i, x[i]]`` for a non-negative ``(n, n)`` matrix on a grid
     with row minima ``row_min``, keeping the pairs of ``previous`` (an earlier assignment;
@@ -253,7 +253,7 @@ def warm_jv(reduced, row_min, previous):  # pragma: no cover - compiled
     return x, u, v
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def certified(reduced, x, u, v, tol):  # pragma: no cover - compiled
     """Whether ``x`` is a permutation and ``(u, v)`` prove it optimal for ``reduced``:
     ``reduced − u − v ≥ −tol`` everywhere and ``≤ tol`` in magnitude on the assignment."""

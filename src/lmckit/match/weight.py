@@ -142,8 +142,8 @@ def weight_matching(
         sweep (never decreasing for specs without self-maps), ``duals`` its LAP duals for
         reuse, ``info`` holds ``lap_solves``, ``skipped_solves`` (groups whose neighbours
         had not changed since their last solve, so their LAP could not improve),
-        ``formed_ahead`` (on a GPU: solves whose cost matrices were formed while the
-        previous LAP ran) and, with restarts, ``restart_objectives`` and ``best_restart``.
+        ``formed_ahead`` (solves whose cost matrices were formed while the previous
+        LAP ran) and, with restarts, ``restart_objectives`` and ``best_restart``.
 
     For tensors in ``spec.self_maps`` (one group on two axes), each LAP holds the other
     axis at the current permutation (a linearisation); the objective may then wobble.
