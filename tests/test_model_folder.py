@@ -315,3 +315,17 @@ def test_frozen_tensors_are_named_before_the_match(tmp_path, capsys):
     note = err.strip().splitlines()[0]
     assert note.startswith("note: ") and "stay as they are" in note
     assert all(k in note for k in stuck[:3]), (stuck, note)
+
+
+def test_aligned_into_a_users_folder_is_refused_and_changes_nothing(folders, tmp_path, capsys):
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / "config.json").write_text("my own")
+    code, _, err = run(
+        ["match", folders["gpt20"], folders["gpt21"], "--out", tmp_path / "p.json",
+         "--aligned", users, "-q"], capsys,
+    )  # fmt: skip
+    assert code == 2 and "was not written by lmckit" in err
+    assert (users / "config.json").read_text() == "my own"
+    # every output is checked before any is listed as lmckit's: no file list left behind
+    assert sorted(p.name for p in users.iterdir()) == [".lmckit.lock", "config.json"]

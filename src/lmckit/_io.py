@@ -207,16 +207,26 @@ class _Manifest:
             self.entries = {p.name for p in folder.iterdir() if not _internal(p.name)}
             self._save()
 
-    def claim(self, path: Path) -> None:
+    def conflict(self, path: Path) -> str | None:
+        """Why ``path`` may not be written (``None``: it may)."""
         top = path.relative_to(self.folder).parts[0]
         if _internal(top) or top in self.entries:
-            return
+            return None
         existing = self.folder / top
         if existing.exists() or existing.is_symlink():
-            raise OutputPathError(
+            return (
                 f"refusing to write {path}: {existing} already exists and was not written by "
                 f"lmckit in {self.folder}; move it away or choose another output folder"
             )
+        return None
+
+    def claim(self, path: Path) -> None:
+        why = self.conflict(path)
+        if why is not None:
+            raise OutputPathError(why)
+        top = path.relative_to(self.folder).parts[0]
+        if _internal(top) or top in self.entries:
+            return
         self.entries.add(top)
         self._save()  # before the write: an interrupted write leaves its entry claimed
 
@@ -237,6 +247,14 @@ def _internal(name: str) -> bool:
 _GUARDS: dict[Path, _Manifest] = {}  # guarded output folders this process holds
 
 
+def _guard_of(path: Path) -> _Manifest | None:
+    """The guarded output folder (innermost) that ``path`` lies in, if any."""
+    for folder in sorted(_GUARDS, key=lambda f: len(f.parts), reverse=True):
+        if path != folder and path.is_relative_to(folder):
+            return _GUARDS[folder]
+    return None
+
+
 def claim(path: str | os.PathLike) -> None:
     """Check that ``path`` may be written: if it lies in an output folder this process
     holds (:func:`locked_output`), it must be new there or written there by lmckit before.
@@ -248,10 +266,9 @@ def claim(path: str | os.PathLike) -> None:
     if not _GUARDS:
         return
     path = Path(os.path.abspath(path))
-    for folder in sorted(_GUARDS, key=lambda f: len(f.parts), reverse=True):
-        if path != folder and path.is_relative_to(folder):
-            _GUARDS[folder].claim(path)
-            return
+    guard = _guard_of(path)
+    if guard is not None:
+        guard.claim(path)
 
 
 _HELD: dict[Path, int] = {}  # locks this process holds: folder -> nesting depth
@@ -346,6 +363,12 @@ def check_outputs(
     refused before the work, not after it."""
     outputs = [Path(p) for p in outputs]
     check_not_inputs(outputs, inputs, what)
+    for path in outputs:  # every output checked before any is claimed (listed as lmckit's)
+        path = Path(os.path.abspath(path))
+        guard = _guard_of(path)
+        why = guard.conflict(path) if guard is not None else None
+        if why is not None:
+            raise OutputPathError(why)
     for path in outputs:
         claim(path)
 
