@@ -34,10 +34,10 @@ def test_weight_matching_finds_the_same_permutation(pair, device):
     assert moved.perm == cpu.perm
 
 
-def test_weight_matching_overlaps_products_and_laps_on_a_gpu(device):
+def test_weight_matching_overlaps_products_and_laps_on_any_device(device):
     """Four hidden layers, so that a sweep's order often puts two non-neighbours in a row:
-    on a GPU their products are queued while the CPU solves the LAP before (CPU: never),
-    with the same outcome as on CPU."""
+    their products are formed while the LAP before them runs (on a GPU queued, on a CPU
+    beside the LAP's thread), with the same outcome as on CPU."""
     torch.manual_seed(0)
     models = [build_model("mlp", in_dim=20, hidden=[48, 40, 32, 24], out_dim=5) for _ in "ab"]
     spec = permutation_spec(models[0])
@@ -45,7 +45,7 @@ def test_weight_matching_overlaps_products_and_laps_on_a_gpu(device):
     cpu = weight_matching(spec, a, b, seed=0)
     moved = weight_matching(spec, on(a, device), on(b, device), seed=0)
     assert moved.perm == cpu.perm and moved.iterations == cpu.iterations
-    assert (moved.info["formed_ahead"] > 0) == (torch.device(device).type == "cuda")
+    assert moved.info["formed_ahead"] > 0
 
 
 def test_small_cost_matrices_are_formed_anew_on_a_gpu_and_updated_on_a_cpu(device):
