@@ -131,6 +131,16 @@ def test_written_folder_has_the_source_files_and_a_sidecar(folders, tmp_path):
             assert torch.equal(fh.get_tensor(key), expected[key]), key
 
 
+def test_writing_over_the_source_is_refused(folders):
+    from lmckit.errors import OutputPathError
+
+    a = load_model_folder(folders["gpt20"])
+    before = {p.name: sha(p) for p in folders["gpt20"].iterdir() if p.is_file()}
+    with pytest.raises(OutputPathError, match="one of the inputs"):
+        write_model_folder(folders["gpt20"], a, perm=Permutation.random(a.spec, 1))
+    assert before == {p.name: sha(p) for p in folders["gpt20"].iterdir() if p.is_file()}
+
+
 def test_stored_dtype_is_kept(tmp_path):
     """A bfloat16 folder is matched in float32 and written back in bfloat16, exactly (the
     streaming writer's bytes are what safetensors reads)."""
@@ -214,7 +224,10 @@ def test_max_memory_is_honoured_or_refused(folders):
     need = MemoryNeed.of(a.spec, a.params, b.params)
     sizes = [n for n in a.spec.groups.values()]
     assert need.kept_costs == sum(4 * n * n for n in sizes)  # one float32 matrix per group
-    assert need.models == 2 * sum(t.numel() * 4 for t in a.params.values())
+    # GPT-2's head is its embedding: counted once per model
+    tied = a.params["lm_head.weight"].numel() * 4
+    assert need.models == 2 * (sum(t.numel() * 4 for t in a.params.values()) - tied)
+    assert need.working == max(sizes) ** 2 * (4 + 8)  # a float32 matrix, float64 LAP costs
     free = weight_matching(a.spec, a.params, b.params)
     # between the two needs: every cost matrix formed anew, the same permutations
     tight = weight_matching(a.spec, a.params, b.params, max_memory=need.total - 1)

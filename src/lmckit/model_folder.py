@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from lmckit import __version__
-from lmckit._io import atomic_path, atomic_write_json
+from lmckit._io import atomic_path, atomic_write_json, check_not_inputs
 from lmckit.checkpoint import SAFETENSORS_DTYPES, Checkpoint, parse_safetensors_header
 from lmckit.errors import CheckpointError, ParamsError
 from lmckit.params import check_finite
@@ -549,6 +549,7 @@ def write_model_folder(
 
     Raises:
         CheckpointError: ``source`` is not a model folder.
+        OutputPathError: ``out`` would write over one of the source's files.
         ParamsError: ``params`` lacks a tensor of the folder or has one of another shape.
     """
     layout: FolderLayout | None = source.layout
@@ -563,6 +564,8 @@ def write_model_folder(
     else:
         take = source.params.__getitem__
     spec = source.spec if perm is not None else PermutationSpec({}, {})
+    # the source's shards are read (memory-mapped) while the new ones are written
+    check_not_inputs([out / n for n in output_names(layout)], source.files, "out")
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, str] = {}
     done, total = 0, len(layout.tensors)

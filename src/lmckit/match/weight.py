@@ -215,8 +215,8 @@ def _delta_within(need: MemoryNeed, max_memory: int | None) -> DeltaPolicy | Non
 
     raise ResourceError(
         f"weight matching needs at least {human_bytes(need.without_kept_costs)} "
-        f"(the two models {human_bytes(need.models)}, one step's cost matrix, LAP and "
-        f"tensor copies {human_bytes(need.working)}; {human_bytes(need.total)} with the "
+        f"(the two models {human_bytes(need.models)}, one step's cost matrix and LAP "
+        f"{human_bytes(need.working)}; {human_bytes(need.total)} with the "
         f"cost matrices kept between sweeps), more than the {human_bytes(max_memory)} "
         "allowed by max_memory"
     )

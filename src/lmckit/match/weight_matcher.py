@@ -340,16 +340,18 @@ class DeltaPolicy:
 
 @dataclass(frozen=True)
 class MemoryNeed:
-    """What weight matching holds at its peak, in bytes (a lower bound of its resident
-    memory: Python's and the libraries' own overhead come on top).
+    """What weight matching certainly holds at its peak, in bytes: a lower bound of its
+    resident memory, so that a request refused for it could never have fit (transient
+    copies of B's tensors, an update's temporaries, Python's and the libraries' own
+    overhead come on top).
 
     Attributes:
-        models: models A and B (each counted in full once read, memory-mapped or not).
+        models: models A and B (each counted in full once read, memory-mapped or not; a
+            tensor that two names share, as a tied embedding and head, once).
         kept_costs: one ``(n, n)`` cost matrix per group, kept between sweeps so that later
             sweeps update them over the columns that moved instead of forming them anew.
         working: what one step holds beside them: the largest group's cost matrix while it
-            is formed and its LAP's float64 reduced costs, one tensor of B laid out under
-            the other groups' permutations (B̃), and an update's chunked temporaries.
+            is formed and its LAP's float64 reduced costs.
     """
 
     models: int
@@ -372,11 +374,15 @@ class MemoryNeed:
         sizes = [n for g, n in spec.groups.items() if spec.group_axes(g)]
         itemsize = max((t.element_size() for t in params_a.values()), default=4)
         largest_n = max(sizes, default=0)
-        largest_tensor = max((t.numel() * t.element_size() for t in params_b.values()), default=0)
-        models = sum(t.numel() * t.element_size() for p in (params_a, params_b) for t in p.values())
+        storages = {
+            (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel()): t.numel()
+            * t.element_size()
+            for p in (params_a, params_b)
+            for t in p.values()
+        }
         kept = sum(n * n * itemsize for n in sizes)
-        working = largest_n**2 * (itemsize + 8 + itemsize // 4 * 2) + 2 * largest_tensor
-        return cls(models=models, kept_costs=kept, working=working)
+        working = largest_n**2 * (itemsize + 8)
+        return cls(models=sum(storages.values()), kept_costs=kept, working=working)
 
 
 class WeightMatcher:
