@@ -173,3 +173,23 @@ def test_group_cost_matrix_names_selects_the_contributing_tensors():
         group_cost_matrix(spec, a, b, perm, "h0", names=set()),
         torch.zeros(4, 4, dtype=a["l0.weight"].dtype),
     )
+
+
+def test_distance_equals_the_distance_to_the_permuted_copy():
+    from lmckit.merge.result import merge_with
+    from lmckit.models import build_model, permutation_spec
+    from lmckit.params import average_params, params_distance
+
+    torch.manual_seed(0)
+    models = [build_model("mlp", in_dim=12, hidden=[10, 8], out_dim=3) for _ in range(3)]
+    spec = permutation_spec(models[0])
+    params = [m.state_dict() for m in models]
+    perms = [Permutation.random(spec, seed) for seed in range(3)]
+    for p, b in zip(perms, params, strict=True):
+        assert p.distance(params[0], b) == pytest.approx(
+            params_distance(params[0], p.apply(b)), rel=1e-12
+        )
+    # the streamed merge equals the average of the permuted copies, exactly
+    naive = average_params([p.apply(b) for p, b in zip(perms, params, strict=True)])
+    streamed = merge_with(params, perms)
+    assert all(torch.equal(naive[k], streamed[k]) for k in naive)

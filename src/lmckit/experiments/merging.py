@@ -260,7 +260,7 @@ def run_merge_folders(
         "distance_to_merged": {
             str(c.path): {
                 "before_alignment": params_distance(c.params, result.merged),
-                "after_alignment": params_distance(p.apply(c.params), result.merged),
+                "after_alignment": p.distance(result.merged, c.params),
             }
             for c, p in zip(ckpts, result.perms, strict=True)
         },

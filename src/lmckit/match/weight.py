@@ -31,7 +31,6 @@ from lmckit.match.weight_matcher import (
     DeltaPolicy,
     MemoryNeed,
     WeightMatcher,
-    _distance,
     acceptance_tolerance,
     improves_all,
 )
@@ -197,8 +196,8 @@ def weight_matching(
         iterations=best.iterations,
         seconds=time.perf_counter() - start,
         # one tensor permuted at a time: a permuted copy of B would be a third model
-        distance_before=_distance(spec, params_a, params_b, None),
-        distance_after=_distance(spec, params_a, params_b, dict(best.perm.items())),
+        distance_before=Permutation.identity(spec).distance(params_a, params_b),
+        distance_after=best.perm.distance(params_a, params_b),
         duals=best.duals,
         info=info,
     )

@@ -57,7 +57,7 @@ from torch import Tensor
 
 from lmckit.lap import LapDuals, assign_heads, cost_array, solve_lap
 from lmckit.match.result import MatchResult, check_inputs, matched_names
-from lmckit.params import Params, detached, floating_names, squared_distance
+from lmckit.params import Params, detached
 from lmckit.perm import (
     Permutation,
     PermutationSpec,
@@ -771,16 +771,10 @@ def _distance(
     spec: PermutationSpec, params_a: Params, params_b: Params, perm: Mapping[str, Tensor] | None
 ) -> float:
     """``params_distance(A, π(B))`` (``perm=None``: of A and B) without a permuted copy of
-    B: one tensor permuted at a time (a whole permuted B was the largest transient of a
-    run)."""
-    total = 0.0
-    for name in floating_names(params_a):
-        b = params_b[name]
-        if perm is not None:
-            for axis in range(b.ndim):
-                b = permute_spec_axis(b, spec, name, axis, perm)
-        total += squared_distance(params_a[name], b)
-    return math.sqrt(total)
+    B (:meth:`Permutation.distance`)."""
+    if perm is None:
+        return Permutation.identity(spec).distance(params_a, params_b)
+    return Permutation(spec, {g: p.cpu() for g, p in perm.items()}).distance(params_a, params_b)
 
 
 def _tensor_inner(

@@ -15,8 +15,8 @@ from lmckit.errors import LmcError, ParamsError
 from lmckit.evaluate.bn import bn_reset
 from lmckit.match.result import check_init, check_inputs
 from lmckit.options import checked
-from lmckit.params import Params, average_params, detached, has_batchnorm
-from lmckit.perm import Permutation, PermutationSpec
+from lmckit.params import Params, average_params, check_params_compatible, detached, has_batchnorm
+from lmckit.perm import Permutation, PermutationSpec, permute_spec_axis
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,27 @@ def merge_with(
             f"merge_with needs one Permutation per model: {len(params_list)} models, "
             f"{len(perms)} permutations"
         )
-    aligned = [p.apply(params) for p, params in zip(perms, params_list, strict=True)]
-    return average_params(aligned, weights)
+    for i, (p, params) in enumerate(zip(perms, params_list, strict=True)):
+        p.spec.validate(params, what=f"model {i}")
+        if i:
+            check_params_compatible(params_list[0], params, names=("model 0", f"model {i}"))
+    # tensor by tensor: the aligned models are never all in memory at once (two aligned
+    # copies of a 1.1 B-parameter pair were 8.8 GB beside the merge)
+    merged = {}
+    pairs = list(zip(perms, params_list, strict=True))
+    for name in params_list[0]:
+        one = [{name: _permuted(p, params, name)} for p, params in pairs]
+        merged[name] = average_params(one, weights)[name]
+    return merged
+
+
+def _permuted(perm: Permutation, params: Params, name: str) -> Tensor:
+    """The tensor ``name`` of ``params`` under ``perm`` (the tensor itself if no group
+    acts on it)."""
+    t = params[name]
+    for axis in range(t.ndim):
+        t = permute_spec_axis(t, perm.spec, name, axis, perm)
+    return t
 
 
 def merged_result(
