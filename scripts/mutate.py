@@ -232,7 +232,7 @@ MUTATIONS = [
         "wm-objective-unpermuted",
         "the tracked objective pairs A with B as it is, not with the chosen permutation",
         "src/lmckit/match/weight_matcher.py",
-        "    return _dot64(params_a[name], b)\n",
+        "    return _dot64(params_a[name], permute_tensor(params_b[name], spec, name, perm))\n",
         "    return _dot64(params_a[name], params_b[name])\n",
         ("tests/match/test_weight.py",),
     ),

@@ -370,7 +370,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
     from lmckit.spec import trace_report
 
     if args.out is not None:
-        prepare_output_file(args.out, "--out")
+        prepare_output_file(args.out, "--out", create=False)  # written once traced
     path = Path(args.target)
     if path.is_dir():
         from lmckit.model_folder import is_model_folder, load_model_folder
@@ -381,29 +381,25 @@ def cmd_spec(args: argparse.Namespace) -> int:
                 "config.json, model.safetensors or shard index); spec takes a checkpoint, a "
                 "model folder or MODULE:CLASS"
             )
-        if args.out is not None:
+        if args.out is not None:  # before the folder is read: it is checked again below
             check_output_file(args.out, "--out", inputs=[], file_format=SPEC_FORMAT)
-        ckpt = load_model_folder(path)
-        if args.out is not None:
-            check_output_file(args.out, "--out", inputs=ckpt.files, file_format=SPEC_FORMAT)
-        report = ckpt.trace_report
-        print(report)
-        if args.out is not None:
-            atomic_write_json(args.out, {"format": SPEC_FORMAT, **report.to_dict()})
-            print(f"spec and report -> {args.out}")
-        return 0
-    if args.input_shape is None:
-        raise UsageError("spec needs --input-shape (one example's shape) for this target")
-    if ":" not in args.target or path.is_file():  # MODULE:CLASS always has a colon
-        lmckit_checkpoint = argparse.Namespace(model_class=None, device="cpu")
-        ckpt = _load_user_checkpoints([path], lmckit_checkpoint)[0]
-        model, inputs = ckpt.model, list(ckpt.files)
+        ckpt = load_model_folder(path)  # traced from its config's example input
+        report, inputs = ckpt.trace_report, list(ckpt.files)
     else:
-        model = _model_from_class_path(args.target, args.model_args)
-        inputs = [inspect.getfile(type(model))] if _has_source(type(model)) else []
+        if args.input_shape is None:
+            raise UsageError("spec needs --input-shape (one example's shape) for this target")
+        if ":" not in args.target or path.is_file():  # MODULE:CLASS always has a colon
+            lmckit_checkpoint = argparse.Namespace(model_class=None, device="cpu")
+            ckpt = _load_user_checkpoints([path], lmckit_checkpoint)[0]
+            model, inputs = ckpt.model, list(ckpt.files)
+        else:
+            model = _model_from_class_path(args.target, args.model_args)
+            inputs = [inspect.getfile(type(model))] if _has_source(type(model)) else []
+        if args.out is not None:
+            check_output_file(args.out, "--out", inputs=inputs, file_format=SPEC_FORMAT)
+        report = trace_report(model, _example_input(args), strict=args.strict)
     if args.out is not None:
         check_output_file(args.out, "--out", inputs=inputs, file_format=SPEC_FORMAT)
-    report = trace_report(model, _example_input(args), strict=args.strict)
     print(report)
     if args.out is not None:
         atomic_write_json(args.out, {"format": SPEC_FORMAT, **report.to_dict()})
@@ -592,51 +588,20 @@ def _load_user_checkpoints(paths: Sequence[Path], args: argparse.Namespace):
 
 
 def _load_folders(paths: Sequence[Path], args: argparse.Namespace):
-    """Hugging Face model folders of one architecture: every layout checked first (headers
-    only), the spec traced on the first and checked on the others; the tensors the trace
-    leaves frozen are named on stderr before any long work."""
-    from lmckit.model_folder import frozen_summary, load_model_folder, read_layout
+    """:func:`lmckit.model_folder.load_model_folders`, saying what it reads on stderr
+    (unless ``-q``) and naming the tensors the trace leaves frozen before any long work."""
+    from lmckit.model_folder import frozen_summary, load_model_folders
 
-    layouts = [read_layout(p) for p in paths]
-    first = layouts[0].architecture()
-    for path, layout in zip(paths[1:], layouts[1:], strict=True):
-        other = layout.architecture()
-        if other != first:
-            keys = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
-            shown = ", ".join(f"{k} {first.get(k)!r} vs {other.get(k)!r}" for k in keys[:3])
-            raise UsageError(
-                f"model folders of different architectures: {paths[0]} and {path} differ in "
-                f"their config ({shown})"
-            )
-    budget = getattr(args, "max_memory", None)
-    if budget is not None:
-        from lmckit.budget import ResourceError, human_bytes
-
-        need = sum(4 * sum(math.prod(e.shape) for e in lay.tensors.values()) for lay in layouts)
-        if need > budget:
-            raise ResourceError(
-                f"the {len(paths)} models alone take {human_bytes(need)} in float32, more "
-                f"than --max-memory {human_bytes(budget)}"
-            )
-    ckpts, spec = [], None
-    for path, layout in zip(paths, layouts, strict=True):
+    def say(line: str) -> None:
         if not getattr(args, "quiet", False):
-            from lmckit.budget import human_bytes
+            print(line, file=sys.stderr, flush=True)
 
-            doing = "hashing, loading" + (" and tracing" if spec is None else "")
-            print(
-                f"{doing} {path} ({human_bytes(layout.nbytes)} in {len(layout.shards)} "
-                "weight file(s))",
-                file=sys.stderr,
-                flush=True,
-            )
-        ckpt = load_model_folder(path, device=args.device, spec=spec, max_memory=budget)
-        if spec is None:
-            spec = ckpt.spec
-            note = frozen_summary(ckpt)
-            if note:
-                print(f"note: {note}", file=sys.stderr)
-        ckpts.append(ckpt)
+    ckpts = load_model_folders(
+        paths, device=args.device, max_memory=getattr(args, "max_memory", None), progress=say
+    )
+    note = frozen_summary(ckpts[0])
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     return ckpts
 
 
@@ -729,13 +694,20 @@ def cmd_match(args: argparse.Namespace) -> int:
         )
         save_match(args.out, result, a=str(a.path), b=str(b.path))
         if args.aligned is not None:
-            from lmckit.model_folder import write_model_folder
+            from lmckit.model_folder import provenance, write_model_folder
 
             write_model_folder(
                 args.aligned,
                 b,
                 perm=result.perm,
-                about=_folder_about(result.method, {"a": a, "b": b}, result),
+                about={
+                    "method": result.method,
+                    "inputs": provenance({"a": a, "b": b}),
+                    "l2_distance": {
+                        "before": result.distance_before,
+                        "after": result.distance_after,
+                    },
+                },
             )
     objective = f"{result.history[-1]:.6g}" if result.history else "n/a"
     print(f"method        {result.method}")
@@ -746,20 +718,6 @@ def cmd_match(args: argparse.Namespace) -> int:
     if args.aligned is not None:
         print(f"B aligned     -> {args.aligned} (a model folder)")
     return 0
-
-
-def _folder_about(method: str, inputs: dict, result=None) -> dict[str, Any]:
-    """What a written model folder's ``lmckit.json`` says it was made from."""
-    about: dict[str, Any] = {
-        "method": method,
-        "inputs": {
-            role: {"path": str(c.path), "sha256": c.content_hash, "files_sha256": c.meta["files"]}
-            for role, c in inputs.items()
-        },
-    }
-    if result is not None and hasattr(result, "distance_after"):
-        about["l2_distance"] = {"before": result.distance_before, "after": result.distance_after}
-    return about
 
 
 def cmd_interpolate(args: argparse.Namespace) -> int:

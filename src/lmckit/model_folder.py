@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import struct
@@ -41,9 +42,9 @@ from torch import Tensor, nn
 from lmckit import __version__
 from lmckit._io import atomic_path, atomic_write_json, check_not_inputs
 from lmckit.checkpoint import SAFETENSORS_DTYPES, Checkpoint, parse_safetensors_header
-from lmckit.errors import CheckpointError, ParamsError
+from lmckit.errors import CheckpointError, ParamsError, UsageError
 from lmckit.params import check_finite
-from lmckit.perm import Permutation, PermutationSpec, permute_spec_axis
+from lmckit.perm import Permutation, PermutationSpec, permute_tensor
 
 __all__ = [
     "FOLDER_FORMAT",
@@ -53,7 +54,9 @@ __all__ = [
     "frozen_summary",
     "is_model_folder",
     "load_model_folder",
+    "load_model_folders",
     "output_names",
+    "provenance",
     "read_layout",
     "write_model_folder",
 ]
@@ -426,6 +429,72 @@ def load_model_folder(
     )
 
 
+def load_model_folders(
+    paths: Sequence[str | os.PathLike],
+    *,
+    device: torch.device | str = "cpu",
+    max_memory: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[Checkpoint]:
+    """Model folders of one architecture (a pair to match, models to merge): every layout
+    checked first from the headers, then each folder loaded (:func:`load_model_folder`), the
+    spec traced on the first and checked on the others.
+
+    Args:
+        paths: the folders.
+        device: where the parameters go.
+        max_memory: bytes the caller allows: refused up front if the models alone, in
+            float32, take more; also passed to the trace (its verification's precision).
+        progress: receives one line before each folder is read.
+
+    Raises:
+        CheckpointError: see :func:`load_model_folder`.
+        UsageError: folders of different architectures (the differing config fields named).
+        ResourceError: the models alone exceed ``max_memory``.
+    """
+    from lmckit.budget import ResourceError, human_bytes
+
+    layouts = [read_layout(p) for p in paths]
+    first = layouts[0].architecture()
+    for path, layout in zip(paths[1:], layouts[1:], strict=True):
+        other = layout.architecture()
+        if other != first:
+            keys = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
+            shown = ", ".join(f"{k} {first.get(k)!r} vs {other.get(k)!r}" for k in keys[:3])
+            raise UsageError(
+                f"model folders of different architectures: {paths[0]} and {path} differ in "
+                f"their config ({shown})"
+            )
+    need = sum(4 * sum(math.prod(e.shape) for e in lay.tensors.values()) for lay in layouts)
+    if max_memory is not None and need > max_memory:
+        raise ResourceError(
+            f"the {len(paths)} models alone take {human_bytes(need)} in float32, more than "
+            f"--max-memory {human_bytes(max_memory)}"
+        )
+    ckpts: list[Checkpoint] = []
+    spec = None
+    for path, layout in zip(paths, layouts, strict=True):
+        if progress is not None:
+            doing = "hashing, loading" + (" and tracing" if spec is None else "")
+            progress(
+                f"{doing} {path} ({human_bytes(layout.nbytes)} in {len(layout.shards)} "
+                "weight file(s))"
+            )
+        ckpt = load_model_folder(path, device=device, spec=spec, max_memory=max_memory)
+        spec = ckpt.spec
+        ckpts.append(ckpt)
+    return ckpts
+
+
+def provenance(inputs: Mapping[str, Checkpoint]) -> dict[str, Any]:
+    """What a written folder's ``lmckit.json`` records of the folders it was made from:
+    ``{role: {"path", "sha256", "files_sha256"}}``."""
+    return {
+        role: {"path": str(c.path), "sha256": c.content_hash, "files_sha256": c.meta["files"]}
+        for role, c in inputs.items()
+    }
+
+
 def _return_freed_memory() -> None:
     """Give the heap's freed pages back to the system (glibc keeps freed blocks below its
     adaptive mmap threshold — up to 32 MiB each, a model's worth in all — for reuse; a
@@ -474,8 +543,7 @@ def _output_tensor(
     if tuple(t.shape) != entry.shape:
         raise ParamsError(f"tensor {name!r} has shape {tuple(t.shape)}, the folder {entry.shape}")
     if perm is not None and name in spec.axes:
-        for axis in range(t.ndim):
-            t = permute_spec_axis(t, spec, name, axis, perm)
+        t = permute_tensor(t, spec, name, perm)
     return t.detach().to("cpu", entry.dtype).contiguous()
 
 

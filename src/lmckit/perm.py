@@ -41,6 +41,7 @@ __all__ = [
     "join_heads",
     "permute_axis",
     "permute_spec_axis",
+    "permute_tensor",
     "put_group_rows",
     "random_index_vectors",
     "split_heads",
@@ -474,9 +475,7 @@ class Permutation:
         check_params_compatible(reference, params)
         total = 0.0
         for name in floating_names(reference):
-            t = params[name]
-            for axis in range(t.ndim):
-                t = permute_spec_axis(t, self.spec, name, axis, self._perms)
+            t = permute_tensor(params[name], self.spec, name, self._perms)
             total += squared_distance(reference[name], t)
         return math.sqrt(total)
 
@@ -488,9 +487,8 @@ class Permutation:
         self.spec.validate(params)
         out: dict[str, Tensor] = {}
         for name, t in params.items():
-            for axis in range(t.ndim):
-                t = permute_spec_axis(t, self.spec, name, axis, self._perms)
-            out[name] = t if t is not params[name] else t.clone()
+            moved = permute_tensor(t, self.spec, name, self._perms)
+            out[name] = moved if moved is not t else t.clone()
         return out
 
 
@@ -630,6 +628,16 @@ def permute_spec_axis(
     where no group acts on that axis."""
     index = axis_index(spec, name, axis, perms)
     return t if index is None else t.index_select(axis, index.to(t.device))
+
+
+def permute_tensor(
+    t: Tensor, spec: PermutationSpec, name: str, perms: Mapping[str, Tensor] | Permutation
+) -> Tensor:
+    """``t`` (the tensor ``name``) with every axis permuted as ``perms`` say; ``t`` itself
+    where no group acts on it."""
+    for axis in range(t.ndim):
+        t = permute_spec_axis(t, spec, name, axis, perms)
+    return t
 
 
 def group_rows(

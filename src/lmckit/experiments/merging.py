@@ -234,7 +234,7 @@ def run_merge_folders(
     no dataset.
 
     Returns the report written to ``metrics.json``."""
-    from lmckit.model_folder import output_names, write_model_folder
+    from lmckit.model_folder import output_names, provenance, write_model_folder
     from lmckit.params import params_distance
 
     check_checkpoints(ckpts)
@@ -268,10 +268,7 @@ def run_merge_folders(
     }
     about = {
         "method": result.method,
-        "inputs": {
-            str(i): {"path": str(c.path), "sha256": c.content_hash, "files_sha256": c.meta["files"]}
-            for i, c in enumerate(ckpts)
-        },
+        "inputs": provenance({str(i): c for i, c in enumerate(ckpts)}),
         "reference": str(reference.path),
     }
     write_model_folder(Path(out) / "merged", reference, params=result.merged, about=about)

@@ -64,7 +64,7 @@ from lmckit.perm import (
     axis_groups,
     axis_index,
     group_rows,
-    permute_spec_axis,
+    permute_tensor,
 )
 from lmckit.progress import ProgressCallback, notify
 
@@ -781,10 +781,7 @@ def _tensor_inner(
     spec: PermutationSpec, params_a: Params, params_b: Params, perm: Mapping[str, Tensor], name: str
 ) -> float:
     """``⟨A, π(B)⟩`` of one tensor (products in its dtype, the sum in float64)."""
-    b = params_b[name]
-    for axis in range(b.ndim):
-        b = permute_spec_axis(b, spec, name, axis, perm)
-    return _dot64(params_a[name], b)
+    return _dot64(params_a[name], permute_tensor(params_b[name], spec, name, perm))
 
 
 def _inner(

@@ -16,7 +16,7 @@ from lmckit.evaluate.bn import bn_reset
 from lmckit.match.result import check_init, check_inputs
 from lmckit.options import checked
 from lmckit.params import Params, average_params, check_params_compatible, detached, has_batchnorm
-from lmckit.perm import Permutation, PermutationSpec, permute_spec_axis
+from lmckit.perm import Permutation, PermutationSpec, permute_tensor
 
 
 @dataclass(frozen=True)
@@ -106,18 +106,9 @@ def merge_with(
     merged = {}
     pairs = list(zip(perms, params_list, strict=True))
     for name in params_list[0]:
-        one = [{name: _permuted(p, params, name)} for p, params in pairs]
+        one = [{name: permute_tensor(params[name], p.spec, name, p)} for p, params in pairs]
         merged[name] = average_params(one, weights)[name]
     return merged
-
-
-def _permuted(perm: Permutation, params: Params, name: str) -> Tensor:
-    """The tensor ``name`` of ``params`` under ``perm`` (the tensor itself if no group
-    acts on it)."""
-    t = params[name]
-    for axis in range(t.ndim):
-        t = permute_spec_axis(t, perm.spec, name, axis, perm)
-    return t
 
 
 def merged_result(
