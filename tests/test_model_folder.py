@@ -278,6 +278,11 @@ def test_cli_refuses_bad_requests_before_writing(folders, tmp_path, capsys):
         assert len(err.strip().splitlines()) == 1, err
         assert pytest.importorskip("re").search(message, err), err
         assert not (tmp_path / "out").exists() and not (tmp_path / "al").exists()
+    code, _, err = run(
+        ["match", folders["gpt20"], folders["gpt21"], "--out", tmp_path / "x", "--aligned",
+         tmp_path / "x"], capsys,
+    )  # fmt: skip
+    assert code == 2 and "both name" in err and not (tmp_path / "x").exists()
 
 
 def test_cli_merge_folders(folders, tmp_path, capsys):
@@ -296,6 +301,14 @@ def test_cli_merge_folders(folders, tmp_path, capsys):
          tmp_path / "m2"], capsys,
     )  # fmt: skip
     assert code == 2 and "needs data" in err and not (tmp_path / "m2").exists()
+    inside = [p.name for p in folders["llama1"].iterdir()]
+    for out in (folders["llama1"], folders["llama1"] / "merged"):
+        code, _, err = run(
+            ["merge", folders["llama0"], folders["llama1"], "--method", "average", "--out", out],
+            capsys,
+        )
+        assert code == 2 and "inside the input model folder" in err
+    assert [p.name for p in folders["llama1"].iterdir()] == inside
 
 
 def test_cli_spec_of_a_folder(folders, capsys):

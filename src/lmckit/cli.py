@@ -653,6 +653,8 @@ def cmd_match(args: argparse.Namespace) -> int:
     prepare_output_file(args.out, "--out", create=False)  # created once the work starts
     if args.aligned is not None:
         check_output_dir(args.aligned, "--aligned")
+        if args.aligned.resolve() == args.out.resolve():
+            raise UsageError(f"--aligned and --out both name {args.out}: a folder and a file")
     a, b = _load_pair(args)
     check_output_file(
         args.out, "--out", inputs=[*a.files, *b.files], file_format=PERMUTATION_FORMAT
@@ -980,6 +982,13 @@ def _merge_folders(ckpts, args: argparse.Namespace) -> int:
             "model folders are merged by their weights: --sweep-n, --sharpness-probes and "
             "--landscape evaluate on data, which model folders do not record"
         )
+    out = Path(args.out).resolve()
+    for c in ckpts:
+        if out == c.path.resolve() or out.is_relative_to(c.path.resolve()):
+            raise UsageError(
+                f"--out {args.out} is inside the input model folder {c.path}; choose a folder "
+                "of its own"
+            )
     options = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size}
     with ProgressBars(not args.quiet) as bars:
         report = run_merge_folders(
