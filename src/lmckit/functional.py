@@ -24,7 +24,7 @@ from lmckit.errors import DataError, ParamsError
 from lmckit.options import checked
 from lmckit.params import short_list
 
-__all__ = ["check_labels", "check_model_fits", "forward", "module_mode"]
+__all__ = ["check_labels", "check_model_fits", "forward", "module_mode", "per_token"]
 
 
 @checked
@@ -86,6 +86,16 @@ def forward(model: nn.Module, params: Mapping[str, Tensor] | None, x: Tensor) ->
 
 
 @checked
+def per_token(out: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """A language model's outputs as rows of a classification: logits ``(N, L, C)`` with
+    next-token targets ``(N, L)`` become ``(N·L, C)`` and ``(N·L,)``, so every position is one
+    prediction and losses, accuracies, temperatures and counts are per token (the mean
+    cross-entropy is then log-perplexity). Any other pair is returned unchanged."""
+    if out.ndim == 3 and y.ndim == 2 and tuple(out.shape[:2]) == tuple(y.shape):
+        return out.reshape(-1, out.shape[-1]), y.reshape(-1)
+    return out, y
+
+
 def check_labels(out: Tensor, y: Tensor, caller: str) -> None:
     """Raise :class:`DataError` unless ``y`` holds one integer class index in
     ``[0, classes)`` per row of the model's outputs ``out`` (``(N, classes)``)."""

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from lmckit.data import Dataset
 from lmckit.errors import DataError, ParamsError
-from lmckit.functional import check_labels, check_model_fits, forward, module_mode
+from lmckit.functional import check_labels, check_model_fits, forward, module_mode, per_token
 from lmckit.options import checked
 from lmckit.params import Params, check_finite
 
@@ -43,7 +43,8 @@ def _outputs(
     model: nn.Module, params: Params | None, loader: Loader, device, caller: str
 ) -> Iterator[tuple[Tensor, Tensor]]:
     """``(logits, labels)`` per batch, in eval mode without gradients; labels on the
-    logits' device. Raises :class:`DataError` for an empty loader."""
+    logits' device; a language model's ``(N, L, C)`` outputs one row per token
+    (:func:`~lmckit.functional.per_token`). Raises :class:`DataError` for an empty loader."""
     if params is not None:
         check_model_fits(model, params)
         check_finite(params, "params")
@@ -62,7 +63,7 @@ def _outputs(
         for x, y in loader:
             out = forward(model, params, x.to(device))
             seen = True
-            y = y.to(out.device)
+            out, y = per_token(out, y.to(out.device))
             check_labels(out, y, f"{caller}()")
             yield out, y
     if not seen:
@@ -98,7 +99,8 @@ def predict(
     device: torch.device | str | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Logits ``(N, C)`` (float32, CPU) and labels ``(N,)`` of ``model`` with ``params``
-    (``None``: its own weights) over ``loader``."""
+    (``None``: its own weights) over ``loader``; for a language model one row per token,
+    ``N`` = sequences × length."""
     outs, ys = [], []
     for logits, y in _outputs(model, params, loader, device, "predict"):
         outs.append(logits.float().cpu())
@@ -130,11 +132,13 @@ def batch_mean(
     fn: Callable[[Tensor, Tensor], Tensor],
 ) -> float:
     """The example-weighted mean of ``fn(outputs, targets)`` (a batch mean) over
-    ``batches``, in eval mode without gradients (modes restored)."""
+    ``batches`` (token-weighted for a language model's outputs), in eval mode without
+    gradients (modes restored)."""
     total, count = 0.0, 0
     with torch.no_grad(), module_mode(model, False):
         for x, y in batches:
-            total += float(fn(forward(model, params, x), y)) * len(y)
+            out, y = per_token(forward(model, params, x), y)
+            total += float(fn(out, y)) * len(y)
             count += len(y)
     if count == 0:
         raise ParamsError("batch_mean got no examples (empty batches)")

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from lmckit.data.datasets import Dataset
 from lmckit.data.splits import Split, indices_digest
 from lmckit.errors import DataError, ParamsError, TrainConfigError
-from lmckit.functional import check_labels, forward
+from lmckit.functional import check_labels, forward, per_token
 from lmckit.metrics import Metrics, evaluate
 from lmckit.models import build_model
 from lmckit.optim import HESSIAN_INTERVAL, SophiaG
@@ -430,7 +430,7 @@ def train(
         seen = 0
         for step, (x, y) in enumerate(loader):
             lr = optimizer.param_groups[0]["lr"]
-            logits = forward(model, None, x)
+            logits, y = per_token(forward(model, None, x), y)
             if step == 0:
                 check_labels(logits, y, "training")
             loss = F.cross_entropy(logits, y, label_smoothing=config.label_smoothing)

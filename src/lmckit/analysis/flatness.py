@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from lmckit.analysis.layerwise import OUTPUT, Layer, _Capture, _cosines, model_layers
 from lmckit.errors import ParamsError
 from lmckit.evaluate.bn import bn_reset
-from lmckit.functional import check_model_fits, module_mode
+from lmckit.functional import check_model_fits, module_mode, per_token
 from lmckit.options import checked
 from lmckit.params import Params, check_finite, check_params_compatible, has_batchnorm
 
@@ -118,14 +118,14 @@ def flatness(
                 ref = {lay.name: capture.run(params_a, x)[("post", lay.post)] for lay in resolved}
                 for i, p in enumerate(perturbed):
                     seen = capture.run(p, x)
-                    logits = seen[("post", OUTPUT)]
-                    loss[i] += float(F.cross_entropy(logits.float(), y, reduction="sum"))
-                    correct[i] += int((logits.argmax(1) == y).sum())
+                    logits, targets = per_token(seen[("post", OUTPUT)], y)
+                    loss[i] += float(F.cross_entropy(logits.float(), targets, reduction="sum"))
+                    correct[i] += int((logits.argmax(1) == targets).sum())
                     for lay in resolved:
                         c = _cosines(ref[lay.name], seen[("post", lay.post)])
                         cos_sum[lay.name][i] += float(c.sum(dtype=torch.float64))
                         rows[lay.name][i] += len(c)
-                count += len(y)
+                count += y.numel()  # tokens, for a language model's (N, L) targets
     finally:
         capture.close()
     if count == 0:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmckit.errors import ParamsError
-from lmckit.functional import check_model_fits, forward, module_mode
+from lmckit.functional import check_model_fits, forward, module_mode, per_token
 from lmckit.metrics import fixed_batches
 from lmckit.options import checked
 from lmckit.params import Params
@@ -41,7 +41,7 @@ def _loss_fn(model: nn.Module, params: Params, names: list[str], batches):
         total = 0.0
         count = 0
         for x, y in batches:
-            out = forward(model, current, x)
+            out, y = per_token(forward(model, current, x), y)
             total = total + F.cross_entropy(out, y, reduction="sum")
             count += len(y)
         return total / count

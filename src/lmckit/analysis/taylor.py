@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmckit.errors import ParamsError
-from lmckit.functional import check_model_fits, forward, module_mode
+from lmckit.functional import check_model_fits, forward, module_mode, per_token
 from lmckit.metrics import batch_mean, fixed_batches
 from lmckit.options import checked
 from lmckit.params import Params, check_finite, check_params_compatible, lerp_params
@@ -90,7 +90,8 @@ def line_derivatives(
         for x, y in batches:
             eps = torch.zeros((), dtype=ref.dtype, device=ref.device, requires_grad=True)
             current = {**base, **{k: base[k] + eps * d for k, d in moving.items()}}
-            f0 = loss_fn(forward(model, current, x), y) * len(y)
+            out, y = per_token(forward(model, current, x), y)
+            f0 = loss_fn(out, y) * len(y)
             (f1,) = torch.autograd.grad(f0, eps, create_graph=True)
             # a loss linear along the line leaves f' without a graph: f'' is exactly 0
             f2 = torch.autograd.grad(f1, eps)[0] if f1.requires_grad else torch.zeros_like(f1)

@@ -15,7 +15,7 @@ from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset
 from lmckit.errors import DataError, ParamsError, PermutationError, UsageError
 from lmckit.experiments.store import Artifact, Store, content_hash, make_key
-from lmckit.functional import forward, module_mode
+from lmckit.functional import forward, module_mode, per_token
 from lmckit.match import METHODS, MatchResult
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback
@@ -70,7 +70,8 @@ def check_data_fits(ckpt: Checkpoint, data: Dataset) -> None:
             out = forward(model, ckpt.params, data.test_x[:2].to(device))
     except DataError as exc:
         raise UsageError(f"{what}: {exc}") from None
-    if out.ndim != 2 or out.shape[1] != data.num_classes:
+    out, targets = per_token(out, data.test_y[:2].to(out.device))
+    if out.ndim != 2 or out.shape[1] != data.num_classes or len(out) != len(targets):
         raise UsageError(f"{what}: the model has {tuple(out.shape[1:])} outputs")
 
 

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from lmckit._checks import check_int, check_positive
 from lmckit.errors import ParamsError
-from lmckit.functional import check_labels, forward
+from lmckit.functional import check_labels, forward, per_token
 from lmckit.params import Params
 
 
@@ -40,7 +40,7 @@ def batch_loss(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, y: Ten
     mode. The callers run in train mode, so BatchNorm layers use the batch's statistics:
     an interpolated network's statistics are re-estimated on every batch (a BN reset)."""
     device = next(iter(params.values())).device
-    out, y = forward(model, params, x.to(device)), y.to(device)
+    out, y = per_token(forward(model, params, x.to(device)), y.to(device))
     check_labels(out, y, "a training batch")
     return F.cross_entropy(out, y)
 
