@@ -13,6 +13,9 @@ digits          (1, 8, 8)    scikit-learn's bundled 8×8 digits (1,797 images), 
                              standardised by the training split's mean/std; fixed seeded split
                              of 1,437 train / 360 test
 synthetic       (d,)         seeded Gaussian mixture (two clusters per class), no files needed
+python-stdlib   (128,)       the Python standard library's own ``*.py`` sources as bytes, split
+                             by file; windows of 128 byte ids, next-byte targets ``(N, 128)``,
+                             256 classes (:mod:`lmckit.data.text`); ``root``: any source tree
 =============== ============ ======================================================================
 
 ``pad_to=32`` zero-pads images *before* normalisation (so the border is background), e.g. to
@@ -45,6 +48,7 @@ from lmckit.data.cifar import CIFAR10_FILES, CIFAR100_FILES, read_cifar_batch
 from lmckit.data.download import download, extract_tar
 from lmckit.data.idx import read_idx
 from lmckit.data.loaders import TensorLoader, random_crop_flip
+from lmckit.data.text import DEFAULT_CONTEXT, load_code_corpus
 from lmckit.errors import DataError, DatasetNotFoundError
 from lmckit.options import checked
 
@@ -101,7 +105,7 @@ NORMALISATION = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
-DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "digits", "synthetic")
+DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "digits", "synthetic", "python-stdlib")
 # Input shape of each dataset as stored (before any padding); synthetic's is its default.
 INPUT_SHAPES = {
     "fashion-mnist": (1, 28, 28),
@@ -110,12 +114,14 @@ INPUT_SHAPES = {
     "cifar100": (3, 32, 32),
     "digits": (1, 8, 8),
     "synthetic": (32,),
+    "python-stdlib": (DEFAULT_CONTEXT,),
 }
 ALIASES = {
     "fmnist": "fashion-mnist",
     "fashion_mnist": "fashion-mnist",
     "cifar-10": "cifar10",
     "cifar-100": "cifar100",
+    "stdlib": "python-stdlib",
 }
 
 
@@ -530,7 +536,9 @@ def load_dataset(
     pad_to: int | None = None,
 ) -> Dataset:
     """Load a dataset by name (``fashion-mnist``, ``mnist``, ``cifar10``, ``cifar100``,
-    ``digits``, ``synthetic``); see the module docstring for lookup and normalisation.
+    ``digits``, ``synthetic``, ``python-stdlib``); see the module docstring for lookup and
+    normalisation. For ``python-stdlib``, ``root`` is the source tree to read instead of this
+    interpreter's standard library.
 
     Raises:
         DatasetNotFoundError: the files were found nowhere; the message lists where lmckit
@@ -544,6 +552,10 @@ def load_dataset(
         return load_idx_dataset(key, root, download_missing=download, pad_to=pad_to)
     if key in CIFAR_SOURCES:
         return load_cifar(key, root, download_missing=download, pad_to=pad_to)
+    if key == "python-stdlib":
+        if pad_to is not None:
+            raise DataError("python-stdlib is text (byte windows): it takes no pad_to")
+        return load_code_corpus(root)
     if key == "digits":
         return load_digits_dataset(pad_to=pad_to)
     return make_synthetic()
