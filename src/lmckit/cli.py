@@ -30,6 +30,7 @@ INFO_MODELS: list[tuple[str, dict]] = [
     ("resnet20", {"width_multiplier": 16}),
     ("vit", {"image_size": 28, "patch_size": 7, "dim": 64, "depth": 4, "heads": 4}),
     ("transformer", {"in_dim": 28, "length": 28, "dim": 64, "depth": 2, "heads": 4}),
+    ("gpt", {"vocab_size": 256, "context": 128, "dim": 128, "depth": 4, "heads": 4}),
 ]
 MAX_SEED = 2**32 - 1
 
@@ -1377,12 +1378,18 @@ def build_parser() -> argparse.ArgumentParser:
         "papers' recipe for the model (MLP: Adam 1e-3, batch 512; conv nets: SGD 0.4 with "
         "Nesterov momentum, weight decay 5e-4, batch 500, warm-up + linear decay).",
     )
-    p.add_argument("--model", required=True, type=_model_name, help="mlp, vgg11, vgg16, resnet20")
+    p.add_argument(
+        "--model",
+        required=True,
+        type=_model_name,
+        help="mlp, vgg11, vgg16, resnet20, vit, transformer or gpt (a byte-level language model)",
+    )
     p.add_argument(
         "--dataset",
         type=_dataset,
         default="fashion-mnist",
-        help="fashion-mnist, mnist, cifar10, cifar100, digits or synthetic",
+        help="fashion-mnist, mnist, cifar10, cifar100, digits, synthetic or python-stdlib "
+        "(this Python's standard-library sources as bytes, for gpt; --data-dir: another tree)",
     )
     p.add_argument("--seeds", type=_seed, nargs="+", default=[0], help="one model per seed")
     p.add_argument("--out", required=True, type=_out_path, help="folder for the checkpoints")

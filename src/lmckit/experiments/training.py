@@ -53,7 +53,7 @@ def model_name_key(name: str) -> str:
 def needs_padding(model_name: str, input_shape: Sequence[int]) -> int | None:
     """Conv nets take 32×32 images: smaller ones (28×28 MNIST) are padded, as in the papers.
     MLPs and transformers take the images as they are."""
-    if model_name_key(model_name) in ("mlp", "vit", "transformer", "custom"):
+    if model_name_key(model_name) in ("mlp", "vit", "transformer", "gpt", "custom"):
         return None
     if len(input_shape) != 3:
         return None
@@ -135,6 +135,22 @@ def model_config_for(
             "out_dim": data.num_classes,
             "skip": bool(skip),
             **extra,
+        }
+    if family == "gpt":
+        # width_multiplier scales the stream (128 at ×1, a multiple of the 4 heads) and the
+        # MLP (4 × the stream, as GPT-2); the context is the data's window
+        dim = 4 * scaled_width(32, width_multiplier)
+        shape = data.input_shape
+        if len(shape) != 1 or data.train_x.dtype.is_floating_point:
+            raise ModelConfigError(
+                f"gpt takes token ids (N, length); {data.name} has inputs {shape} of "
+                f"{data.train_x.dtype} (a language model needs a text dataset: python-stdlib)"
+            )
+        return {
+            "vocab_size": data.num_classes,
+            "context": shape[0],
+            "dim": dim,
+            "mlp_dim": 4 * dim,
         }
     if family in ("vit", "transformer"):
         # width_multiplier scales the residual stream (64 at ×1, a multiple of the 4 heads)

@@ -14,12 +14,13 @@ from lmckit.errors import LmcError, ModelConfigError, ParamsError
 from lmckit.models.custom import build_custom
 from lmckit.models.mlp import MLP
 from lmckit.models.resnet import ResNet20
-from lmckit.models.transformer import TransformerClassifier, ViT
+from lmckit.models.transformer import GPT, TransformerClassifier, ViT
 from lmckit.models.vgg import VGG
 from lmckit.options import check_options, checked
 from lmckit.perm import PermutationSpec
 
 __all__ = [
+    "GPT",
     "MLP",
     "MODELS",
     "VGG",
@@ -38,6 +39,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "resnet20": ResNet20,
     "vit": ViT,
     "transformer": TransformerClassifier,
+    "gpt": GPT,
 }
 # Convenience names that fix part of a configuration.
 ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -49,8 +51,8 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
 @checked
 def build_model(name: str, /, **config: Any) -> nn.Module:
     """Build a zoo model by registry name (``mlp``, ``vgg``, ``vgg11``, ``vgg16``, ``resnet20``,
-    ``vit``, ``transformer``), or a user's class with ``name="custom"`` and the configuration
-    ``class``, ``args``, ``input_shape`` (and ``tokens``) of
+    ``vit``, ``transformer``, ``gpt``), or a user's class with ``name="custom"`` and the
+    configuration ``class``, ``args``, ``input_shape`` (and ``tokens``) of
     :func:`~lmckit.models.custom.build_custom`.
 
     ``config`` holds the model's constructor arguments; a ``name`` entry (as written by

@@ -1,4 +1,5 @@
-"""Transformers for the zoo: a ViT for small images and a pre-LN encoder classifier.
+"""Transformers for the zoo: a ViT for small images, a pre-LN encoder classifier and a small
+decoder-only language model.
 
 Both are pre-LN (``x + attn(LN(x))``, ``x + mlp(LN(x))``) with separate query, key and value
 projections, so their permutation spec — traced with :func:`lmckit.spec.trace`, not written
@@ -9,6 +10,9 @@ attention layer permuting whole heads (blocks of the head dimension in Q, K, V a
   strided convolution, a learned CLS token and learned positions, ``depth`` blocks, a final
   LayerNorm and a linear head on the CLS token. For 28×28 Fashion-MNIST: patch 7, 16
   patches + CLS.
+* :class:`GPT`: a decoder-only language model (GPT-2's layout at a small size): token
+  embeddings and learned positions, ``depth`` causal blocks, a final LayerNorm and a linear
+  head giving next-token logits at every position.
 * :class:`TransformerClassifier`: the rows of an image (or any ``(length, features)``
   sequence) as tokens, a linear embedding, learned positions, ``depth`` blocks, mean pooling
   and a linear head.
@@ -26,11 +30,12 @@ from lmckit.perm import PermutationSpec
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with separate ``q``, ``k``, ``v`` and output ``o``."""
+    """Multi-head self-attention with separate ``q``, ``k``, ``v`` and output ``o``;
+    ``causal``: each position attends to itself and the positions before it only."""
 
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int, heads: int, causal: bool = False) -> None:
         super().__init__()
-        self.heads = heads
+        self.heads, self.causal = heads, causal
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
 
     def forward(self, x: Tensor) -> Tensor:
@@ -39,16 +44,17 @@ class Attention(nn.Module):
         def split(t: Tensor) -> Tensor:  # (N, L, D) → (N, heads, L, D / heads)
             return t.view(n, length, self.heads, dim // self.heads).transpose(1, 2)
 
-        y = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)))
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return self.o(y.transpose(1, 2).reshape(n, length, dim))
 
 
 class Block(nn.Module):
     """Pre-LN transformer block: ``x + attn(LN(x))`` then ``x + mlp(LN(x))`` (GELU)."""
 
-    def __init__(self, dim: int, heads: int, mlp_dim: int) -> None:
+    def __init__(self, dim: int, heads: int, mlp_dim: int, causal: bool = False) -> None:
         super().__init__()
-        self.norm1, self.attn = nn.LayerNorm(dim), Attention(dim, heads)
+        self.norm1, self.attn = nn.LayerNorm(dim), Attention(dim, heads, causal)
         self.norm2 = nn.LayerNorm(dim)
         self.fc1, self.fc2 = nn.Linear(dim, mlp_dim), nn.Linear(mlp_dim, dim)
 
@@ -71,10 +77,12 @@ class _Transformer(nn.Module):
     config: dict
     example_shape: tuple[int, ...]
 
-    def _add_trunk(self, dim: int, depth: int, heads: int, mlp_dim: int, num_classes: int):
+    def _add_trunk(
+        self, dim: int, depth: int, heads: int, mlp_dim: int, num_classes: int, causal=False
+    ):
         """The blocks, the final norm and the head (after the model's own embedding, so the
         initialisation draws in that order)."""
-        self.blocks = nn.ModuleList(Block(dim, heads, mlp_dim) for _ in range(depth))
+        self.blocks = nn.ModuleList(Block(dim, heads, mlp_dim, causal) for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
 
@@ -83,8 +91,11 @@ class _Transformer(nn.Module):
         from lmckit.spec import trace
 
         device = next(self.parameters()).device
-        example = torch.randn(2, *self.example_shape, generator=torch.Generator().manual_seed(0))
-        return trace(self, example.to(device))
+        return trace(self, self.example_input().to(device))
+
+    def example_input(self) -> Tensor:
+        """Two seeded example inputs, as the model takes them."""
+        return torch.randn(2, *self.example_shape, generator=torch.Generator().manual_seed(0))
 
 
 class ViT(_Transformer):
@@ -187,3 +198,69 @@ class TransformerClassifier(_Transformer):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x).mean(1))
+
+
+class GPT(_Transformer):
+    """Decoder-only language model (GPT-2's pre-LN layout, small): ``tokens`` embedded and
+    added to learned positions, ``depth`` causal blocks, a final LayerNorm and an untied
+    linear head.
+
+    Args:
+        vocab_size: number of token ids (256 for bytes).
+        context: sequence length the positions are learned for (inputs may be shorter).
+        dim, depth, heads, mlp_dim: residual stream width, blocks, heads (must divide
+            ``dim``), MLP hidden width.
+
+    Input ``(N, L)`` token ids, ``L ≤ context``; output ``(N, L, vocab_size)``: at position
+    ``t`` the logits of token ``t + 1`` given tokens ``0 … t``. Losses over it are per token
+    (:func:`lmckit.functional.per_token`), so the mean loss is the log-perplexity.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 256,
+        context: int = 128,
+        dim: int = 128,
+        depth: int = 4,
+        heads: int = 4,
+        mlp_dim: int = 512,
+    ) -> None:
+        try:
+            check_arguments(GPT.__init__, locals(), where="GPT: ")
+        except ParamsError as exc:
+            raise ModelConfigError(str(exc)) from None
+        super().__init__()
+        _check(dim, heads, depth, mlp_dim)
+        for name, value in (("vocab_size", vocab_size), ("context", context)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
+        self.tokens = nn.Embedding(vocab_size, dim)
+        nn.init.normal_(self.tokens.weight, std=0.02)
+        self.pos = nn.Parameter(0.02 * torch.randn(1, context, dim))
+        self._add_trunk(dim, depth, heads, mlp_dim, vocab_size, causal=True)
+        self.example_shape = (context,)
+        self.config = {
+            "name": "gpt",
+            "vocab_size": vocab_size,
+            "context": context,
+            "dim": dim,
+            "depth": depth,
+            "heads": heads,
+            "mlp_dim": mlp_dim,
+        }
+
+    def example_input(self) -> Tensor:
+        """Two seeded sequences of random token ids ``(2, context)``."""
+        vocab, length = self.config["vocab_size"], self.config["context"]
+        return torch.randint(0, vocab, (2, length), generator=torch.Generator().manual_seed(0))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim != 2 or x.dtype.is_floating_point or x.dtype == torch.bool:
+            raise ValueError(f"GPT takes (N, L) integer token ids, got {x.dtype} {tuple(x.shape)}")
+        length = x.shape[1]
+        if length > self.pos.shape[1]:
+            raise ValueError(f"{length} tokens exceed the context of {self.pos.shape[1]}")
+        x = self.tokens(x) + self.pos[:, :length]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
