@@ -96,6 +96,7 @@ def per_token(out: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     return out, y
 
 
+@checked
 def check_labels(out: Tensor, y: Tensor, caller: str) -> None:
     """Raise :class:`DataError` unless ``y`` holds one integer class index in
     ``[0, classes)`` per row of the model's outputs ``out`` (``(N, classes)``)."""
