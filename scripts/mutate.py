@@ -39,6 +39,55 @@ class Mutation:
 
 M = Mutation
 MUTATIONS = [
+    # -- language models trained here (issue 28, item 5) --
+    M(
+        "gpt-not-causal",
+        "the GPT's attention sees the future (no causal mask)",
+        "src/lmckit/models/transformer.py",
+        "        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)\n",
+        "        y = F.scaled_dot_product_attention(q, k, v)\n",
+        ("tests/models/test_gpt.py",),
+    ),
+    M(
+        "tokens-scored-as-last-position",
+        "a language model's outputs scored at the last position only, not per token",
+        "src/lmckit/functional.py",
+        "        return out.reshape(-1, out.shape[-1]), y.reshape(-1)\n",
+        "        return out[:, -1], y[:, -1]\n",
+        ("tests/models/test_gpt.py",),
+    ),
+    M(
+        "corpus-targets-not-shifted",
+        "the code corpus's targets are the inputs themselves, not the next byte",
+        "src/lmckit/data/text.py",
+        "    y = data[1 : count * context + 1].view(count, context).clone()\n",
+        "    y = data[: count * context].view(count, context).clone()\n",
+        ("tests/data/test_text.py",),
+    ),
+    M(
+        "corpus-split-by-basename",
+        "the split hashes a file's name, not its path (every pkg*/helpers.py lands alike)",
+        "src/lmckit/data/text.py",
+        '        parts["test" if is_test_file(path.relative_to(base).as_posix()) else "train"]',
+        '        parts["test" if is_test_file(path.name) else "train"]',
+        ("tests/data/test_text.py",),
+    ),
+    M(
+        "corpus-keeps-test-suites",
+        "the standard library's own test suites are read into the corpus",
+        "src/lmckit/data/text.py",
+        "        if EXCLUDED_FOLDERS.isdisjoint(rel.parts[:-1]) and path.is_file():\n",
+        "        if path.is_file():\n",
+        ("tests/data/test_text.py",),
+    ),
+    M(
+        "perplexity-not-exponentiated",
+        "the records' perplexity is the log-perplexity (the loss itself)",
+        "src/lmckit/experiments/steps.py",
+        '        out[f"{split}.{name}.midpoint"] = math.exp(curve.midpoint(split, loss))\n',
+        '        out[f"{split}.{name}.midpoint"] = curve.midpoint(split, loss)\n',
+        ("tests/experiments/test_language_models.py",),
+    ),
     # -- model folders and memory budgets (issue 28) --
     M(
         "folder-written-unpermuted",
