@@ -1261,7 +1261,7 @@ MUTATIONS = [
 
 
 def copy_repository(target: Path) -> None:
-    for name in ("src", "tests", "pyproject.toml", "README.md", ".ci"):
+    for name in ("src", "tests", "experiments", "pyproject.toml", "README.md", ".ci"):
         source = ROOT / name
         if source.is_dir():
             shutil.copytree(source, target / name, ignore=shutil.ignore_patterns("__pycache__"))
