@@ -88,6 +88,14 @@ MUTATIONS = [
         '        out[f"{split}.{name}.midpoint"] = curve.midpoint(split, loss)\n',
         ("tests/experiments/test_language_models.py",),
     ),
+    M(
+        "taylor-fused-attention",
+        "the Taylor barrier differentiates twice through fused attention (no 2nd derivative)",
+        "src/lmckit/analysis/taylor.py",
+        "    with module_mode(model, False), twice_differentiable():\n",
+        "    with module_mode(model, False):\n",
+        ("tests/models/test_gpt.py",),
+    ),
     # -- model folders and memory budgets (issue 28) --
     M(
         "folder-written-unpermuted",

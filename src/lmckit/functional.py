@@ -24,7 +24,14 @@ from lmckit.errors import DataError, ParamsError
 from lmckit.options import checked
 from lmckit.params import short_list
 
-__all__ = ["check_labels", "check_model_fits", "forward", "module_mode", "per_token"]
+__all__ = [
+    "check_labels",
+    "check_model_fits",
+    "forward",
+    "module_mode",
+    "per_token",
+    "twice_differentiable",
+]
 
 
 @checked
@@ -40,6 +47,17 @@ def module_mode(model: nn.Module, training: bool | None) -> Iterator[nn.Module]:
     finally:
         for m, mode in saved:
             m.training = mode
+
+
+@contextlib.contextmanager
+def twice_differentiable() -> Iterator[None]:
+    """Run ``scaled_dot_product_attention`` with its math kernel inside the block: the fused
+    kernels (flash attention on CPU) have no second derivative, which curvatures (Taylor
+    barriers, Hessian-vector products) need. Same values, slower attention."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):
+        yield
 
 
 @checked

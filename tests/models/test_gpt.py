@@ -3,6 +3,7 @@ permutation-invariant in float64, planted permutations recovered by WM and AM; i
 scored per token everywhere (naive per-position sums as the reference)."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -141,6 +142,10 @@ def test_bad_inputs_and_configurations_are_named(gpt, digits):
         evaluate(model, None, TensorLoader(tokens(4, 13), tokens(4, 13), batch_size=4))
     with pytest.raises(ModelConfigError, match="needs a text dataset"):
         model_config_for("gpt", digits)
+    text = replace(digits, train_x=tokens(4), test_x=tokens(4))
+    for other in ("mlp", "vit", "transformer", "resnet20"):
+        with pytest.raises(ModelConfigError, match=r"holds token ids .* train gpt on it"):
+            model_config_for(other, text)
     with pytest.raises(ModelConfigError, match="vocab_size must be a positive integer"):
         build_model("gpt", vocab_size=0)
     with pytest.raises(ModelConfigError, match="not divisible by heads"):
@@ -149,3 +154,35 @@ def test_bad_inputs_and_configurations_are_named(gpt, digits):
     with pytest.raises(DataError, match="labels of shape"):
         evaluate(model, None, permuted_labels)
     assert isinstance(Permutation.identity(permutation_spec(model)), Permutation)
+
+
+def test_curvatures_along_a_line_match_finite_differences(gpt):
+    """Taylor barriers and sharpness need second derivatives through attention (the fused
+    CPU kernel has none): f'(0) and f''(0) of the per-token loss along a random direction
+    against central differences, float64."""
+    from lmckit.analysis.sharpness import sharpness
+    from lmckit.analysis.taylor import line_derivatives
+
+    model, _ = gpt
+    twin = build_model("gpt", **SMALL).double()
+    params = {k: v.double() for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(4)
+    direction = {
+        k: 0.05 * torch.randn(p.shape, generator=g, dtype=torch.float64)
+        for k, p in twin.named_parameters()
+    }
+    batches = [(tokens(4, seed=1), tokens(4, seed=2))]
+    f0, f1, f2 = line_derivatives(twin, params, direction, batches)
+
+    def loss(eps: float) -> float:  # float64 throughout (evaluate() reports float32)
+        moved = {k: v + eps * direction[k] if k in direction else v for k, v in params.items()}
+        ((x, y),) = batches
+        with torch.no_grad():
+            out = torch.func.functional_call(twin.eval(), moved, (x,))
+        return F.cross_entropy(out.reshape(-1, 50), y.reshape(-1)).item()
+
+    h = 1e-4
+    assert f0 == pytest.approx(loss(0.0), rel=1e-12)
+    assert f1 == pytest.approx((loss(h) - loss(-h)) / (2 * h), rel=1e-6)
+    assert f2 == pytest.approx((loss(h) - 2 * loss(0.0) + loss(-h)) / h**2, rel=1e-4)
+    assert sharpness(twin, params, batches, probes=2).probes == 2

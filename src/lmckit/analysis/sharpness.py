@@ -17,7 +17,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmckit.errors import ParamsError
-from lmckit.functional import check_model_fits, forward, module_mode, per_token
+from lmckit.functional import (
+    check_model_fits,
+    forward,
+    module_mode,
+    per_token,
+    twice_differentiable,
+)
 from lmckit.metrics import fixed_batches
 from lmckit.options import checked
 from lmckit.params import Params
@@ -71,7 +77,7 @@ def sharpness(
     loss = _loss_fn(model, params, names, batches)
     g = torch.Generator().manual_seed(seed)
     samples = []
-    with module_mode(model, False):
+    with module_mode(model, False), twice_differentiable():
         for _ in range(probes):
             v = [t * (torch.randint(0, 2, t.shape, generator=g).to(t) * 2 - 1) for t in theta]
             _, hv = torch.autograd.functional.hvp(loss, tuple(theta), tuple(v))
@@ -101,6 +107,6 @@ def exact_weighted_hessian_trace(
         return loss(*[p.view_as(t) for p, t in zip(parts, theta, strict=True)])
 
     flat = torch.cat([t.reshape(-1) for t in theta])
-    with module_mode(model, False):
+    with module_mode(model, False), twice_differentiable():
         hessian = torch.autograd.functional.hessian(flat_loss, flat)
     return float((torch.diagonal(hessian) * flat**2).sum())

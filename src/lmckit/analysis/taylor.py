@@ -32,7 +32,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmckit.errors import ParamsError
-from lmckit.functional import check_model_fits, forward, module_mode, per_token
+from lmckit.functional import (
+    check_model_fits,
+    forward,
+    module_mode,
+    per_token,
+    twice_differentiable,
+)
 from lmckit.metrics import batch_mean, fixed_batches
 from lmckit.options import checked
 from lmckit.params import Params, check_finite, check_params_compatible, lerp_params
@@ -86,7 +92,7 @@ def line_derivatives(
     ref = next(iter(moving.values()))
     totals = torch.zeros(3, dtype=torch.float64)
     count = 0
-    with module_mode(model, False):
+    with module_mode(model, False), twice_differentiable():
         for x, y in batches:
             eps = torch.zeros((), dtype=ref.dtype, device=ref.device, requires_grad=True)
             current = {**base, **{k: base[k] + eps * d for k, d in moving.items()}}

@@ -106,6 +106,11 @@ def model_config_for(
     if custom:
         raise ModelConfigError(f"{model_name} got unknown option(s) {sorted(custom)}")
     family = ALIASES[key][0] if key in ALIASES else key
+    if family != "gpt" and not data.train_x.dtype.is_floating_point:
+        raise ModelConfigError(
+            f"{model_name} takes real-valued inputs; {data.name} holds token ids "
+            f"{tuple(data.train_x.shape[1:])} (a language model's data: train gpt on it)"
+        )
     inapplicable = [k for k in ("hidden", "skip") if given[k] and family != "mlp"]
     if inapplicable:
         raise ModelConfigError(
