@@ -63,8 +63,9 @@ class Block(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
 
 
-def _check(dim: int, heads: int, depth: int, mlp_dim: int) -> None:
-    for name, value in (("dim", dim), ("heads", heads), ("depth", depth), ("mlp_dim", mlp_dim)):
+def _check(dim: int, heads: int, depth: int, mlp_dim: int, **more: int) -> None:
+    sizes = {"dim": dim, "heads": heads, "depth": depth, "mlp_dim": mlp_dim, **more}
+    for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
     if dim % heads:
@@ -230,10 +231,7 @@ class GPT(_Transformer):
         except ParamsError as exc:
             raise ModelConfigError(str(exc)) from None
         super().__init__()
-        _check(dim, heads, depth, mlp_dim)
-        for name, value in (("vocab_size", vocab_size), ("context", context)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
+        _check(dim, heads, depth, mlp_dim, vocab_size=vocab_size, context=context)
         self.tokens = nn.Embedding(vocab_size, dim)
         nn.init.normal_(self.tokens.weight, std=0.02)
         self.pos = nn.Parameter(0.02 * torch.randn(1, context, dim))
