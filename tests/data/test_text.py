@@ -88,3 +88,17 @@ def test_bad_corpora_are_named(tmp_path):
         load_code_corpus(tmp_path / "small", context=100_000)
     with pytest.raises(DataError, match="context must be a positive integer"):
         load_code_corpus(tmp_path / "small", context=0)
+
+
+def test_class_based_splits_refuse_next_token_targets_and_random_ones_work(tmp_path):
+    from lmckit.data.splits import Split
+
+    write_tree(tmp_path)
+    data = load_code_corpus(tmp_path, context=16)
+    for kind, extra in (("class-imbalanced", {}), ("dirichlet", {"clients": 2, "alpha": 0.5})):
+        split = Split.from_dict({"kind": kind, "part": 0, **extra})
+        with pytest.raises(DataError, match=r"one label per example.*kind = 'random'"):
+            split.indices(data.train_y, data.num_classes)
+    halves = [Split.from_dict({"kind": "random", "part": p, "clients": 2}) for p in (0, 1)]
+    parts = [h.indices(data.train_y, data.num_classes) for h in halves]
+    assert sorted(torch.cat(parts).tolist()) == list(range(len(data.train_y)))

@@ -21,6 +21,18 @@ def _generator(seed: int) -> torch.Generator:
 
 
 @checked
+def _class_labels(labels: Tensor) -> Tensor:
+    """One class label per example (int64, CPU), or a :class:`DataError`: a class-based
+    split of a language model's next-token targets ``(N, L)`` has no meaning."""
+    labels = torch.as_tensor(labels)
+    if labels.ndim != 1:
+        raise DataError(
+            f"a class-based split needs one label per example, got labels of shape "
+            f"{tuple(labels.shape)} (next-token targets?); split such data with kind = 'random'"
+        )
+    return labels.long().cpu()
+
+
 def class_imbalanced_split(
     labels: Tensor, *, fraction: float = 0.2, num_classes: int | None = None, seed: int = 0
 ) -> tuple[Tensor, Tensor]:
@@ -32,7 +44,7 @@ def class_imbalanced_split(
     """
     if not 0.0 <= fraction <= 1.0:
         raise DataError(f"fraction must be in [0, 1], got {fraction}")
-    labels = torch.as_tensor(labels).long().cpu()
+    labels = _class_labels(labels)
     num_classes = int(num_classes or int(labels.max()) + 1)
     g = _generator(seed)
     part_a, part_b = [], []
@@ -106,7 +118,7 @@ def dirichlet_split(
         raise DataError(f"clients must be a positive integer, got {clients!r}")
     if not (isinstance(alpha, int | float) and math.isfinite(alpha) and alpha > 0):
         raise DataError(f"alpha must be a positive number, got {alpha!r}")
-    labels = torch.as_tensor(labels).long().cpu()
+    labels = _class_labels(labels)
     num_classes = int(num_classes or int(labels.max()) + 1)
     shuffle = _generator(seed)
     rng = np.random.default_rng([int(seed), 0xD1])

@@ -9,7 +9,7 @@ packages (``site-packages``, ``dist-packages``) and caches (``__pycache__``).
 
 * **Split by file**, never inside a file: a file is a test file when the first four bytes of
   the SHA-256 of its path relative to the root, read as an integer, are ``< 2³² / 10``
-  (≈ 10 %), so the split depends on the file's name only and is the same on every machine.
+  (≈ 10 %), so the split depends on the file's path only and is the same on every machine.
 * Each split's files are concatenated in path order and cut into non-overlapping windows of
   ``context`` bytes; ``x`` is a window, ``y`` the same window shifted by one byte (the next
   byte at every position). Inputs ``(N, context)`` int64 byte values, targets ``(N, context)``
@@ -123,7 +123,7 @@ def load_code_corpus(
         if not parts[split]:
             raise DataError(
                 f"the code corpus in {base} has {len(files)} file(s), none of them in the "
-                f"{split} split (one file in {TEST_SHARE} is a test file, by its name)"
+                f"{split} split (one file in {TEST_SHARE} is a test file, by its path)"
             )
     train_x, train_y = _windows(streams["train"], context, "train", base)
     test_x, test_y = _windows(streams["test"], context, "test", base)
