@@ -30,6 +30,8 @@ def _class_labels(labels: Tensor) -> Tensor:
             f"a class-based split needs one label per example, got labels of shape "
             f"{tuple(labels.shape)} (next-token targets?); split such data with kind = 'random'"
         )
+    if labels.numel() == 0:
+        raise DataError("a class-based split needs at least one labelled example, got none")
     return labels.long().cpu()
 
 
