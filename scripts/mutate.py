@@ -83,9 +83,9 @@ MUTATIONS = [
     M(
         "perplexity-not-exponentiated",
         "the records' perplexity is the log-perplexity (the loss itself)",
-        "src/lmckit/experiments/steps.py",
-        '        out[f"{split}.{name}.midpoint"] = math.exp(curve.midpoint(split, loss))\n',
-        '        out[f"{split}.{name}.midpoint"] = curve.midpoint(split, loss)\n',
+        "src/lmckit/evaluate/interpolation.py",
+        '            out[f"{name}.midpoint"] = math.exp(self.midpoint(split, loss))\n',
+        '            out[f"{name}.midpoint"] = self.midpoint(split, loss)\n',
         ("tests/experiments/test_language_models.py",),
     ),
     M(

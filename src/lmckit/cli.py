@@ -756,14 +756,23 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=bars,
         )
-    print(f"{'curve':<10} {'loss barrier':>13} {'convex':>9} {'acc barrier':>12} {'acc(λ=½)':>9}")
+    tokens = data.test_y.ndim == 2  # a language model: per-token losses, perplexities
+    extra = f" {'ppl(λ=½)':>9} {'ppl ends':>9}" if tokens else ""
+    print(
+        f"{'curve':<10} {'loss barrier':>13} {'convex':>9} {'acc barrier':>12} {'acc(λ=½)':>9}"
+        + extra
+    )
     for label, c in summary["curves"].items():
         t = c.barriers["test"]
-        print(
+        row = (
             f"{label:<10} {t['loss']['rebasin']:>13.4f} {t['loss']['convex']:>9.4f} "
             f"{100 * t['accuracy']['rebasin']:>11.2f}% "
             f"{100 * c.midpoint('test', 'accuracy'):>8.2f}%"
         )
+        if tokens:
+            ppl = c.perplexities("test")
+            row += f" {ppl['perplexity.midpoint']:>9.3f} {ppl['perplexity.endpoints']:>9.3f}"
+        print(row)
     print(f"curves, barriers and plots -> {args.out}")
     return 0
 

@@ -186,3 +186,32 @@ def test_curvatures_along_a_line_match_finite_differences(gpt):
     assert f1 == pytest.approx((loss(h) - loss(-h)) / (2 * h), rel=1e-6)
     assert f2 == pytest.approx((loss(h) - 2 * loss(0.0) + loss(-h)) / h**2, rel=1e-4)
     assert sharpness(twin, params, batches, probes=2).probes == 2
+
+
+def test_the_cli_trains_and_interpolates_gpts_and_prints_perplexities(tmp_path, capsys):
+    import json
+
+    from lmckit.cli import main
+
+    write_tree(tmp_path / "tree")
+    out = tmp_path / "models"
+    common = ["--data-dir", str(tmp_path / "tree"), "-q"]
+    train = ["train", "--model", "gpt", "--dataset", "python-stdlib", "--epochs", "1"]
+    assert (
+        main(
+            [*train, "--width-multiplier", "0.125", "--seeds", "0", "1", "--out", str(out), *common]
+        )
+        == 0
+    )
+    a, b = (str(out / f"gpt-python-stdlib-seed{s}.safetensors") for s in (0, 1))
+    assert main(["interpolate", a, b, "--lambdas", "3", "--out", str(tmp_path / "i"), *common]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    header = next(line for line in printed if line.startswith("curve"))
+    row = next(line for line in printed if line.startswith("naive")).split()
+    assert header.endswith("ppl(λ=½)  ppl ends")
+    losses = json.loads((tmp_path / "i" / "interpolation.json").read_text())["naive"]["splits"]
+    losses = losses["test"]["loss"]
+    assert float(row[-2]) == pytest.approx(math.exp(losses[1]), rel=1e-3)
+    assert float(row[-1]) == pytest.approx(
+        (math.exp(losses[0]) + math.exp(losses[-1])) / 2, rel=1e-3
+    )

@@ -73,6 +73,24 @@ class Curve:
         i = int(np.argmin(np.abs(np.asarray(self.lambdas) - 0.5)))
         return self.splits[split][metric][i]
 
+    def perplexities(self, split: str) -> dict[str, float]:
+        """A language model's curve (per-token losses) in perplexity, ``exp`` of the loss:
+        ``"perplexity.midpoint"`` and ``"perplexity.endpoints"`` (the mean of the two ends'
+        perplexities, what the midpoint is compared with), and the same for the calibrated
+        and ensemble losses where the curve has them."""
+        out = {}
+        for loss, name in (
+            ("loss", "perplexity"),
+            ("calibrated_loss", "calibrated_perplexity"),
+            ("ensemble_loss", "ensemble_perplexity"),
+        ):
+            values = self.splits[split].get(loss)
+            if values is None:
+                continue
+            out[f"{name}.midpoint"] = math.exp(self.midpoint(split, loss))
+            out[f"{name}.endpoints"] = (math.exp(values[0]) + math.exp(values[-1])) / 2
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
         return {

@@ -19,7 +19,6 @@ to a scheduler (``num_cpus``, ``num_gpus``).
 from __future__ import annotations
 
 import json
-import math
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -34,7 +33,6 @@ import torch
 from lmckit._io import atomic_write_json
 from lmckit.checkpoint import load_checkpoint, save_checkpoint
 from lmckit.data import Dataset, Split
-from lmckit.evaluate.interpolation import Curve
 from lmckit.evaluate.parts import part_groups
 from lmckit.experiments.interpolation import curve_key, stored_curve
 from lmckit.experiments.matching import load_permutation, match_key, spec_digest, stored_match
@@ -291,26 +289,8 @@ def _curve_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
             if metric.startswith(("accuracy[", "ensemble_accuracy[")):
                 record[f"{split}.{metric}.midpoint"] = curve.midpoint(split, metric)
         if data.train_y.ndim == 2:  # next-token targets: the losses are log-perplexities
-            record.update(_perplexities(curve, split))
+            record.update({f"{split}.{k}": v for k, v in curve.perplexities(split).items()})
     return {"content": artifact.content, "record": record, "reused": reused}
-
-
-def _perplexities(curve: Curve, split: str) -> dict[str, float]:
-    """A language model's curve in perplexity, ``exp`` of the per-token loss: at the
-    midpoint, and the mean of the two endpoints' perplexities (what the midpoint is
-    compared with); the calibrated and ensemble losses likewise where the curve has them."""
-    out = {}
-    for loss, name in (
-        ("loss", "perplexity"),
-        ("calibrated_loss", "calibrated_perplexity"),
-        ("ensemble_loss", "ensemble_perplexity"),
-    ):
-        values = curve.splits[split].get(loss)
-        if values is None:
-            continue
-        out[f"{split}.{name}.midpoint"] = math.exp(curve.midpoint(split, loss))
-        out[f"{split}.{name}.endpoints"] = (math.exp(values[0]) + math.exp(values[-1])) / 2
-    return out
 
 
 # -- merge -----------------------------------------------------------------------------------
