@@ -455,9 +455,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     data = load_for_model(args.model, args.dataset, args.data_dir, download=not args.no_download)
+    what = (
+        f"windows of {data.input_shape[0]} tokens, {data.num_classes} token ids"
+        if data.train_y.ndim == 2
+        else f"input {data.input_shape}, {data.num_classes} classes"
+    )
     print(
-        f"dataset {data.name}: {len(data.train_x)} train / {len(data.test_x)} test, input "
-        f"{data.input_shape}, {data.num_classes} classes (from {data.source})"
+        f"dataset {data.name}: {len(data.train_x)} train / {len(data.test_x)} test, {what} "
+        f"(from {data.source})"
     )
     options = {
         "epochs": args.epochs,
