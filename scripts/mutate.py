@@ -96,6 +96,14 @@ MUTATIONS = [
         "    with module_mode(model, False):\n",
         ("tests/models/test_gpt.py",),
     ),
+    M(
+        "lock-left-in-users-folder",
+        "a command refused in a user's folder leaves its lock (the next run adopts their files)",
+        "src/lmckit/_io.py",
+        "            (path / LOCK).unlink(missing_ok=True)\n",
+        "            pass\n",
+        ("tests/test_io.py",),
+    ),
     # -- model folders and memory budgets (issue 28) --
     M(
         "folder-written-unpermuted",

@@ -88,3 +88,23 @@ def test_a_folder_an_older_lmckit_wrote_is_adopted_whole(tmp_path):
     (tmp_path / "interpolation.json").write_text("{}")
     with locked_output(tmp_path):
         atomic_write_json(tmp_path / "interpolation.json", {"new": True})
+
+
+def test_a_refused_command_leaves_a_users_folder_as_it_was(tmp_path):
+    """A lock left behind would mark the folder as lmckit's: the next run adopted the user's
+    interpolation.json as its own output and overwrote it."""
+    import os
+
+    from lmckit._io import OutputPathError, locked_output
+
+    (tmp_path / "interpolation.json").write_text("mine")
+    with pytest.raises(RuntimeError), locked_output(tmp_path):
+        raise RuntimeError("refused before writing anything")
+    assert os.listdir(tmp_path) == ["interpolation.json"]
+    with pytest.raises(OutputPathError, match="was not written by lmckit"), locked_output(tmp_path):
+        atomic_write_json(tmp_path / "interpolation.json", {"new": True})
+    assert (tmp_path / "interpolation.json").read_text() == "mine"
+    with pytest.raises(RuntimeError), locked_output(tmp_path):  # it wrote, then failed: kept
+        atomic_write_json(tmp_path / "curve.json", {})
+        raise RuntimeError("failed after writing")
+    assert (tmp_path / ".lmckit.lock").exists()

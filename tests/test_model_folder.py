@@ -353,5 +353,5 @@ def test_aligned_into_a_users_folder_is_refused_and_changes_nothing(folders, tmp
     )  # fmt: skip
     assert code == 2 and "was not written by lmckit" in err
     assert (users / "config.json").read_text() == "my own"
-    # every output is checked before any is listed as lmckit's: no file list left behind
-    assert sorted(p.name for p in users.iterdir()) == [".lmckit.lock", "config.json"]
+    # every output is checked before any is listed as lmckit's: no file list, no lock left
+    assert sorted(p.name for p in users.iterdir()) == ["config.json"]

@@ -182,6 +182,7 @@ def prepare_output_file(
 
 
 MANIFEST = ".lmckit-files.json"
+LOCK = ".lmckit.lock"  # the flock target; its presence marks a folder lmckit wrote
 """The list, in an output folder, of the entries lmckit wrote there (see :func:`claim`)."""
 
 
@@ -293,7 +294,8 @@ def locked_output(
         OutputPathError: another process holds the folder (the message names its pid).
     """
     created = not Path(folder).exists()
-    locked_before = (Path(folder) / ".lmckit.lock").exists()
+    locked_before = (Path(folder) / LOCK).exists()
+    before = set() if created or not Path(folder).is_dir() else set(os.listdir(folder))
     path = prepare_output_dir(folder, what).resolve()
     if path in _HELD:
         _HELD[path] += 1
@@ -302,7 +304,7 @@ def locked_output(
         finally:
             _HELD[path] -= 1
         return
-    fd = os.open(path / ".lmckit.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -330,6 +332,10 @@ def locked_output(
             for p in path.iterdir():
                 p.unlink()
             path.rmdir()
+        elif failed and not locked_before and set(os.listdir(path)) <= before | {LOCK}:
+            # a command refused in a folder lmckit never wrote leaves it as it was: a lock
+            # left behind would make a later run adopt the user's files as lmckit's
+            (path / LOCK).unlink(missing_ok=True)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
