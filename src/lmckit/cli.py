@@ -457,7 +457,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     data = load_for_model(args.model, args.dataset, args.data_dir, download=not args.no_download)
     what = (
         f"windows of {data.input_shape[0]} tokens, {data.num_classes} token ids"
-        if data.train_y.ndim == 2
+        if data.next_token
         else f"input {data.input_shape}, {data.num_classes} classes"
     )
     print(
@@ -761,8 +761,7 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=bars,
         )
-    tokens = data.test_y.ndim == 2  # a language model: per-token losses, perplexities
-    extra = f" {'ppl(λ=½)':>9} {'ppl ends':>9}" if tokens else ""
+    extra = f" {'ppl(λ=½)':>9} {'ppl ends':>9}" if data.next_token else ""
     print(
         f"{'curve':<10} {'loss barrier':>13} {'convex':>9} {'acc barrier':>12} {'acc(λ=½)':>9}"
         + extra
@@ -774,7 +773,7 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
             f"{100 * t['accuracy']['rebasin']:>11.2f}% "
             f"{100 * c.midpoint('test', 'accuracy'):>8.2f}%"
         )
-        if tokens:
+        if data.next_token:  # per-token losses: perplexities too
             ppl = c.perplexities("test")
             row += f" {ppl['perplexity.midpoint']:>9.3f} {ppl['perplexity.endpoints']:>9.3f}"
         print(row)

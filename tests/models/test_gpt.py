@@ -142,7 +142,7 @@ def test_bad_inputs_and_configurations_are_named(gpt, digits):
         evaluate(model, None, TensorLoader(tokens(4, 13), tokens(4, 13), batch_size=4))
     with pytest.raises(ModelConfigError, match="needs a text dataset"):
         model_config_for("gpt", digits)
-    text = replace(digits, train_x=tokens(4), test_x=tokens(4))
+    text = replace(digits, train_x=tokens(4), train_y=tokens(4), test_x=tokens(4), test_y=tokens(4))
     for other in ("mlp", "vit", "transformer", "resnet20"):
         with pytest.raises(ModelConfigError, match=r"holds token ids .* train gpt on it"):
             model_config_for(other, text)

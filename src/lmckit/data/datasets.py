@@ -158,6 +158,12 @@ class Dataset:
         return digest.hexdigest()
 
     @property
+    def next_token(self) -> bool:
+        """Whether this is a language model's data: token-id windows ``(N, L)`` with a
+        next-token target at every position (``python-stdlib``), scored per token."""
+        return self.train_y.ndim == 2
+
+    @property
     def input_shape(self) -> tuple[int, ...]:
         """Shape of one input, e.g. ``(1, 28, 28)``."""
         return tuple(self.train_x.shape[1:])

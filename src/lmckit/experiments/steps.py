@@ -288,7 +288,7 @@ def _curve_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
         for metric in curve.splits[split]:
             if metric.startswith(("accuracy[", "ensemble_accuracy[")):
                 record[f"{split}.{metric}.midpoint"] = curve.midpoint(split, metric)
-        if data.train_y.ndim == 2:  # next-token targets: the losses are log-perplexities
+        if data.next_token:  # the losses are log-perplexities
             record.update({f"{split}.{k}": v for k, v in curve.perplexities(split).items()})
     return {"content": artifact.content, "record": record, "reused": reused}
 

@@ -106,7 +106,7 @@ def model_config_for(
     if custom:
         raise ModelConfigError(f"{model_name} got unknown option(s) {sorted(custom)}")
     family = ALIASES[key][0] if key in ALIASES else key
-    if family != "gpt" and not data.train_x.dtype.is_floating_point:
+    if family != "gpt" and data.next_token:
         raise ModelConfigError(
             f"{model_name} takes real-valued inputs; {data.name} holds token ids "
             f"{tuple(data.train_x.shape[1:])} (a language model's data: train gpt on it)"
@@ -146,7 +146,7 @@ def model_config_for(
         # MLP (4 × the stream, as GPT-2); the context is the data's window
         dim = 4 * scaled_width(32, width_multiplier)
         shape = data.input_shape
-        if len(shape) != 1 or data.train_x.dtype.is_floating_point:
+        if not data.next_token:
             raise ModelConfigError(
                 f"gpt takes token ids (N, length); {data.name} has inputs {shape} of "
                 f"{data.train_x.dtype} (a language model needs a text dataset: python-stdlib)"
