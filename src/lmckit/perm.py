@@ -30,6 +30,7 @@ from lmckit.errors import PermutationError, SpecError
 from lmckit.params import Params, short_list
 
 __all__ = [
+    "KINDS",
     "Params",
     "Permutation",
     "PermutationSpec",
@@ -93,6 +94,20 @@ class PermutationSpec:
             query/key dimensions (one group, on Q and K) and value/output dimensions
             (another, on V and O) move with one permutation of the heads. A group of size
             ``h`` (``d = 1``) in such a tie is the head permutation itself.
+        kinds: group name -> the symmetry the group admits beyond permutations (default
+            ``"permutation"`` for every group; see :data:`KINDS`): ``"orthogonal"`` — any
+            orthogonal ``n × n`` matrix (a head-structured group: one ``d × d`` orthogonal
+            block per head, after its head permutation); ``"orthogonal-mean-free"`` — an
+            orthogonal matrix that fixes the all-ones vector (the stream of a LayerNorm,
+            which subtracts the mean). Permutations are always allowed. A matrix acts on
+            every axis of the group alike (``aligned_rows = M @ B_rows``, rows as
+            :func:`unit_rows` lays them out); orthogonality makes readers and writers alike.
+            :func:`lmckit.spec.symmetry_kinds` sets them from a model's graph and checks each
+            numerically.
+        folds: norm gain name -> the ``(tensor, axis)`` pairs that read its output through
+            linear maps only. An elementwise gain does not commute with a rotation, so
+            :func:`lmckit.transform.fold_norms` multiplies it into those readers and sets it
+            to ones; a matrix transform of a group then leaves its (folded) gains alone.
 
     Raises:
         SpecError: a group is used by no axis, has a non-positive size, is named on an axis
@@ -105,6 +120,8 @@ class PermutationSpec:
     blocks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     repeats: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     heads: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    kinds: Mapping[str, str] = field(default_factory=dict)
+    folds: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
     _group_axes: Mapping[str, tuple[tuple[str, int], ...]] = field(
         init=False, repr=False, compare=False
     )
@@ -157,6 +174,7 @@ class PermutationSpec:
                     seen[g] = i
                     group_axes[g].append((name, i))
         heads = _check_heads(self.heads, groups)
+        kinds = _check_kinds(self.kinds, groups, heads)
         unused = [g for g, lst in group_axes.items() if not lst]
         if unused:
             raise SpecError(f"groups {unused} act on no axis of any parameter")
@@ -166,9 +184,11 @@ class PermutationSpec:
         object.__setattr__(self, "blocks", MappingProxyType(blocks))
         object.__setattr__(self, "repeats", MappingProxyType(repeats))
         object.__setattr__(self, "heads", MappingProxyType(heads))
+        object.__setattr__(self, "kinds", MappingProxyType(kinds))
         object.__setattr__(
             self, "_group_axes", MappingProxyType({g: tuple(v) for g, v in group_axes.items()})
         )
+        object.__setattr__(self, "folds", MappingProxyType(_check_folds(self)))
 
     def group_axes(self, group: str) -> tuple[tuple[str, int], ...]:
         """The ``(parameter name, axis)`` pairs that ``group`` permutes."""
@@ -203,6 +223,18 @@ class PermutationSpec:
             out.append((part if isinstance(part, str) else None, start, length))
             start += length
         return tuple(out)
+
+    def kind(self, group: str) -> str:
+        """The symmetry kind of ``group`` (``"permutation"`` unless declared in ``kinds``)."""
+        if group not in self.groups:
+            raise SpecError(f"unknown group {group!r}; groups are {list(self.groups)}")
+        return self.kinds.get(group, "permutation")
+
+    def gain_group(self, name: str) -> str:
+        """The group a folded gain ``name`` (a key of ``folds``) lives on."""
+        entry = self.axes[name][0]
+        assert isinstance(entry, str)
+        return entry
 
     def head_ties(self) -> dict[str, tuple[str, ...]]:
         """``{head permutation name: (its head-structured groups, in spec order)}``."""
@@ -239,6 +271,12 @@ class PermutationSpec:
             blocks={k: v for k, v in self.blocks.items() if k in names},
             repeats={k: v for k, v in self.repeats.items() if k in names},
             heads={g: v for g, v in self.heads.items() if g in used},
+            kinds={g: v for g, v in self.kinds.items() if g in used},
+            folds={
+                k: kept
+                for k, v in self.folds.items()
+                if k in names and (kept := tuple(r for r in v if r[0] in names))
+            },
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -253,6 +291,12 @@ class PermutationSpec:
             "blocks": {k: list(v) for k, v in self.blocks.items()},
             "repeats": {k: list(v) for k, v in self.repeats.items()},
             "heads": {g: list(v) for g, v in self.heads.items()},
+            **({"kinds": dict(self.kinds)} if self.kinds else {}),
+            **(
+                {"folds": {k: [list(r) for r in v] for k, v in self.folds.items()}}
+                if self.folds
+                else {}
+            ),
         }
 
     def validate(self, params: Params, *, what: str = "params") -> None:
@@ -564,6 +608,62 @@ def _check_heads(given, groups: Mapping[str, int]) -> dict[str, tuple[str, int]]
                 f"by {g!r}"
             )
         out[g] = (tie, h)
+    return out
+
+
+KINDS = ("permutation", "orthogonal", "orthogonal-mean-free")
+"""The symmetry kinds a group of a :class:`PermutationSpec` can have (see its ``kinds``)."""
+
+
+def _check_kinds(given, groups: Mapping[str, int], heads) -> dict[str, str]:
+    """Validate ``kinds``: declared groups, known kinds; entries saying ``"permutation"``
+    are dropped (the default)."""
+    out: dict[str, str] = {}
+    for g, kind in dict(given).items():
+        if g not in groups:
+            raise SpecError(f"kinds names group {g!r}, which is not declared in groups")
+        if kind not in KINDS:
+            raise SpecError(f"kinds[{g!r}] = {kind!r}; a kind is one of {', '.join(KINDS)}")
+        if kind == "orthogonal-mean-free" and g in heads:
+            raise SpecError(
+                f"kinds[{g!r}]: a head-structured group is 'orthogonal' per head, not "
+                "'orthogonal-mean-free' (that is a LayerNorm's stream)"
+            )
+        if kind != "permutation":
+            out[g] = kind
+    return out
+
+
+def _check_folds(spec: PermutationSpec) -> dict[str, tuple[tuple[str, int], ...]]:
+    """Validate ``folds``: each gain is a 1-D tensor of one group, each reader a tensor
+    whose named axis carries that group."""
+    out: dict[str, tuple[tuple[str, int], ...]] = {}
+    for gain, readers in dict(spec.folds).items():
+        ax = spec.axes.get(gain)
+        if ax is None or len(ax) != 1 or not isinstance(ax[0], str):
+            raise SpecError(f"folds names {gain!r}, which is not a 1-D tensor of one group in axes")
+        group = ax[0]
+        pairs: list[tuple[str, int]] = []
+        for reader in readers:
+            if not isinstance(reader, tuple | list) or len(reader) != 2:
+                raise SpecError(f"folds[{gain!r}] must list (tensor, axis) pairs, got {reader!r}")
+            name, axis = reader[0], reader[1]
+            rax = spec.axes.get(name)
+            if (
+                rax is None
+                or isinstance(axis, bool)
+                or not isinstance(axis, int)
+                or not 0 <= axis < len(rax)
+                or group not in axis_groups(rax[axis])
+            ):
+                raise SpecError(
+                    f"folds[{gain!r}]: reader {name!r} axis {axis} does not carry the gain's "
+                    f"group {group!r}"
+                )
+            pairs.append((name, axis))
+        if not pairs:
+            raise SpecError(f"folds[{gain!r}] lists no reader")
+        out[gain] = tuple(pairs)
     return out
 
 

@@ -1,0 +1,400 @@
+"""Which groups of a traced spec admit orthogonal maps, read off the model's graph and
+checked numerically.
+
+A permutation commutes with every elementwise operation; a rotation commutes only with
+linear ones. So a group of the permutation spec is orthogonal when nothing elementwise
+acts on it between the layers that write into it and those that read it — true of a
+transformer's residual stream (once each norm's gain is folded into the norm's readers)
+and of each attention head's query/key and value/output dimensions; false of an MLP's
+hidden units (its activation) and of head dimensions that rotary embeddings rotate.
+
+:func:`symmetry_kinds` finds the norms on the exported graph — ``layer_norm`` (mean-free:
+the map must fix the ones vector), ``rms_norm``, or a 1-D parameter multiplying a tensor
+(an RMSNorm written by hand) — and the linear maps that read each norm's output; a norm
+whose output reaches anything else (a residual add: post-LN) cannot be folded, and its
+group stays a permutation group. Every other condition is left to the check: with the
+gains folded, a random orthogonal map of the group alone (float64, eval mode, dropout off)
+must leave the model's outputs unchanged, or the group stays a permutation group and the
+report says why. A map the graph reading got wrong can shrink the symmetries found,
+never make them wrong.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import Tensor, fx, nn
+
+from lmckit.errors import SpecError
+from lmckit.functional import module_mode
+from lmckit.options import checked
+from lmckit.perm import PermutationSpec
+from lmckit.spec.trace import (
+    _check_trace_inputs,
+    _close,
+    _logits_if_any,
+    _quiet_torch_logs,
+    _run,
+    _takes_keyword,
+    _to_double,
+    _tolerance,
+)
+from lmckit.transform import (
+    Transform,
+    fold_norms,
+    haar_orthogonal,
+    head_matrix,
+    mean_free_basis,
+)
+
+__all__ = ["SymmetryReport", "symmetry_kinds"]
+
+aten = torch.ops.aten
+
+# ops a norm's output may pass through on its way to a reader without changing what a
+# fold means: casts, copies, reshapes that keep the last (feature) axis, dropout
+_PASS_THROUGH = {
+    aten.view.default,
+    aten.reshape.default,
+    aten._unsafe_view.default,
+    aten.clone.default,
+    aten.alias.default,
+    aten.contiguous.default,
+    aten.detach.default,
+    aten._to_copy.default,
+    aten.to.dtype,
+    aten.to.dtype_layout,
+    aten.to.device,
+    aten.dropout.default,
+}
+_LAYER_NORMS = {aten.layer_norm.default, aten.native_layer_norm.default}
+_RMS_NORMS = {getattr(aten, "rms_norm", None) and aten.rms_norm.default} - {None}
+
+
+@dataclass(frozen=True)
+class SymmetryReport:
+    """What :func:`symmetry_kinds` found.
+
+    Attributes:
+        spec: the input spec with ``kinds`` (orthogonal groups) and ``folds`` (the gains of
+            those groups' norms and their readers) set.
+        reasons: group -> why it stays a permutation group (groups of size 1 are left out).
+        norms: gain name -> ``"layer_norm"`` or ``"rms_norm"``.
+        seconds: time taken.
+    """
+
+    spec: PermutationSpec
+    reasons: Mapping[str, str] = field(default_factory=dict)
+    norms: Mapping[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def counts(self) -> dict[str, int]:
+        """Groups per kind."""
+        out: dict[str, int] = {}
+        for g in self.spec.groups:
+            kind = self.spec.kind(g)
+            out[kind] = out.get(kind, 0) + 1
+        return out
+
+    def __str__(self) -> str:
+        counts = ", ".join(f"{n} {kind}" for kind, n in self.counts().items())
+        lines = [f"symmetries: {counts} ({self.seconds:.1f} s)"]
+        for g in self.spec.groups:
+            kind = self.spec.kind(g)
+            if kind != "permutation":
+                lines.append(f"  {g} ({self.spec.groups[g]}): {kind}")
+        for g, why in self.reasons.items():
+            lines.append(f"  {g} ({self.spec.groups[g]}): permutation — {why}")
+        return "\n".join(lines)
+
+
+@checked
+def symmetry_kinds(
+    model: nn.Module,
+    example_inputs: Tensor | Sequence[Any],
+    spec: PermutationSpec,
+    *,
+    example_kwargs: Mapping[str, Any] | None = None,
+    outputs: Callable[[Any], Any] | None = None,
+    seed: int = 0,
+) -> SymmetryReport:
+    """The orthogonal symmetries of ``model`` beyond its permutation ``spec``.
+
+    Args:
+        model: the module ``spec`` was traced from (left unchanged).
+        example_inputs, example_kwargs, outputs: as for :func:`~lmckit.spec.trace`.
+        spec: its permutation spec (:func:`~lmckit.spec.trace`); groups keep their names.
+        seed: seeds the random orthogonal maps of the check.
+
+    Returns:
+        a :class:`SymmetryReport` whose ``spec`` says each group's kind and which norm
+        gains must be folded (:func:`lmckit.transform.fold_norms`) before a transform of
+        those groups is applied.
+
+    Raises:
+        SpecError: the model cannot be exported, or ``spec`` does not fit its state.
+    """
+    if not isinstance(model, nn.Module):
+        raise SpecError(f"symmetry_kinds() needs a torch.nn.Module, got {type(model).__name__}")
+    start = time.perf_counter()
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    spec.validate(state, what=f"{type(model).__name__}'s state_dict")
+    args = (example_inputs,) if isinstance(example_inputs, Tensor) else tuple(example_inputs)
+    kwargs = dict(example_kwargs or {})
+    if "use_cache" not in kwargs and _takes_keyword(model, "use_cache"):
+        kwargs["use_cache"] = False
+    args, kwargs = _check_trace_inputs(model, args, kwargs)
+    with module_mode(model, False), torch.no_grad(), _quiet_torch_logs():
+        try:
+            exported = torch.export.export(model, args, kwargs, strict=False)
+        except Exception as exc:  # export raises many types; all mean "cannot trace"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise SpecError(
+                f"torch.export could not trace {type(model).__name__}: "
+                f"{type(exc).__name__}: {first}"
+            ) from exc
+    found = _norms(exported, spec, _aliases(model))
+    select = outputs if outputs is not None else _logits_if_any
+    twin = copy.deepcopy(model).double()
+    args64, kwargs64 = _to_double((args, kwargs))
+    params = {k: v.detach() for k, v in twin.state_dict().items()}
+    rtol = _tolerance(exported, "float64")
+    reference = _run(twin, params, args64, kwargs64, False, select)
+    generator = torch.Generator().manual_seed(seed)
+
+    kinds: dict[str, str] = {}
+    folds: dict[str, tuple[tuple[str, int], ...]] = {}
+    reasons: dict[str, str] = {}
+    norms: dict[str, str] = {}
+    for g, n in spec.groups.items():
+        if n < 2:
+            continue
+        gains = {gain: info for gain, info in found.items() if spec.axes[gain][0] == g}
+        blocked = next((info.why for info in gains.values() if info.why), None)
+        if blocked is not None:
+            reasons[g] = blocked
+            continue
+        candidate_folds = {gain: info.readers for gain, info in gains.items()}
+        layer_norm = any(info.kind == "layer_norm" for info in gains.values())
+        tries = ["orthogonal"] if g in spec.heads or not layer_norm else []
+        if g not in spec.heads and n > 2:  # (with two units it fixes, it is a permutation)
+            tries.append("orthogonal-mean-free")
+        why, chosen = "no orthogonal map of it keeps the outputs", None
+        for kind in tries:
+            trial = replace(spec, kinds={**kinds, g: kind}, folds={**folds, **candidate_folds})
+            folded = fold_norms(trial, params)
+            if not _close(reference, _run(twin, folded, args64, kwargs64, False, select), rtol):
+                why = "folding its norm gains changes the outputs"
+                break
+            transform = Transform.identity(trial).replace(
+                **{g: _random_map(trial, g, kind, generator)}
+            )
+            moved = transform.apply(folded)
+            if _close(reference, _run(twin, moved, args64, kwargs64, False, select), rtol):
+                chosen = kind
+                break
+            why = (
+                "a random orthogonal map of it changes the outputs (an elementwise op acts "
+                "on it: an activation, a gating product, rotary embeddings)"
+            )
+        if chosen is None:
+            reasons[g] = why
+            continue
+        kinds[g] = chosen
+        folds.update(candidate_folds)
+        norms.update({gain: info.kind for gain, info in gains.items()})
+    return SymmetryReport(
+        spec=replace(spec, kinds=kinds, folds=folds),
+        reasons=reasons,
+        norms=norms,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _random_map(spec: PermutationSpec, group: str, kind: str, generator) -> Tensor:
+    """A random matrix of ``kind`` for ``group`` alone (heads kept in place: a tie's other
+    groups stay at the identity)."""
+    n = spec.groups[group]
+    if group in spec.heads:
+        heads = spec.heads[group][1]
+        blocks = [haar_orthogonal(n // heads, generator) for _ in range(heads)]
+        return head_matrix(torch.arange(heads), blocks)
+    if kind == "orthogonal":
+        return haar_orthogonal(n, generator)
+    basis = mean_free_basis(n)
+    rotation = torch.eye(n, dtype=torch.float64)
+    rotation[1:, 1:] = haar_orthogonal(n - 1, generator)
+    return basis @ rotation @ basis.T
+
+
+@dataclass
+class _Gain:
+    kind: str  # "layer_norm" or "rms_norm"
+    readers: tuple[tuple[str, int], ...] = ()
+    why: str | None = None  # why it cannot be folded
+
+
+def _aliases(model: nn.Module) -> dict[str, list[str]]:
+    """State names sharing one tensor (tied weights), each name -> all of its names."""
+    by_id: dict[int, list[str]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        by_id.setdefault(id(t), []).append(name)
+    return {name: names for names in by_id.values() for name in names if len(names) > 1}
+
+
+def _norms(exported, spec: PermutationSpec, aliases: Mapping[str, list[str]]) -> dict[str, _Gain]:
+    """Every norm gain of the graph that lives on a group of ``spec``, with its readers
+    (or why it cannot be folded)."""
+    signature = exported.graph_signature
+    names = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
+    out: dict[str, _Gain] = {}
+
+    def state_name(node: Any) -> str | None:
+        while isinstance(node, fx.Node) and node.target in (
+            aten._to_copy.default,
+            aten.to.dtype,
+            aten.alias.default,
+        ):
+            node = node.args[0]
+        if isinstance(node, fx.Node) and node.op == "placeholder":
+            return names.get(node.name)
+        return None
+
+    for node in exported.graph.nodes:
+        if node.op != "call_function":
+            continue
+        gain, kind, norm_out = None, "", node
+        if node.target in _LAYER_NORMS and len(node.args) > 2:
+            gain, kind = state_name(node.args[2]), "layer_norm"
+            if node.target == aten.native_layer_norm.default:
+                norm_out = next(
+                    (u for u in node.users if u.target.__name__ == "getitem" and u.args[1] == 0),
+                    node,
+                )
+        elif node.target in _RMS_NORMS and len(node.args) > 2:
+            gain, kind = state_name(node.args[2]), "rms_norm"
+        elif node.target == aten.mul.Tensor:
+            for i, a in enumerate(node.args[:2]):
+                name = state_name(a)
+                other = node.args[1 - i]
+                if name is not None and isinstance(other, fx.Node) and _is_gain(name, spec):
+                    gain, kind = name, "rms_norm"
+        if gain is None or not _is_gain(gain, spec):
+            continue
+        info = _Gain(kind)
+        if gain in out:
+            info.why = f"the gain {gain!r} is used by two norms"
+        else:
+            readers, why = _readers(norm_out, names, spec, spec.axes[gain][0])
+            info.readers, info.why = tuple(readers), why
+            tied = [r for r, _ in readers if r in aliases]
+            if why is None and tied:
+                others = [a for a in aliases[tied[0]] if a != tied[0]]
+                info.why = (
+                    f"the gain {gain!r} is read by {tied[0]!r}, tied to {others[0]!r}: folding "
+                    "it would untie them (untie the weights to rotate this group)"
+                )
+        out[gain] = info
+    return out
+
+
+def _is_gain(name: str, spec: PermutationSpec) -> bool:
+    ax = spec.axes.get(name)
+    return ax is not None and len(ax) == 1 and isinstance(ax[0], str)
+
+
+def _readers(
+    norm_out: fx.Node, names: Mapping[str, str], spec: PermutationSpec, group: str
+) -> tuple[list[tuple[str, int]], str | None]:
+    """The ``(tensor, axis)`` pairs of the linear maps that read ``norm_out`` (through
+    casts and reshapes), or why it reaches something else."""
+    readers: list[tuple[str, int]] = []
+    todo, seen = [norm_out], set()
+    while todo:
+        node = todo.pop()
+        for user in node.users:
+            if user in seen:
+                continue
+            seen.add(user)
+            if (
+                user.args
+                and user.args[0] is node
+                and (user.target in _PASS_THROUGH or _keeps_features(user))
+            ):
+                todo.append(user)
+                continue
+            reader = _reader_of(user, node, names)
+            if reader is None:
+                return [], (
+                    f"its norm's output reaches {user.target} directly (not only linear "
+                    "layers, e.g. post-LN), so the norm's gain cannot be folded"
+                )
+            name, axis = reader
+            if (
+                name not in spec.axes
+                or spec.axes[name][axis] is None
+                or group
+                not in (
+                    spec.axes[name][axis]
+                    if isinstance(spec.axes[name][axis], tuple)
+                    else (spec.axes[name][axis],)
+                )
+            ):
+                return [], f"its norm is read by {name!r} on an axis outside the group"
+            readers.append(reader)
+    if not readers:
+        return [], "its norm's output is read by no linear layer"
+    return list(dict.fromkeys(readers)), None
+
+
+def _keeps_features(node: fx.Node) -> bool:
+    """Whether ``node`` selects, slices or averages over axes other than the last (the
+    norm's features): a class token's row, a mean over tokens."""
+    shape = getattr(node.args[0].meta.get("val"), "shape", None)
+    if shape is None:
+        return False
+    last = len(shape) - 1
+    if node.target in (aten.select.int, aten.slice.Tensor):
+        dim = node.args[1] if len(node.args) > 1 else 0
+        return dim % len(shape) != last
+    if node.target in (aten.mean.dim, aten.sum.dim_IntList):
+        dims = node.args[1] if len(node.args) > 1 else None
+        return dims is not None and all(d % len(shape) != last for d in dims)
+    return False
+
+
+def _reader_of(user: fx.Node, source: fx.Node, names: Mapping[str, str]):
+    """``(weight name, contracted axis)`` if ``user`` is a linear map of ``source``."""
+    target, args = user.target, user.args
+    if target == aten.linear.default and args[0] is source:
+        return _weight(args[1], names, contracted=1)
+    if target == aten.addmm.default and len(args) > 2 and args[1] is source:
+        return _weight(args[2], names, contracted=0)
+    if target in (aten.mm.default, aten.matmul.default) and args[0] is source:
+        return _weight(args[1], names, contracted=0)
+    return None
+
+
+def _weight(node: Any, names: Mapping[str, str], contracted: int):
+    """The parameter behind a 2-D weight operand (through transposes and casts) and which
+    of its axes the product contracts."""
+    flips = 0
+    while isinstance(node, fx.Node) and node.op == "call_function":
+        if node.target in (aten.t.default, aten.transpose.int) or (
+            node.target == aten.permute.default and list(node.args[1]) == [1, 0]
+        ):
+            flips += 1
+        elif node.target not in (aten._to_copy.default, aten.to.dtype, aten.alias.default):
+            return None
+        node = node.args[0]
+    if not isinstance(node, fx.Node) or node.op != "placeholder" or node.name not in names:
+        return None
+    meta = node.meta.get("val")
+    if not isinstance(meta, Tensor) or meta.ndim != 2:
+        return None
+    return names[node.name], contracted if flips % 2 == 0 else 1 - contracted

@@ -1,0 +1,479 @@
+"""Symmetries beyond permutations: orthogonal maps of groups, and norm-gain folding.
+
+A :class:`Transform` holds, for every group of a :class:`~lmckit.perm.PermutationSpec`,
+either an index vector (a permutation, the convention of :mod:`lmckit.perm`) or an
+``n × n`` matrix ``M`` of the group's kind (``spec.kinds``). A matrix acts on every axis
+of its group alike::
+
+    aligned_rows = M @ B_rows          # rows as perm.unit_rows lays them out
+
+so a permutation ``p`` is the matrix with ``M[i, p[i]] = 1``. Because ``M`` is orthogonal
+(``M⁻ᵀ = M``), a layer that writes into the group (its output rows) and a layer that reads
+from it (its input columns) transform alike, and the network's function is unchanged —
+provided nothing elementwise acts on the group between a writer and a reader. Norms do:
+
+* **RMSNorm** ``n(x) = x / rms(x)`` commutes with any orthogonal ``M`` (``rms(Mx) =
+  rms(x)``), but its elementwise gain ``g ⊙ n(x)`` does not. :func:`fold_norms` multiplies
+  each gain into the linear maps that read the norm (``W ← W diag(g)``) and sets it to
+  ones; a transform then leaves the folded gains alone (and refuses unfolded ones).
+* **LayerNorm** first subtracts the mean, ``x − (1ᵀx/d) 1``: that commutes with ``M``
+  exactly when ``M 1 = 1`` — an orthogonal map of the mean-free subspace, the kind
+  ``"orthogonal-mean-free"`` (SliceGPT's observation, without changing the architecture).
+  A norm's bias is a vector in the group's space and moves like any other: ``β ← M β``.
+* **Attention heads** (head-structured groups): ``q·k`` is unchanged by one orthogonal map
+  of each head's query and key dimensions, and ``softmax(·) v`` followed by the output
+  projection by one of each head's value dimensions and the output projection's inputs.
+  The matrix of such a group is block-permutation: block ``(i, π(i))`` is head ``i``'s
+  ``d × d`` orthogonal ``Q_i``.
+
+:func:`lmckit.spec.symmetry_kinds` decides each group's kind from the model's graph and
+checks it numerically; tests hold every kind to float64 function preservation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import torch
+from torch import Tensor
+
+from lmckit.errors import PermutationError
+from lmckit.params import Params
+from lmckit.perm import (
+    Permutation,
+    PermutationSpec,
+    axis_groups,
+    group_rows,
+    join_heads,
+    permute_spec_axis,
+    put_group_rows,
+    random_index_vectors,
+    split_heads,
+)
+
+__all__ = [
+    "Transform",
+    "fold_norms",
+    "haar_orthogonal",
+    "mean_free_basis",
+    "unfold_norms",
+]
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    return 1e-9 if dtype == torch.float64 else 1e-4
+
+
+class Transform:
+    """One map per group of a spec: an index vector (permutation) or an ``n × n`` matrix
+    of the group's kind.
+
+    ``transform.apply(params_b)`` is ``T(θ_B)``; the module docstring states the convention.
+    Matrices are checked on construction: orthogonal (to 1e-9 in float64), fixing the
+    ones vector for ``"orthogonal-mean-free"`` groups, block-permutation per head for
+    head-structured groups (groups of one head tie share the head permutation).
+
+    Raises:
+        PermutationError: a matrix for a ``"permutation"`` group, a matrix of the wrong
+            shape or not orthogonal, or an index vector that is not a permutation.
+    """
+
+    __slots__ = ("_maps", "spec")
+
+    def __init__(self, spec: PermutationSpec, maps: Mapping[str, Tensor]) -> None:
+        if set(maps) != set(spec.groups):
+            missing = sorted(set(spec.groups) - set(maps))
+            extra = sorted(set(maps) - set(spec.groups))
+            raise PermutationError(
+                f"transform groups do not match the spec: missing {missing}, unknown {extra}"
+            )
+        index = {g: m for g, m in maps.items() if torch.as_tensor(m).ndim == 1}
+        matrices = {g: torch.as_tensor(m) for g, m in maps.items() if g not in index}
+        checked: dict[str, Tensor] = {}
+        for g, m in matrices.items():
+            n, kind = spec.groups[g], spec.kind(g)
+            if kind == "permutation":
+                raise PermutationError(
+                    f"group {g!r} is a permutation group: give it an index vector, not a "
+                    "matrix (spec.kinds says which groups admit orthogonal maps)"
+                )
+            if m.shape != (n, n) or not m.dtype.is_floating_point:
+                raise PermutationError(
+                    f"group {g!r}: expected a floating {n}×{n} matrix, got {m.dtype} "
+                    f"{tuple(m.shape)}"
+                )
+            if not torch.isfinite(m).all():
+                raise PermutationError(f"group {g!r}: the matrix has NaN or infinite entries")
+            m64 = m.detach().to("cpu", torch.float64)
+            error = (m64 @ m64.T - torch.eye(n, dtype=torch.float64)).abs().max().item()
+            if error > _tolerance(m.dtype) * max(1.0, math.sqrt(n)):
+                raise PermutationError(
+                    f"group {g!r} is {kind}: its matrix is not orthogonal (|M Mᵀ − I| = "
+                    f"{error:.2e})"
+                )
+            if kind == "orthogonal-mean-free":
+                drift = (m64.sum(1) - 1).abs().max().item()
+                if drift > _tolerance(m.dtype) * max(1.0, math.sqrt(n)):
+                    raise PermutationError(
+                        f"group {g!r} is orthogonal-mean-free (a LayerNorm's stream): its "
+                        f"matrix must fix the all-ones vector (|M 1 − 1| = {drift:.2e})"
+                    )
+            checked[g] = m.detach().to("cpu")
+        # a permutation of the spec checks the index vectors and that the groups of a head
+        # tie move the heads alike (a matrix group stands in by its head permutation)
+        stand_ins = {g: _head_permutation(spec, g, m) for g, m in checked.items()}
+        perms = Permutation(spec, {**index, **stand_ins})
+        checked.update({g: perms[g] for g in index})
+        self.spec = spec
+        self._maps = MappingProxyType(checked)
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def identity(cls, spec: PermutationSpec) -> Transform:
+        """The transform that changes nothing (index vectors ``arange(n)``)."""
+        return cls(spec, {g: torch.arange(n) for g, n in spec.groups.items()})
+
+    @classmethod
+    def from_permutation(cls, perm: Permutation) -> Transform:
+        """``perm`` as a transform (every group an index vector)."""
+        return cls(perm.spec, dict(perm.items()))
+
+    @classmethod
+    def random(
+        cls,
+        spec: PermutationSpec,
+        generator: torch.Generator | int | None = None,
+        *,
+        dtype: torch.dtype = torch.float64,
+    ) -> Transform:
+        """A random element of the spec's symmetry group: Haar-random orthogonal matrices
+        for groups of an orthogonal kind (per head, after a uniform head permutation, for
+        head-structured groups), uniform permutations elsewhere. Seeded by ``generator``
+        (a CPU generator or an integer), drawn in the spec's group order."""
+        if isinstance(generator, int):
+            generator = torch.Generator().manual_seed(generator)
+        perms = random_index_vectors(spec, generator, moving=True)
+        maps: dict[str, Tensor] = {}
+        for g, n in spec.groups.items():
+            kind = spec.kind(g)
+            if kind == "permutation":
+                maps[g] = perms[g]
+            elif g in spec.heads:
+                heads = spec.heads[g][1]
+                outer = split_heads(perms[g], heads)
+                assert outer is not None
+                blocks = [haar_orthogonal(n // heads, generator, dtype) for _ in range(heads)]
+                maps[g] = head_matrix(outer[0], blocks)
+            elif kind == "orthogonal":
+                maps[g] = haar_orthogonal(n, generator, dtype)
+            else:  # orthogonal-mean-free
+                basis = mean_free_basis(n, dtype)
+                inner = haar_orthogonal(n - 1, generator, dtype) if n > 1 else basis[:, :0]
+                rotation = torch.eye(n, dtype=dtype)
+                rotation[1:, 1:] = inner
+                maps[g] = basis @ rotation @ basis.T
+        return cls(spec, maps)
+
+    # -- access ----------------------------------------------------------------------------
+    def __getitem__(self, group: str) -> Tensor:
+        return self._maps[group]
+
+    def __iter__(self):
+        return iter(self._maps)
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+    def items(self):
+        """``(group, index vector or matrix)`` pairs."""
+        return self._maps.items()
+
+    def is_matrix(self, group: str) -> bool:
+        """Whether ``group`` holds a matrix (otherwise an index vector)."""
+        return self._maps[group].ndim == 2
+
+    def matrix(self, group: str, dtype: torch.dtype = torch.float64) -> Tensor:
+        """``group``'s map as an ``n × n`` matrix (a permutation's ``M[i, p[i]] = 1``)."""
+        m = self._maps[group]
+        if m.ndim == 2:
+            return m.to(dtype)
+        n = m.numel()
+        out = torch.zeros(n, n, dtype=dtype)
+        out[torch.arange(n), m] = 1
+        return out
+
+    def is_permutation(self) -> bool:
+        """Whether every group holds an index vector."""
+        return all(m.ndim == 1 for m in self._maps.values())
+
+    def to_permutation(self) -> Permutation:
+        """The transform as a :class:`~lmckit.perm.Permutation` (every group an index
+        vector; raises otherwise)."""
+        matrices = [g for g, m in self._maps.items() if m.ndim == 2]
+        if matrices:
+            raise PermutationError(
+                f"groups {matrices[:4]} hold orthogonal matrices, not permutations"
+            )
+        return Permutation(self.spec, dict(self._maps))
+
+    def replace(self, **groups: Tensor) -> Transform:
+        """A copy with the given groups' maps replaced."""
+        return Transform(self.spec, {**self._maps, **groups})
+
+    def to_dict(self) -> dict[str, list]:
+        """JSON-ready ``{group: [indices] | [[row], …]}``."""
+        return {g: m.tolist() for g, m in self._maps.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, list], spec: PermutationSpec) -> Transform:
+        """Inverse of :meth:`to_dict` (validated against ``spec``)."""
+        if not isinstance(data, Mapping):
+            raise PermutationError(
+                f"expected a mapping group -> index list or matrix, got {type(data).__name__}"
+            )
+        maps: dict[str, Tensor] = {}
+        for g, values in data.items():
+            if not isinstance(values, list) or not values:
+                raise PermutationError(f"group {g!r}: expected a non-empty list")
+            if isinstance(values[0], list):
+                try:
+                    maps[g] = torch.tensor(values, dtype=torch.float64)
+                except (TypeError, ValueError) as exc:
+                    raise PermutationError(
+                        f"group {g!r}: not a matrix of numbers ({exc})"
+                    ) from None
+            else:
+                maps[g] = _index_list(g, values)
+        return cls(spec, maps)
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(
+            f"{g}:{m.shape[0]}{'×' + str(m.shape[1]) if m.ndim == 2 else ''}"
+            for g, m in self._maps.items()
+        )
+        return f"Transform({sizes})"
+
+    # -- algebra ---------------------------------------------------------------------------
+    def inverse(self) -> Transform:
+        """The transform ``U`` with ``U.apply(self.apply(x)) == x`` (``Mᵀ`` for matrices)."""
+        return Transform(
+            self.spec,
+            {g: (m.T.contiguous() if m.ndim == 2 else torch.argsort(m)) for g, m in self.items()},
+        )
+
+    def compose(self, inner: Transform | Permutation) -> Transform:
+        """``self ∘ inner``: applying the result equals ``self.apply(inner.apply(x))``
+        (matrices multiply, ``M_self M_inner``; index vectors compose as in
+        :meth:`Permutation.compose`)."""
+        if isinstance(inner, Permutation):
+            inner = Transform.from_permutation(inner)
+        if inner.spec.groups != self.spec.groups:
+            raise PermutationError("cannot compose transforms of different specs")
+        out: dict[str, Tensor] = {}
+        for g, m in self._maps.items():
+            other = inner._maps[g]
+            if m.ndim == 1 and other.ndim == 1:
+                out[g] = other[m]
+            else:
+                dtype = m.dtype if m.ndim == 2 else other.dtype
+                out[g] = self.matrix(g, dtype) @ inner.matrix(g, dtype)
+        return Transform(self.spec, out)
+
+    # -- action on parameters --------------------------------------------------------------
+    def apply(self, params: Params) -> dict[str, Tensor]:
+        """``T(params)``: every tensor with every group's map applied on its axes (validated
+        against the spec). Gains in ``spec.folds`` of groups holding a matrix must be folded
+        (all ones, :func:`fold_norms`) and are left as they are.
+
+        Returns a new dict of new tensors; the inputs are left untouched.
+
+        Raises:
+            PermutationError: an unfolded gain on a group that holds a matrix.
+        """
+        self.spec.validate(params)
+        out: dict[str, Tensor] = {}
+        for name, t in params.items():
+            moved = transform_tensor(t, self, name)
+            out[name] = moved if moved is not t else t.clone()
+        return out
+
+    def distance(self, reference: Params, params: Params) -> float:
+        """``‖reference − T(params)‖`` over the floating tensors, one tensor at a time."""
+        from lmckit.params import check_params_compatible, floating_names, squared_distance
+
+        check_params_compatible(reference, params)
+        total = 0.0
+        for name in floating_names(reference):
+            total += squared_distance(reference[name], transform_tensor(params[name], self, name))
+        return math.sqrt(total)
+
+
+def transform_tensor(t: Tensor, transform: Transform, name: str) -> Tensor:
+    """``t`` (the tensor ``name``) with every group of ``transform`` applied on its axes;
+    ``t`` itself where no group acts on it. A folded gain of a matrix group is checked to
+    be ones and returned as it is."""
+    spec = transform.spec
+    if name in spec.folds and transform.is_matrix(spec.gain_group(name)):
+        if not bool((t == 1).all()):
+            raise PermutationError(
+                f"{name!r} is a norm gain of group {spec.gain_group(name)!r}, which this "
+                "transform rotates: fold it first (lmckit.transform.fold_norms), since an "
+                "elementwise gain does not commute with a rotation"
+            )
+        return t
+    perms: dict[str, Tensor] = {}
+    for axis, entry in enumerate(spec.axes[name]):
+        for g in axis_groups(entry):
+            m = transform[g]
+            if m.ndim == 2:
+                rows = group_rows(spec, name, axis, g, t)
+                t = put_group_rows(spec, name, axis, g, t, m.to(t.device, t.dtype) @ rows)
+                perms[g] = torch.arange(spec.groups[g])
+            else:
+                perms[g] = m
+        if axis_groups(entry):
+            t = permute_spec_axis(t, spec, name, axis, perms)
+    return t
+
+
+def head_matrix(outer: Tensor, blocks: list[Tensor]) -> Tensor:
+    """The ``h·d × h·d`` matrix whose block ``(i, outer[i])`` is ``blocks[i]`` (``d × d``):
+    head ``i`` of the result is head ``outer[i]`` of the input, rotated by ``blocks[i]``."""
+    h, d = len(blocks), blocks[0].shape[0]
+    out = blocks[0].new_zeros(h * d, h * d)
+    for i, block in enumerate(blocks):
+        j = int(outer[i])
+        out[i * d : (i + 1) * d, j * d : (j + 1) * d] = block
+    return out
+
+
+def head_blocks(matrix: Tensor, heads: int) -> tuple[Tensor, list[Tensor]] | None:
+    """Inverse of :func:`head_matrix`: ``(outer, blocks)``, or None if ``matrix`` is not
+    block-permutation with ``heads`` blocks."""
+    d = matrix.shape[0] // heads
+    norms = matrix.reshape(heads, d, heads, d).abs().sum((1, 3))
+    outer = norms.argmax(1)
+    if not torch.equal(torch.sort(outer).values, torch.arange(heads)):
+        return None
+    mask = torch.ones_like(norms, dtype=torch.bool)
+    mask[torch.arange(heads), outer] = False
+    if bool((norms[mask] > 0).any()):
+        return None
+    blocks = [
+        matrix[i * d : (i + 1) * d, int(outer[i]) * d : (int(outer[i]) + 1) * d]
+        for i in range(heads)
+    ]
+    return outer, blocks
+
+
+def _head_permutation(spec: PermutationSpec, group: str, matrix: Tensor) -> Tensor:
+    """The index vector that moves ``group``'s heads as ``matrix`` does and keeps each
+    head's dimensions in place (``arange`` for a group without heads)."""
+    n = spec.groups[group]
+    if group not in spec.heads:
+        return torch.arange(n)
+    heads = spec.heads[group][1]
+    parts = head_blocks(matrix, heads)
+    if parts is None:
+        raise PermutationError(
+            f"group {group!r} is head-structured ({heads} heads): its matrix mixes dimensions "
+            "of different heads"
+        )
+    d = n // heads
+    return join_heads(parts[0], torch.arange(d).expand(heads, d))
+
+
+def _index_list(group: str, values: list) -> Tensor:
+    bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, int)), None)
+    if bad is not None:
+        raise PermutationError(f"group {group!r}: indices must be integers, found {bad!r}")
+    return torch.tensor(values, dtype=torch.long)
+
+
+def haar_orthogonal(
+    n: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64
+) -> Tensor:
+    """A Haar-random ``n × n`` orthogonal matrix (QR of a Gaussian matrix, signs fixed so
+    that the distribution is uniform — Mezzadri 2007)."""
+    gaussian = torch.randn(n, n, generator=generator, dtype=torch.float64)
+    q, r = torch.linalg.qr(gaussian)
+    signs = torch.sign(torch.diagonal(r))
+    signs[signs == 0] = 1
+    return (q * signs).to(dtype)
+
+
+def mean_free_basis(n: int, dtype: torch.dtype = torch.float64) -> Tensor:
+    """An orthonormal basis of ``R^n`` (columns) whose first vector is ``1/√n``: the
+    others span the mean-free subspace. A Householder reflection of ``e_1`` onto ``1/√n``,
+    so it is exact and deterministic."""
+    ones = torch.full((n,), 1 / math.sqrt(n), dtype=torch.float64)
+    v = ones.clone()
+    v[0] -= 1
+    norm = v.norm()
+    if norm.item() == 0:
+        return torch.eye(n, dtype=dtype)
+    v = v / norm
+    return (torch.eye(n, dtype=torch.float64) - 2 * torch.outer(v, v)).to(dtype)
+
+
+def fold_norms(spec: PermutationSpec, params: Params) -> dict[str, Tensor]:
+    """``params`` with every gain of ``spec.folds`` multiplied into its readers and set to
+    ones: ``W ← W diag(g)`` on each reader's axis — the same function, since each reader
+    sees ``W (g ⊙ n(x)) = (W diag(g)) n(x)``.
+
+    Returns a new dict (tensors the fold does not touch are shared, not copied).
+
+    Raises:
+        PermutationError: a reader named by two gains on one axis (the folds would
+            compound; the spec is wrong).
+    """
+    spec.validate(params)
+    out = dict(params)
+    seen: dict[tuple[str, int], str] = {}
+    for gain, readers in spec.folds.items():
+        group = spec.gain_group(gain)
+        g = params[gain]
+        for name, axis in readers:
+            if (name, axis) in seen:
+                raise PermutationError(
+                    f"{name!r} axis {axis} reads both {seen[name, axis]!r} and {gain!r}"
+                )
+            seen[name, axis] = gain
+            t = out[name]
+            rows = group_rows(spec, name, axis, group, t)
+            out[name] = put_group_rows(spec, name, axis, group, t, rows * g.to(t.dtype)[:, None])
+        out[gain] = torch.ones_like(g)
+    return out
+
+
+def unfold_norms(
+    spec: PermutationSpec, params: Params, gains: Mapping[str, Tensor]
+) -> dict[str, Tensor]:
+    """Inverse of :func:`fold_norms`: put ``gains`` back (``{gain name: g}``, e.g. model
+    A's own) and divide them out of their readers, ``W ← W diag(g)⁻¹`` — the same
+    function in the original layout (gains not ones), for users who load the result into
+    code that expects trained gains. ``params`` must hold folded (all-ones) gains.
+
+    Raises:
+        PermutationError: a gain of ``gains`` not in ``spec.folds``, a zero entry (cannot
+            be divided out), or a gain in ``params`` that is not folded.
+    """
+    spec.validate(params)
+    unknown = sorted(set(gains) - set(spec.folds))
+    if unknown:
+        raise PermutationError(f"gains {unknown[:4]} are not foldable gains of the spec")
+    out = dict(params)
+    for gain, g in gains.items():
+        if not bool((params[gain] == 1).all()):
+            raise PermutationError(f"{gain!r} is not folded (not all ones); nothing to unfold")
+        if bool((g == 0).any()):
+            raise PermutationError(f"{gain!r} has zero entries, which cannot be divided out")
+        group = spec.gain_group(gain)
+        for name, axis in spec.folds[gain]:
+            t = out[name]
+            rows = group_rows(spec, name, axis, group, t)
+            out[name] = put_group_rows(spec, name, axis, group, t, rows / g.to(t.dtype)[:, None])
+        out[gain] = g.detach().clone().to(params[gain].dtype)
+    return out
