@@ -108,6 +108,9 @@ class PermutationSpec:
             linear maps only. An elementwise gain does not commute with a rotation, so
             :func:`lmckit.transform.fold_norms` multiplies it into those readers and sets it
             to ones; a matrix transform of a group then leaves its (folded) gains alone.
+        norm_biases: folded gain name -> the bias its norm adds after the gain
+            (``g ⊙ n(x) + β``); folding divides it by the gain (``β ← β / g``) so that the
+            norm's output is the same vector before the readers.
 
     Raises:
         SpecError: a group is used by no axis, has a non-positive size, is named on an axis
@@ -122,6 +125,7 @@ class PermutationSpec:
     heads: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     kinds: Mapping[str, str] = field(default_factory=dict)
     folds: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    norm_biases: Mapping[str, str] = field(default_factory=dict)
     _group_axes: Mapping[str, tuple[tuple[str, int], ...]] = field(
         init=False, repr=False, compare=False
     )
@@ -189,6 +193,14 @@ class PermutationSpec:
             self, "_group_axes", MappingProxyType({g: tuple(v) for g, v in group_axes.items()})
         )
         object.__setattr__(self, "folds", MappingProxyType(_check_folds(self)))
+        biases = dict(self.norm_biases)
+        for gain, bias in biases.items():
+            if gain not in self.folds or self.axes.get(bias) != self.axes[gain]:
+                raise SpecError(
+                    f"norm_biases[{gain!r}] = {bias!r}: expected a folded gain and a bias on "
+                    "the same group"
+                )
+        object.__setattr__(self, "norm_biases", MappingProxyType(biases))
 
     def group_axes(self, group: str) -> tuple[tuple[str, int], ...]:
         """The ``(parameter name, axis)`` pairs that ``group`` permutes."""
@@ -277,6 +289,11 @@ class PermutationSpec:
                 for k, v in self.folds.items()
                 if k in names and (kept := tuple(r for r in v if r[0] in names))
             },
+            norm_biases={
+                k: v
+                for k, v in self.norm_biases.items()
+                if k in names and v in names and any(r[0] in names for r in self.folds[k])
+            },
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -297,6 +314,7 @@ class PermutationSpec:
                 if self.folds
                 else {}
             ),
+            **({"norm_biases": dict(self.norm_biases)} if self.norm_biases else {}),
         }
 
     def validate(self, params: Params, *, what: str = "params") -> None:

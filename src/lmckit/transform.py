@@ -420,14 +420,16 @@ def mean_free_basis(n: int, dtype: torch.dtype = torch.float64) -> Tensor:
 
 def fold_norms(spec: PermutationSpec, params: Params) -> dict[str, Tensor]:
     """``params`` with every gain of ``spec.folds`` multiplied into its readers and set to
-    ones: ``W ← W diag(g)`` on each reader's axis — the same function, since each reader
-    sees ``W (g ⊙ n(x)) = (W diag(g)) n(x)``.
+    ones: ``W ← W diag(g)`` on each reader's axis and the norm's bias (``spec.norm_biases``)
+    ``β ← β / g`` — the same function, since each reader sees ``W (g ⊙ n(x) + β) =
+    (W diag(g)) (n(x) + β / g)``.
 
     Returns a new dict (tensors the fold does not touch are shared, not copied).
 
     Raises:
         PermutationError: a reader named by two gains on one axis (the folds would
-            compound; the spec is wrong).
+            compound; the spec is wrong), or a gain with a zero entry beside a bias (the
+            bias cannot be divided by it).
     """
     spec.validate(params)
     out = dict(params)
@@ -444,6 +446,14 @@ def fold_norms(spec: PermutationSpec, params: Params) -> dict[str, Tensor]:
             t = out[name]
             rows = group_rows(spec, name, axis, group, t)
             out[name] = put_group_rows(spec, name, axis, group, t, rows * g.to(t.dtype)[:, None])
+        bias = spec.norm_biases.get(gain)
+        if bias is not None:
+            if bool((g == 0).any()):
+                raise PermutationError(
+                    f"{gain!r} has zero entries: its norm's bias {bias!r} cannot be divided "
+                    "by it, so the gain cannot be folded"
+                )
+            out[bias] = params[bias] / g.to(params[bias].dtype)
         out[gain] = torch.ones_like(g)
     return out
 
@@ -452,7 +462,8 @@ def unfold_norms(
     spec: PermutationSpec, params: Params, gains: Mapping[str, Tensor]
 ) -> dict[str, Tensor]:
     """Inverse of :func:`fold_norms`: put ``gains`` back (``{gain name: g}``, e.g. model
-    A's own) and divide them out of their readers, ``W ← W diag(g)⁻¹`` — the same
+    A's own) and divide them out of their readers, ``W ← W diag(g)⁻¹`` (and ``β ← β ⊙ g``
+    for the norm's bias) — the same
     function in the original layout (gains not ones), for users who load the result into
     code that expects trained gains. ``params`` must hold folded (all-ones) gains.
 
@@ -475,5 +486,8 @@ def unfold_norms(
             t = out[name]
             rows = group_rows(spec, name, axis, group, t)
             out[name] = put_group_rows(spec, name, axis, group, t, rows / g.to(t.dtype)[:, None])
+        bias = spec.norm_biases.get(gain)
+        if bias is not None:
+            out[bias] = params[bias] * g.to(params[bias].dtype)
         out[gain] = g.detach().clone().to(params[gain].dtype)
     return out

@@ -169,6 +169,7 @@ def symmetry_kinds(
 
     kinds: dict[str, str] = {}
     folds: dict[str, tuple[tuple[str, int], ...]] = {}
+    biases: dict[str, str] = {}
     reasons: dict[str, str] = {}
     norms: dict[str, str] = {}
     for g, n in spec.groups.items():
@@ -180,13 +181,19 @@ def symmetry_kinds(
             reasons[g] = blocked
             continue
         candidate_folds = {gain: info.readers for gain, info in gains.items()}
+        candidate_biases = {gain: info.bias for gain, info in gains.items() if info.bias}
         layer_norm = any(info.kind == "layer_norm" for info in gains.values())
         tries = ["orthogonal"] if g in spec.heads or not layer_norm else []
         if g not in spec.heads and n > 2:  # (with two units it fixes, it is a permutation)
             tries.append("orthogonal-mean-free")
         why, chosen = "no orthogonal map of it keeps the outputs", None
         for kind in tries:
-            trial = replace(spec, kinds={**kinds, g: kind}, folds={**folds, **candidate_folds})
+            trial = replace(
+                spec,
+                kinds={**kinds, g: kind},
+                folds={**folds, **candidate_folds},
+                norm_biases={**biases, **candidate_biases},
+            )
             folded = fold_norms(trial, params)
             if not _close(reference, _run(twin, folded, args64, kwargs64, False, select), rtol):
                 why = "folding its norm gains changes the outputs"
@@ -207,9 +214,10 @@ def symmetry_kinds(
             continue
         kinds[g] = chosen
         folds.update(candidate_folds)
+        biases.update(candidate_biases)
         norms.update({gain: info.kind for gain, info in gains.items()})
     return SymmetryReport(
-        spec=replace(spec, kinds=kinds, folds=folds),
+        spec=replace(spec, kinds=kinds, folds=folds, norm_biases=biases),
         reasons=reasons,
         norms=norms,
         seconds=time.perf_counter() - start,
@@ -235,6 +243,7 @@ def _random_map(spec: PermutationSpec, group: str, kind: str, generator) -> Tens
 @dataclass
 class _Gain:
     kind: str  # "layer_norm" or "rms_norm"
+    bias: str | None = None  # the norm's bias, added after the gain
     readers: tuple[tuple[str, int], ...] = ()
     why: str | None = None  # why it cannot be folded
 
@@ -268,9 +277,10 @@ def _norms(exported, spec: PermutationSpec, aliases: Mapping[str, list[str]]) ->
     for node in exported.graph.nodes:
         if node.op != "call_function":
             continue
-        gain, kind, norm_out = None, "", node
+        gain, kind, norm_out, bias = None, "", node, None
         if node.target in _LAYER_NORMS and len(node.args) > 2:
             gain, kind = state_name(node.args[2]), "layer_norm"
+            bias = state_name(node.args[3]) if len(node.args) > 3 else None
             if node.target == aten.native_layer_norm.default:
                 norm_out = next(
                     (u for u in node.users if u.target.__name__ == "getitem" and u.args[1] == 0),
@@ -286,7 +296,7 @@ def _norms(exported, spec: PermutationSpec, aliases: Mapping[str, list[str]]) ->
                     gain, kind = name, "rms_norm"
         if gain is None or not _is_gain(gain, spec):
             continue
-        info = _Gain(kind)
+        info = _Gain(kind, bias=bias if bias is not None and _is_gain(bias, spec) else None)
         if gain in out:
             info.why = f"the gain {gain!r} is used by two norms"
         else:

@@ -1,0 +1,128 @@
+"""Issue 29's measurement: do orthogonal maps connect independently trained transformers
+that permutations leave apart?
+
+For every pair of the checkpoints given, with both models' norm gains folded (the same
+functions): the naive path, weight matching over permutations (``wm-fast``), and weight
+matching over permutations *and* orthogonal maps (the spec's kinds from
+:func:`lmckit.spec.symmetry_kinds`, the descent started at WM's permutations), each as a
+linear path evaluated on a seeded subset of the test split (loss, calibrated loss,
+accuracy; perplexity for token data), plus the logit ensemble. Prints one JSON object
+(per pair and mean ± std over pairs) and writes it to ``--out``.
+
+    python scripts/orthogonal_transformers.py CKPT CKPT CKPT --test 1024 --out result.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from lmckit.checkpoint import load_checkpoint
+from lmckit.data import load_dataset
+from lmckit.evaluate.interpolation import interpolate
+from lmckit.match import weight_matching
+from lmckit.match.orthogonal import orthogonal_weight_matching
+from lmckit.spec.kinds import symmetry_kinds
+from lmckit.transform import fold_norms
+
+
+def _path_record(curve, data) -> dict[str, float]:
+    out = {}
+    for metric, definitions in curve.barriers["test"].items():
+        if metric in ("loss", "calibrated_loss", "accuracy"):
+            out[f"{metric}_barrier"] = definitions["rebasin"]
+    out["loss_midpoint"] = curve.midpoint("test", "loss")
+    out["accuracy_midpoint"] = curve.midpoint("test", "accuracy")
+    if data.next_token:
+        out.update(curve.perplexities("test"))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoints", nargs="+", help="lmckit checkpoints (stems or paths)")
+    parser.add_argument("--test", type=int, default=1024, help="test examples (seeded subset)")
+    parser.add_argument("--lambdas", type=int, default=11)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    ckpts = [load_checkpoint(p) for p in args.checkpoints]
+    model = ckpts[0].model
+    data = load_dataset(ckpts[0].meta["dataset"])
+    g = torch.Generator().manual_seed(0)
+    chosen = torch.randperm(len(data.test_x), generator=g)[: min(args.test, len(data.test_x))]
+    loaders = {"test": data.subset(test_idx=chosen).loader("test", batch_size=256, shuffle=False)}
+    example = data.test_x[:2]
+    start = time.perf_counter()
+    report = symmetry_kinds(model, example, ckpts[0].spec)
+    spec = report.spec
+    print(report, flush=True)
+    folded = [fold_norms(spec, dict(c.params)) for c in ckpts]
+    pairs = {}
+    for i, j in itertools.combinations(range(len(ckpts)), 2):
+        a, b = folded[i], folded[j]
+        t0 = time.perf_counter()
+        wm = weight_matching(spec, a, b, seed=0)
+        t_wm = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        orth = orthogonal_weight_matching(spec, a, b, init=wm.perm, seed=0)
+        t_orth = time.perf_counter() - t0
+        record = {
+            "wm_seconds": t_wm,
+            "orth_seconds": t_orth,
+            "orth_sweeps": orth.iterations,
+            "l2": {
+                "naive": wm.distance_before,
+                "wm": wm.distance_after,
+                "wm+orth": orth.distance_after,
+            },
+        }
+        paths = {
+            "naive": b,
+            "wm": wm.perm.apply(b),
+            "wm+orth": orth.perm.apply(b),
+        }
+        for name, aligned in paths.items():
+            curve = interpolate(
+                model, a, aligned, loaders, lambdas=args.lambdas, calibrated=True,
+                ensemble=name == "naive",
+            )  # fmt: skip
+            record[name] = _path_record(curve, data)
+            if name == "naive":
+                record["ensemble"] = {
+                    "loss_midpoint": curve.midpoint("test", "ensemble_loss"),
+                    "accuracy_midpoint": curve.midpoint("test", "ensemble_accuracy"),
+                }
+            print(f"pair {i}-{j} {name}: {record[name]}", flush=True)
+        pairs[f"{i}-{j}"] = record
+    summary = {}
+    for path in ("naive", "wm", "wm+orth"):
+        for key in pairs[next(iter(pairs))][path]:
+            values = [p[path][key] for p in pairs.values()]
+            mean = statistics.fmean(values)
+            std = statistics.stdev(values) if len(values) > 1 else 0.0
+            summary[f"{path}.{key}"] = {"mean": mean, "std": std}
+    result = {
+        "checkpoints": [str(p) for p in args.checkpoints],
+        "test_examples": len(chosen),
+        "kinds": report.counts(),
+        "pairs": pairs,
+        "summary": summary,
+        "seconds": time.perf_counter() - start,
+        "torch_threads": torch.get_num_threads(),
+    }
+    text = json.dumps(result, indent=1, default=lambda x: None if math.isnan(x) else x)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

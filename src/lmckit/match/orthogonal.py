@@ -1,0 +1,307 @@
+"""Weight matching over orthogonal symmetries as well as permutations.
+
+The objective is weight matching's, ``max ⟨θ_A, T(θ_B)⟩`` (equivalently ``min ‖θ_A −
+T(θ_B)‖²``), now over a :class:`~lmckit.transform.Transform`: an orthogonal matrix for
+each group whose kind allows one (``spec.kinds``, :func:`lmckit.spec.symmetry_kinds`), a
+permutation elsewhere. The coordinate descent is Git Re-Basin Alg. 1's: visit the update
+units in a random order; with every other group fixed, the objective is linear in the
+group's map, ``⟨M, C⟩`` with the same gain matrix ``C`` as weight matching's LAP, and its
+best map has a closed form per kind:
+
+* permutation: the LAP of ``C``;
+* orthogonal: Procrustes, ``M = U Vᵀ`` for ``C = U S Vᵀ`` (value ``Σ S``);
+* orthogonal-mean-free: Procrustes on the mean-free subspace — with ``B`` an orthonormal
+  basis whose first vector is ``1/√n``, ``M = B diag(1, R) Bᵀ`` where ``R`` solves
+  Procrustes on ``(Bᵀ C B)[1:, 1:]``;
+* head-structured groups (one head permutation ``π`` shared by a tie): for every pair of
+  heads ``(i, j)`` the best block — Procrustes (nuclear norm of the ``d × d`` block) or a
+  LAP — then the LAP over heads of the summed block optima, exactly as
+  :func:`lmckit.lap.assign_heads` separates the permutation case.
+
+A map is replaced only when it raises the objective by more than a relative tolerance,
+so the objective never decreases (specs without self-maps) and the descent stops when a
+sweep changes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import Tensor, nn
+
+from lmckit._checks import check_int
+from lmckit.errors import PermutationError
+from lmckit.match.result import MatchResult, check_inputs
+from lmckit.options import Count, checked
+from lmckit.params import Params, detached
+from lmckit.perm import Permutation, PermutationSpec, group_rows, put_group_rows
+from lmckit.progress import ProgressCallback, notify
+from lmckit.transform import Transform, head_matrix, mean_free_basis, transform_tensor
+
+__all__ = ["orthogonal_weight_matching", "procrustes"]
+
+
+def procrustes(gains: Tensor) -> Tensor:
+    """The orthogonal ``M`` maximising ``⟨M, gains⟩ = Σ_ij M_ij gains_ij``: ``U Vᵀ`` for
+    ``gains = U S Vᵀ`` (float64)."""
+    u, _, vh = torch.linalg.svd(gains.to(torch.float64))
+    return u @ vh
+
+
+def _mean_free_procrustes(gains: Tensor) -> Tensor:
+    n = gains.shape[0]
+    basis = mean_free_basis(n)
+    inner = basis.T @ gains.to(torch.float64) @ basis
+    rotation = torch.eye(n, dtype=torch.float64)
+    rotation[1:, 1:] = procrustes(inner[1:, 1:])
+    return basis @ rotation @ basis.T
+
+
+def _block_solution(block: Tensor, kind: str) -> tuple[float, Tensor]:
+    """Best value and map of one ``d × d`` head block (an index vector for a permutation
+    group, a matrix otherwise)."""
+    if kind == "permutation":
+        rows, cols = linear_sum_assignment(block.numpy(), maximize=True)
+        return float(block.numpy()[rows, cols].sum()), torch.from_numpy(cols).long()
+    m = procrustes(block)
+    return float((m * block).sum()), m
+
+
+def _solve_tie(spec: PermutationSpec, gains: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Best maps of a head tie's groups given their gain matrices (see the module
+    docstring): block optima per head pair, then the LAP over heads."""
+    heads = spec.heads[next(iter(gains))][1]
+    totals = np.zeros((heads, heads))
+    best: dict[str, list[list[Tensor]]] = {}
+    for g, c in gains.items():
+        d = c.shape[0] // heads
+        blocks = c.reshape(heads, d, heads, d).transpose(1, 2)
+        kind = spec.kind(g)
+        best[g] = []
+        for i in range(heads):
+            row = []
+            for j in range(heads):
+                value, solution = _block_solution(blocks[i, j], kind)
+                totals[i, j] += value
+                row.append(solution)
+            best[g].append(row)
+    _, outer_np = linear_sum_assignment(totals, maximize=True)
+    outer = torch.from_numpy(outer_np).long()
+    out: dict[str, Tensor] = {}
+    for g, rows in best.items():
+        chosen = [rows[i][int(outer[i])] for i in range(heads)]
+        if spec.kind(g) == "permutation":
+            d = spec.groups[g] // heads
+            out[g] = (outer[:, None] * d + torch.stack(chosen)).reshape(-1)
+        else:
+            out[g] = head_matrix(outer, chosen)
+    return out
+
+
+def _solve(spec: PermutationSpec, group: str, gains: Tensor) -> Tensor:
+    kind = spec.kind(group)
+    if kind == "permutation":
+        return torch.from_numpy(linear_sum_assignment(gains.numpy(), maximize=True)[1]).long()
+    if kind == "orthogonal":
+        return procrustes(gains)
+    return _mean_free_procrustes(gains)
+
+
+def _value(map_: Tensor, gains: Tensor) -> float:
+    """``⟨M, gains⟩`` for a matrix or an index vector."""
+    if map_.ndim == 1:
+        return float(gains[torch.arange(gains.shape[0]), map_].sum())
+    return float((map_.to(gains.dtype) * gains).sum())
+
+
+def _step(transform: Transform, new: dict[str, Tensor]) -> float:
+    """The largest entry change of the matrices in ``new`` against ``transform``'s
+    (an index vector that changes counts as 1)."""
+    step = 0.0
+    for g, m in new.items():
+        old = transform[g]
+        if old.ndim == 1 and m.ndim == 1:
+            step = max(step, 0.0 if torch.equal(old, m) else 1.0)
+        else:
+            step = max(step, (transform.matrix(g) - _dense(m)).abs().max().item())
+    return step
+
+
+def _dense(m: Tensor) -> Tensor:
+    if m.ndim == 2:
+        return m.to(torch.float64)
+    out = torch.zeros(m.numel(), m.numel(), dtype=torch.float64)
+    out[torch.arange(m.numel()), m] = 1
+    return out
+
+
+def _move(
+    spec: PermutationSpec, current: dict[str, Tensor], group: str, old: Tensor, new: Tensor
+) -> None:
+    """Replace ``group``'s map ``old`` by ``new`` in the transformed tensors ``current``:
+    apply ``new ∘ old⁻¹`` on every axis of the group (an index when both are index
+    vectors, ``argsort(old)[new]``; a matrix otherwise)."""
+    if old.ndim == 1 and new.ndim == 1:
+        index, matrix = torch.argsort(old)[new], None
+    else:
+        index, matrix = None, _dense(new) @ _dense(old).T
+    for name, axis in spec.group_axes(group):
+        if name not in current:
+            continue
+        t = current[name]
+        rows = group_rows(spec, name, axis, group, t)
+        moved = (
+            rows.index_select(0, index.to(rows.device))
+            if matrix is None
+            else matrix.to(rows.device, rows.dtype) @ rows
+        )
+        current[name] = put_group_rows(spec, name, axis, group, t, moved)
+
+
+@checked
+def orthogonal_weight_matching(
+    spec: PermutationSpec,
+    params_a: Params,
+    params_b: Params,
+    *,
+    model: nn.Module | None = None,
+    data: object = None,
+    init: Transform | Permutation | None = None,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+    max_iter: Count = 100,
+    rel_tol: float = 1e-10,
+    step_tol: float = 1e-12,
+) -> MatchResult:
+    """Find ``T`` maximising ``⟨θ_A, T(θ_B)⟩`` over the spec's kinds (module docstring).
+
+    Args:
+        spec: a spec with kinds (:func:`lmckit.spec.symmetry_kinds`); groups without one are
+            permuted, so a spec without kinds gives weight matching's permutations.
+        params_a, params_b: models A and B with their norm gains folded
+            (:func:`lmckit.transform.fold_norms` of each), same keys and shapes, finite.
+        model, data: accepted for the matchers' common signature; unused.
+        init: starting transform (identity by default).
+        seed: fixes the random order of the update units in each sweep.
+        progress: receives the objective after every sweep.
+        max_iter: maximum number of sweeps.
+        rel_tol: a permutation is replaced only when it raises the objective by more than
+            ``rel_tol`` times its magnitude.
+        step_tol: an orthogonal map (the exact optimum of its group, given the others) is
+            replaced when it moves an entry by more than ``step_tol``; the descent stops
+            when a sweep replaces nothing. (Near the optimum the objective changes by the
+            square of the maps' error, below float64 resolution long before the maps
+            converge: the maps' own change is the test that recovers them to 1e-10.)
+
+    Returns:
+        :class:`MatchResult` whose ``perm`` is a :class:`~lmckit.transform.Transform`
+        (``perm.apply(params_b)`` is ``T(θ_B)``), ``history`` the objective after each
+        sweep, ``info["kinds"]`` the number of groups per kind.
+
+    Raises:
+        PermutationError: a gain of a rotated group is not folded in A or B.
+    """
+    start = time.perf_counter()
+    check_inputs(spec, params_a, params_b, None, seed)
+    check_int("max_iter", max_iter)
+    for what, value in (("rel_tol", rel_tol), ("step_tol", step_tol)):
+        if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
+            raise PermutationError(f"{what} must be a non-negative number, got {value!r}")
+    if isinstance(init, Permutation):
+        init = Transform.from_permutation(init)
+    if init is not None and (not isinstance(init, Transform) or init.spec.groups != spec.groups):
+        raise PermutationError("init must be a Transform (or Permutation) of the spec's groups")
+    params_a, params_b = detached(params_a), detached(params_b)
+    rotated = {g for g in spec.groups if spec.kind(g) != "permutation"}
+    gains_of_rotated = {k for k in spec.folds if spec.gain_group(k) in rotated}
+    for what, params in (("A", params_a), ("B", params_b)):
+        unfolded = [k for k in gains_of_rotated if not bool((params[k] == 1).all())]
+        if unfolded:
+            raise PermutationError(
+                f"model {what}'s norm gains {unfolded[:3]} are not folded: fold both models "
+                "first (lmckit.transform.fold_norms), since a gain does not commute with a "
+                "rotation"
+            )
+    names = [
+        k for k, t in params_a.items() if t.dtype.is_floating_point and k not in gains_of_rotated
+    ]
+    transform = init or Transform.identity(spec)
+    current = {k: transform_tensor(params_b[k], transform, k) for k in names}
+    units = spec.update_units()
+    generator = torch.Generator().manual_seed(seed)
+
+    def objective() -> float:
+        return sum(float((params_a[k].double() * current[k].double()).sum()) for k in names)
+
+    history: list[float] = []
+    total = objective()
+    sweeps = 0
+    for _ in range(max_iter):
+        sweeps += 1
+        changed = False
+        for idx in torch.randperm(len(units), generator=generator).tolist():
+            unit = units[idx]
+            gains = {g: _gains(spec, params_a, current, transform, g, names) for g in unit}
+            if len(unit) == 1 and unit[0] not in spec.heads:
+                new = {unit[0]: _solve(spec, unit[0], gains[unit[0]])}
+            else:
+                new = _solve_tie(spec, gains)
+            old_value = sum(_value(transform[g], gains[g]) for g in unit)
+            new_value = sum(_value(new[g], gains[g]) for g in unit)
+            slack = rel_tol * max(abs(total), 1e-300)
+            if all(new[g].ndim == 1 for g in unit):
+                if new_value - old_value <= slack:
+                    continue
+            elif new_value < old_value - slack or _step(transform, new) <= step_tol:
+                continue
+            for g in unit:
+                _move(spec, current, g, transform[g], new[g])
+            transform = transform.replace(**new)
+            changed = True
+        total = objective()
+        history.append(total)
+        notify(progress, sweeps, max_iter, objective=total)
+        if not changed:
+            break
+    counts: dict[str, int] = {}
+    for g in spec.groups:
+        counts[spec.kind(g)] = counts.get(spec.kind(g), 0) + 1
+    return MatchResult(
+        perm=transform,
+        method="wm-orth",
+        history=tuple(history),
+        iterations=sweeps,
+        seconds=time.perf_counter() - start,
+        distance_before=Transform.identity(spec).distance(params_a, params_b),
+        distance_after=transform.distance(params_a, params_b),
+        info={"kinds": counts},
+    )
+
+
+def _gains(
+    spec: PermutationSpec,
+    params_a: Params,
+    current: dict[str, Tensor],
+    transform: Transform,
+    group: str,
+    names: list[str],
+) -> Tensor:
+    """``C_g``: the gain matrix of ``group`` with every other group at its current map
+    (``Σ A_rows B_otherᵀ``, where ``B_other`` is B with ``group``'s own map undone), as a
+    CPU float64 matrix."""
+    n = spec.groups[group]
+    wanted = set(names)
+    gram = torch.zeros(n, n, dtype=torch.float64)
+    for name, axis in spec.group_axes(group):
+        if name not in wanted:
+            continue
+        a = group_rows(spec, name, axis, group, params_a[name]).to(torch.float64)
+        b = group_rows(spec, name, axis, group, current[name]).to(torch.float64)
+        gram += (a @ b.T).cpu()
+    m = transform[group]
+    if m.ndim == 1:  # B_other rows = B_cur rows permuted back
+        return gram[:, torch.argsort(m)]
+    return gram @ m.to(torch.float64)
