@@ -30,7 +30,7 @@ from lmckit.evaluate.interpolation import interpolate
 from lmckit.match import weight_matching
 from lmckit.match.orthogonal import orthogonal_weight_matching
 from lmckit.spec.kinds import symmetry_kinds
-from lmckit.transform import fold_norms
+from lmckit.transform import fold_norms, unfold_norms
 
 
 def _path_record(curve, data) -> dict[str, float]:
@@ -64,34 +64,44 @@ def main() -> None:
     report = symmetry_kinds(model, example, ckpts[0].spec)
     spec = report.spec
     print(report, flush=True)
-    folded = [fold_norms(spec, dict(c.params)) for c in ckpts]
+    originals = [dict(c.params) for c in ckpts]
+    folded = [fold_norms(spec, p) for p in originals]
     pairs = {}
     for i, j in itertools.combinations(range(len(ckpts)), 2):
         a, b = folded[i], folded[j]
         t0 = time.perf_counter()
+        wm_original = weight_matching(spec, originals[i], originals[j], seed=0)
         wm = weight_matching(spec, a, b, seed=0)
         t_wm = time.perf_counter() - t0
         t0 = time.perf_counter()
         orth = orthogonal_weight_matching(spec, a, b, init=wm.perm, seed=0)
         t_orth = time.perf_counter() - t0
         record = {
-            "wm_seconds": t_wm,
+            "wm_seconds": t_wm / 2,
             "orth_seconds": t_orth,
             "orth_sweeps": orth.iterations,
             "l2": {
-                "naive": wm.distance_before,
-                "wm": wm.distance_after,
+                "naive": wm_original.distance_before,
+                "wm": wm_original.distance_after,
+                "naive-folded": wm.distance_before,
+                "wm-folded": wm.distance_after,
                 "wm+orth": orth.distance_after,
             },
         }
+        rotated = orth.perm.apply(b)
+        gains_a = {k: originals[i][k] for k in spec.folds}
         paths = {
-            "naive": b,
-            "wm": wm.perm.apply(b),
-            "wm+orth": orth.perm.apply(b),
+            "naive": (originals[i], originals[j]),
+            "wm": (originals[i], wm_original.perm.apply(originals[j])),
+            "naive-folded": (a, b),
+            "wm-folded": (a, wm.perm.apply(b)),
+            "wm+orth": (a, rotated),
+            # B rotated, then laid out with A's gains: both ends share A's norm gains
+            "wm+orth-in-A-layout": (originals[i], unfold_norms(spec, rotated, gains_a)),
         }
-        for name, aligned in paths.items():
+        for name, (end_a, end_b) in paths.items():
             curve = interpolate(
-                model, a, aligned, loaders, lambdas=args.lambdas, calibrated=True,
+                model, end_a, end_b, loaders, lambdas=args.lambdas, calibrated=True,
                 ensemble=name == "naive",
             )  # fmt: skip
             record[name] = _path_record(curve, data)
@@ -103,7 +113,7 @@ def main() -> None:
             print(f"pair {i}-{j} {name}: {record[name]}", flush=True)
         pairs[f"{i}-{j}"] = record
     summary = {}
-    for path in ("naive", "wm", "wm+orth"):
+    for path in ("naive", "wm", "naive-folded", "wm-folded", "wm+orth", "wm+orth-in-A-layout"):
         for key in pairs[next(iter(pairs))][path]:
             values = [p[path][key] for p in pairs.values()]
             mean = statistics.fmean(values)

@@ -656,6 +656,16 @@ def cmd_match(args: argparse.Namespace) -> int:
     )
     from lmckit.match import METHODS
 
+    if args.symmetries == "orth" and args.method not in ("wm", "wm-fast"):
+        raise UsageError(
+            f"--symmetries orth works with weight matching (--method wm or wm-fast), not "
+            f"{args.method!r}"
+        )
+    if args.symmetries == "orth" and args.aligned is not None:
+        raise UsageError(
+            "--aligned writes permuted model folders; a rotated B needs its norms folded, "
+            "which that writer does not do: use lmckit.transform (fold_norms, then apply)"
+        )
     prepare_output_file(args.out, "--out", create=False)  # created once the work starts
     if args.aligned is not None:
         check_output_dir(args.aligned, "--aligned")
@@ -675,6 +685,8 @@ def cmd_match(args: argparse.Namespace) -> int:
         a, b, args.method, data, restarts=args.restarts, epochs=args.epochs,
         batch_size=args.batch_size, budget=_budget(args),
     )  # fmt: skip
+    if args.symmetries == "orth":
+        return _match_with_rotations(args, a, b)
     folder = locked_output(args.out.parent, "--out's folder", guard=False)
     with contextlib.ExitStack() as stack:
         bars = stack.enter_context(ProgressBars(not args.quiet))
@@ -725,6 +737,44 @@ def cmd_match(args: argparse.Namespace) -> int:
     print(f"permutation   -> {args.out}")
     if args.aligned is not None:
         print(f"B aligned     -> {args.aligned} (a model folder)")
+    return 0
+
+
+def _match_with_rotations(args: argparse.Namespace, a, b) -> int:
+    """``lmckit match --symmetries orth``: weight matching, then orthogonal maps."""
+    from lmckit._io import locked_output
+    from lmckit.experiments.matching import match_with_rotations, save_transform
+
+    example, example_kwargs = getattr(a.model, "example_input", None), {}
+    if callable(example):
+        example = example()
+    elif a.folder:
+        from lmckit.model_folder import example_inputs
+
+        example, example_kwargs = example_inputs(a.model, a.layout.config)
+    else:
+        example = _example_input(args)
+    with locked_output(args.out.parent, "--out's folder", guard=False):
+        with ProgressBars(not args.quiet) as bars:
+            wm, orth = match_with_rotations(
+                a, b, example, example_kwargs=example_kwargs, seed=args.seed,
+                progress=bars("match wm+orth"),
+                restarts=args.restarts, max_memory=args.max_memory,
+            )  # fmt: skip
+        save_transform(args.out, orth, a=str(a.path), b=str(b.path), wm_distance=wm.distance_after)
+    counts: dict[str, int] = {}
+    for g in orth.perm.spec.groups:
+        kind = orth.perm.spec.kind(g)
+        counts[kind] = counts.get(kind, 0) + 1
+    print("method        wm+orth (permutations, then orthogonal maps)")
+    print(f"groups        {', '.join(f'{n} {k}' for k, n in counts.items())}")
+    print(f"folded norms  {len(orth.perm.spec.folds)} gains multiplied into their readers")
+    print(
+        f"L2 distance   {orth.distance_before:.4f} -> {wm.distance_after:.4f} (permutations) "
+        f"-> {orth.distance_after:.4f} (with orthogonal maps), folded weights"
+    )
+    print(f"time          {wm.seconds + orth.seconds:.2f} s ({orth.iterations} sweeps)")
+    print(f"transform     -> {args.out}")
     return 0
 
 
@@ -1492,6 +1542,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--aligned", type=_out_path, metavar="FOLDER",
         help="model folders: also write B, permuted onto A, as a model folder of B's "
         "architecture and sharding (from_pretrained loads it)",
+    )  # fmt: skip
+    p.add_argument(
+        "--symmetries", choices=("perm", "orth"), default="perm",
+        help="perm: permutations (default); orth: also orthogonal maps where the model's "
+        "graph allows them (a transformer's residual stream with its norm gains folded, "
+        "each head's query/key and value/output dimensions) — weight matching only, "
+        "written as a transform file",
     )  # fmt: skip
     _add_data_arguments(p)
     _add_model_class_arguments(p)

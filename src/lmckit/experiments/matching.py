@@ -107,6 +107,77 @@ def match_checkpoints(
     )
 
 
+TRANSFORM_FORMAT = "lmckit-transform"
+
+
+def match_with_rotations(
+    a: Checkpoint,
+    b: Checkpoint,
+    example_inputs: Any,
+    *,
+    example_kwargs: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+    restarts: int | None = None,
+    max_memory: int | None = None,
+) -> tuple[MatchResult, MatchResult]:
+    """Weight matching over permutations and orthogonal maps (``--symmetries orth``).
+
+    Finds the groups that rotate (:func:`lmckit.spec.symmetry_kinds` on A's model and
+    ``example_inputs``), folds both models' norm gains, runs weight matching over
+    permutations and continues from its result with
+    :func:`~lmckit.match.orthogonal.orthogonal_weight_matching`.
+
+    Returns:
+        ``(wm, orth)``: the permutation-only result and the orthogonal one, both on the
+        folded models (``orth.perm`` is a :class:`~lmckit.transform.Transform` whose
+        ``spec`` carries the kinds and folds).
+    """
+    from lmckit.match import weight_matching
+    from lmckit.match.orthogonal import orthogonal_weight_matching
+    from lmckit.spec import symmetry_kinds
+    from lmckit.transform import fold_norms
+
+    check_same_architecture(a, b)
+    spec = symmetry_kinds(a.model, example_inputs, a.spec, example_kwargs=example_kwargs).spec
+    if not spec.kinds:
+        raise UsageError(
+            "no group of this model admits an orthogonal map (see `lmckit spec`): "
+            "--symmetries orth would give weight matching's permutations"
+        )
+    folded_a, folded_b = fold_norms(spec, a.params), fold_norms(spec, b.params)
+    options = {k: v for k, v in {"restarts": restarts, "max_memory": max_memory}.items() if v}
+    wm = weight_matching(spec, folded_a, folded_b, seed=seed, **options)
+    orth = orthogonal_weight_matching(
+        spec, folded_a, folded_b, init=wm.perm, seed=seed, progress=progress
+    )
+    return wm, orth
+
+
+def save_transform(path: str | Path, result: MatchResult, **extra: Any) -> None:
+    """Write a transform file: the kinds and folds of the spec (what the maps need: fold
+    the norms, then apply), each group's index vector or matrix, and the match's summary."""
+    spec = result.perm.spec
+    atomic_write_json(
+        Path(path),
+        {
+            "format": TRANSFORM_FORMAT,
+            "method": result.method,
+            "groups": dict(spec.groups),
+            "kinds": dict(spec.kinds),
+            "folds": {k: [list(r) for r in v] for k, v in spec.folds.items()},
+            "norm_biases": dict(spec.norm_biases),
+            "maps": result.perm.to_dict(),
+            "distance_before": result.distance_before,
+            "distance_after": result.distance_after,
+            "seconds": result.seconds,
+            "iterations": result.iterations,
+            "history": list(result.history),
+            **extra,
+        },
+    )
+
+
 def save_match(path: str | Path, result: MatchResult, **extra: Any) -> None:
     """Write a permutation file: the permutation, its group sizes and the match's summary."""
     atomic_write_json(
@@ -141,6 +212,11 @@ def load_permutation(path: str | Path, spec: PermutationSpec) -> Permutation:
     if not isinstance(data, dict):
         raise PermutationError(
             f"{path}: expected a JSON object (a permutation file), found {type(data).__name__}"
+        )
+    if data.get("format") == TRANSFORM_FORMAT:
+        raise PermutationError(
+            f"{path} holds orthogonal maps (lmckit match --symmetries orth), not a permutation; "
+            "apply it with lmckit.transform (fold_norms, then Transform.apply)"
         )
     perm = data.get("perm") if data.get("format") == PERMUTATION_FORMAT else data
     groups = data.get("groups") if data.get("format") == PERMUTATION_FORMAT else None

@@ -1,0 +1,227 @@
+"""lmckit.spec.symmetry_kinds and lmckit.transform on real transformer code: a random
+element of the symmetry group found (orthogonal stream, per-head orthogonal query/key and
+value/output maps, permutations elsewhere) leaves the model's outputs unchanged to 1e-10
+in float64 — with trained-looking norms (gains and biases far from 1 and 0), so a fold
+that forgot either would fail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmckit.models import build_model, permutation_spec
+from lmckit.spec import symmetry_kinds, trace
+from lmckit.transform import Transform, fold_norms, unfold_norms
+
+T = pytest.importorskip("transformers", reason="a dev dependency: pip install -e '.[dev]'")
+
+
+def randomized_norms(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every 1-D parameter random: gains around 1 ± 0.5, biases ± 0.3."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:
+                noise = torch.randn(p.shape, generator=g, dtype=p.dtype)
+                p.copy_(1 + 0.5 * noise if name.endswith("weight") else 0.3 * noise)
+    return model
+
+
+def outputs(model, params, x):
+    out = torch.func.functional_call(model, params, (x,), tie_weights=False)
+    return getattr(out, "logits", out)
+
+
+def relative_error(model, params, moved, x) -> float:
+    with torch.no_grad():
+        ref, out = outputs(model, params, x), outputs(model, moved, x)
+    return ((ref - out).abs().max() / ref.abs().max()).item()
+
+
+class _LlamaRMSNormInDtype(torch.nn.Module):
+    """Hugging Face's LlamaRMSNorm computes in float32 whatever the weights' dtype; this
+    one in the input's dtype, so that a float64 check measures the transform, not the
+    cast."""
+
+    def __init__(self, norm) -> None:
+        super().__init__()
+        self.weight, self.eps = norm.weight, norm.variance_epsilon
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def _llama(cast_free: bool):
+    config = T.LlamaConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=12,
+        use_cache=False, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = T.LlamaForCausalLM(config)
+    if cast_free:
+        for name, module in list(model.named_modules()):
+            if type(module).__name__ == "LlamaRMSNorm":
+                parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+                setattr(parent, name.rpartition(".")[2], _LlamaRMSNormInDtype(module))
+    return model, torch.randint(0, 40, (3, 7))
+
+
+def _gpt2(tied: bool):
+    config = T.GPT2Config(
+        vocab_size=40, n_embd=16, n_layer=2, n_head=4, n_positions=12, use_cache=False,
+        bos_token_id=0, eos_token_id=0, tie_word_embeddings=tied,
+    )  # fmt: skip
+    return T.GPT2LMHeadModel(config), torch.randint(0, 40, (3, 7))
+
+
+def _zoo(name: str, **config):
+    model = build_model(name, **config)
+    x = (
+        torch.randint(0, 20, (3, 8))
+        if name == "gpt"
+        else torch.randn(3, 1, config.get("image_size", 28), config.get("image_size", 28))
+    )
+    return model, x
+
+
+ARCHITECTURES = {
+    "zoo-gpt": (
+        lambda: _zoo("gpt", vocab_size=20, context=8, dim=16, depth=2, heads=4, mlp_dim=32),
+        "orthogonal-mean-free",
+    ),
+    "zoo-vit": (
+        lambda: _zoo("vit", image_size=28, patch_size=7, dim=16, depth=2, heads=4),
+        "orthogonal-mean-free",
+    ),
+    "gpt2-untied": (lambda: _gpt2(tied=False), "orthogonal-mean-free"),
+    "llama": (lambda: _llama(cast_free=True), "orthogonal"),
+    "hf-vit": (
+        lambda: (
+            T.ViTForImageClassification(
+                T.ViTConfig(
+                    image_size=28,
+                    patch_size=7,
+                    num_channels=1,
+                    hidden_size=16,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    intermediate_size=24,
+                    num_labels=10,
+                )
+            ),
+            torch.randn(3, 1, 28, 28),
+        ),
+        "orthogonal-mean-free",
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=list(ARCHITECTURES), ids=list(ARCHITECTURES))
+def found(request):
+    torch.manual_seed(0)
+    make, stream_kind = ARCHITECTURES[request.param]
+    model, x = make()
+    model = randomized_norms(model.double().eval())
+    x = x.double() if x.is_floating_point() else x
+    spec = permutation_spec(model) if request.param.startswith("zoo") else trace(model, x)
+    return request.param, model, x, symmetry_kinds(model, x, spec), stream_kind
+
+
+def test_the_stream_rotates_with_its_norms_folded(found):
+    _name, _model, _x, report, stream_kind = found
+    spec = report.spec
+    stream = max(spec.groups, key=lambda g: len(spec.group_axes(g)))
+    assert spec.kind(stream) == stream_kind, str(report)
+    norms = [k for k in spec.folds if spec.gain_group(k) == stream]
+    assert len(norms) >= 2 * 2 + 1, norms  # two per block and the final one
+    expected = "layer_norm" if stream_kind == "orthogonal-mean-free" else "rms_norm"
+    assert {report.norms[k] for k in norms} == {expected}
+
+
+def test_heads_rotate_and_mlp_units_only_permute(found):
+    name, _model, _x, report, _ = found
+    spec = report.spec
+    kinds = {g: spec.kind(g) for g in spec.groups}
+    heads = [g for g in spec.groups if g in spec.heads]
+    if name == "llama":  # rotary embeddings freeze the head dimensions: no head groups
+        assert not heads
+    else:
+        assert len(heads) == 2 * 2 and all(kinds[g] == "orthogonal" for g in heads)
+    mlps = [g for g, k in kinds.items() if k == "permutation" and spec.groups[g] > 16]
+    assert len(mlps) == 2, str(report)  # an activation (GELU, SiLU gate) acts on them
+    assert all("changes the outputs" in report.reasons[g] for g in mlps)
+
+
+def test_a_random_transform_keeps_the_function_to_1e_10(found):
+    _, model, x, report, _ = found
+    spec = report.spec
+    params = {k: v.detach() for k, v in model.state_dict().items()}
+    folded = fold_norms(spec, params)
+    assert relative_error(model, params, folded, x) < 1e-12
+    for seed in range(3):
+        transform = Transform.random(spec, seed)
+        assert any(transform.is_matrix(g) for g in spec.groups)
+        moved = transform.apply(folded)
+        assert relative_error(model, params, moved, x) < 1e-10
+        back = transform.inverse().apply(moved)
+        assert max((back[k] - folded[k]).abs().max().item() for k in folded) < 1e-12
+
+
+def test_a_transform_of_unfolded_gains_is_refused(found):
+    _, model, _x, report, _ = found
+    params = {k: v.detach() for k, v in model.state_dict().items()}
+    with pytest.raises(Exception, match="fold it first"):
+        Transform.random(report.spec, 0).apply(params)
+
+
+def test_unfolding_with_the_original_gains_restores_the_layout(found):
+    _, model, x, report, _ = found
+    spec = report.spec
+    params = {k: v.detach() for k, v in model.state_dict().items()}
+    folded = fold_norms(spec, params)
+    restored = unfold_norms(spec, folded, {k: params[k] for k in spec.folds})
+    assert max((restored[k] - params[k]).abs().max().item() for k in params) < 1e-12
+    # the original layout of a rotated model: the same function, gains not ones
+    moved = Transform.random(spec, 1).apply(folded)
+    laid_out = unfold_norms(spec, moved, {k: params[k] for k in spec.folds})
+    assert relative_error(model, params, laid_out, x) < 1e-10
+    assert all(torch.equal(laid_out[k], params[k]) for k in spec.folds)
+
+
+def test_a_post_ln_or_tied_stream_stays_a_permutation_group_and_says_why():
+    torch.manual_seed(0)
+    model, ids = _gpt2(tied=True)
+    model = randomized_norms(model.double().eval())
+    report = symmetry_kinds(model, ids, trace(model, ids))
+    stream = report.spec.axes["transformer.wte.weight"][1]
+    assert report.spec.kind(stream) == "permutation"
+    assert "tied to" in report.reasons[stream] and "lm_head.weight" in report.reasons[stream]
+    bert = T.BertForSequenceClassification(
+        T.BertConfig(
+            vocab_size=40,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=24,
+            max_position_embeddings=12,
+            num_labels=3,
+        )
+    ).double()
+    report = symmetry_kinds(bert, ids, trace(bert, ids))
+    stream = report.spec.axes["bert.embeddings.word_embeddings.weight"][1]
+    assert report.spec.kind(stream) == "permutation"
+    assert "post-LN" in report.reasons[stream]
+
+
+def test_huggingface_llama_as_written_keeps_its_float32_rms_norm_rounding():
+    """Without the patch the check runs at the float32 of Llama's own cast: the stream is
+    still found orthogonal, and the function kept to float32 rounding."""
+    torch.manual_seed(0)
+    model, ids = _llama(cast_free=False)
+    model = randomized_norms(model.double().eval())
+    report = symmetry_kinds(model, ids, trace(model, ids))
+    stream = report.spec.axes["model.embed_tokens.weight"][1]
+    assert report.spec.kind(stream) == "orthogonal"
+    params = {k: v.detach() for k, v in model.state_dict().items()}
+    moved = Transform.random(report.spec, 0).apply(fold_norms(report.spec, params))
+    assert relative_error(model, params, moved, ids) < 1e-5
