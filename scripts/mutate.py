@@ -39,6 +39,67 @@ class Mutation:
 
 M = Mutation
 MUTATIONS = [
+    # -- orthogonal symmetries of transformers (issue 29) --
+    M(
+        "fold-forgets-gain",
+        "folding sets a norm's gain to ones without multiplying it into the readers",
+        "src/lmckit/transform.py",
+        "            out[name] = put_group_rows(spec, name, axis, group, t, rows * g.to(t.dtype)"
+        "[:, None])\n",
+        "            out[name] = put_group_rows(spec, name, axis, group, t, rows)\n",
+        ("tests/spec/test_kinds.py",),
+    ),
+    M(
+        "fold-forgets-bias",
+        "folding leaves a LayerNorm's bias undivided by its gain",
+        "src/lmckit/transform.py",
+        "            out[bias] = params[bias] / g.to(params[bias].dtype)\n",
+        "            out[bias] = params[bias]\n",
+        ("tests/spec/test_kinds.py",),
+    ),
+    M(
+        "rotation-on-one-side-only",
+        "an orthogonal map applied to the layers that write a group, not to those that read it",
+        "src/lmckit/transform.py",
+        "            if m.ndim == 2:\n                rows = group_rows(spec, name, axis, g, t)\n",
+        "            if m.ndim == 2 and axis == 0:\n"
+        "                rows = group_rows(spec, name, axis, g, t)\n",
+        ("tests/spec/test_kinds.py",),
+    ),
+    M(
+        "kinds-accepted-unchecked",
+        "a group is declared orthogonal without the numerical check (an activation, rotary "
+        "embeddings or gating would be rotated through)",
+        "src/lmckit/spec/kinds.py",
+        "            if _close(reference, _run(twin, moved, args64, kwargs64, False, select), "
+        "rtol):\n",
+        "            if True:\n",
+        ("tests/spec/test_kinds.py",),
+    ),
+    M(
+        "layer-norm-stream-any-rotation",
+        "a LayerNorm's stream rotated by any orthogonal map, not one fixing the ones vector",
+        "src/lmckit/match/orthogonal.py",
+        '    if kind == "orthogonal":\n        return procrustes(gains)\n',
+        '    if kind != "permutation":\n        return procrustes(gains)\n',
+        ("tests/match/test_orthogonal.py",),
+    ),
+    M(
+        "procrustes-transposed",
+        "Procrustes returns V Uᵀ instead of U Vᵀ",
+        "src/lmckit/match/orthogonal.py",
+        "    return u @ vh\n",
+        "    return (u @ vh).T\n",
+        ("tests/match/test_orthogonal.py",),
+    ),
+    M(
+        "orthogonal-gains-not-undone",
+        "the gain matrix of a rotated group keeps the group's own current map",
+        "src/lmckit/match/orthogonal.py",
+        "    return gram @ m.to(torch.float64)\n",
+        "    return gram\n",
+        ("tests/match/test_orthogonal.py",),
+    ),
     # -- language models trained here (issue 28, item 5) --
     M(
         "gpt-not-causal",
