@@ -31,18 +31,15 @@ import torch
 from torch import Tensor, fx, nn
 
 from lmckit.errors import SpecError
-from lmckit.functional import module_mode
 from lmckit.options import checked
 from lmckit.perm import PermutationSpec
 from lmckit.spec.trace import (
-    _check_trace_inputs,
     _close,
     _logits_if_any,
-    _quiet_torch_logs,
     _run,
-    _takes_keyword,
     _to_double,
     _tolerance,
+    export_model,
 )
 from lmckit.transform import (
     Transform,
@@ -144,20 +141,7 @@ def symmetry_kinds(
     start = time.perf_counter()
     state = {k: v.detach() for k, v in model.state_dict().items()}
     spec.validate(state, what=f"{type(model).__name__}'s state_dict")
-    args = (example_inputs,) if isinstance(example_inputs, Tensor) else tuple(example_inputs)
-    kwargs = dict(example_kwargs or {})
-    if "use_cache" not in kwargs and _takes_keyword(model, "use_cache"):
-        kwargs["use_cache"] = False
-    args, kwargs = _check_trace_inputs(model, args, kwargs)
-    with module_mode(model, False), torch.no_grad(), _quiet_torch_logs():
-        try:
-            exported = torch.export.export(model, args, kwargs, strict=False)
-        except Exception as exc:  # export raises many types; all mean "cannot trace"
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise SpecError(
-                f"torch.export could not trace {type(model).__name__}: "
-                f"{type(exc).__name__}: {first}"
-            ) from exc
+    exported, args, kwargs = export_model(model, example_inputs, example_kwargs)
     found = _norms(exported, spec, _aliases(model))
     select = outputs if outputs is not None else _logits_if_any
     twin = copy.deepcopy(model).double()

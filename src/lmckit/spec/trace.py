@@ -304,21 +304,8 @@ def trace_report(
         )
     if precision not in (None, "float64", "float32"):
         raise SpecError(f"precision must be 'float64' or 'float32', got {precision!r}")
-    args = (example_inputs,) if isinstance(example_inputs, Tensor) else tuple(example_inputs)
-    kwargs = dict(example_kwargs or {})
-    if "use_cache" not in kwargs and _takes_keyword(model, "use_cache"):
-        kwargs["use_cache"] = False  # see trace(): the cache is no part of the function
-    args, kwargs = _check_trace_inputs(model, args, kwargs)
     start = time.perf_counter()
-    with module_mode(model, False), torch.no_grad(), _quiet_torch_logs():
-        try:
-            exported = torch.export.export(model, args, kwargs, strict=False)
-        except Exception as exc:  # export raises many types; all mean "cannot trace"
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise SpecError(
-                f"torch.export could not trace {type(model).__name__}: "
-                f"{type(exc).__name__}: {first}"
-            ) from exc
+    exported, args, kwargs = export_model(model, example_inputs, example_kwargs)
     select = outputs if outputs is not None else _logits_if_any
     uf, unknown, found = _relate(exported, _output_names(exported, select))
     state = model.state_dict(keep_vars=True)
@@ -360,6 +347,32 @@ def trace_report(
         numels={k: v.numel() for k, v in state.items()},
         precision=precision,
     )
+
+
+def export_model(
+    model: nn.Module, example_inputs: Tensor | Sequence[Any], example_kwargs=None
+) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """``torch.export`` of ``model`` in eval mode on the checked example inputs (a Hugging
+    Face decoder without its cache: see :func:`trace`), with those inputs.
+
+    Raises:
+        SpecError: the inputs do not fit, or the model cannot be exported.
+    """
+    args = (example_inputs,) if isinstance(example_inputs, Tensor) else tuple(example_inputs)
+    kwargs = dict(example_kwargs or {})
+    if "use_cache" not in kwargs and _takes_keyword(model, "use_cache"):
+        kwargs["use_cache"] = False  # see trace(): the cache is no part of the function
+    args, kwargs = _check_trace_inputs(model, args, kwargs)
+    with module_mode(model, False), torch.no_grad(), _quiet_torch_logs():
+        try:
+            exported = torch.export.export(model, args, kwargs, strict=False)
+        except Exception as exc:  # export raises many types; all mean "cannot trace"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise SpecError(
+                f"torch.export could not trace {type(model).__name__}: "
+                f"{type(exc).__name__}: {first}"
+            ) from exc
+    return exported, args, kwargs
 
 
 def _logits_if_any(output: Any) -> Any:
