@@ -196,13 +196,7 @@ class Transform:
 
     def matrix(self, group: str, dtype: torch.dtype = torch.float64) -> Tensor:
         """``group``'s map as an ``n × n`` matrix (a permutation's ``M[i, p[i]] = 1``)."""
-        m = self._maps[group]
-        if m.ndim == 2:
-            return m.to(dtype)
-        n = m.numel()
-        out = torch.zeros(n, n, dtype=dtype)
-        out[torch.arange(n), m] = 1
-        return out
+        return dense_matrix(self._maps[group], dtype)
 
     def is_permutation(self) -> bool:
         """Whether every group holds an index vector."""
@@ -308,6 +302,16 @@ class Transform:
         for name in floating_names(reference):
             total += squared_distance(reference[name], transform_tensor(params[name], self, name))
         return math.sqrt(total)
+
+
+def dense_matrix(m: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
+    """A group's map as an ``n × n`` matrix: a matrix as it is, an index vector ``p`` as
+    the permutation matrix with ``M[i, p[i]] = 1``."""
+    if m.ndim == 2:
+        return m.to(dtype)
+    out = torch.zeros(m.numel(), m.numel(), dtype=dtype)
+    out[torch.arange(m.numel()), m] = 1
+    return out
 
 
 def transform_tensor(t: Tensor, transform: Transform, name: str) -> Tensor:

@@ -39,7 +39,13 @@ from lmckit.options import Count, checked
 from lmckit.params import Params, detached
 from lmckit.perm import Permutation, PermutationSpec, group_rows, put_group_rows
 from lmckit.progress import ProgressCallback, notify
-from lmckit.transform import Transform, head_matrix, mean_free_basis, transform_tensor
+from lmckit.transform import (
+    Transform,
+    dense_matrix,
+    head_matrix,
+    mean_free_basis,
+    transform_tensor,
+)
 
 __all__ = ["orthogonal_weight_matching", "procrustes"]
 
@@ -126,16 +132,8 @@ def _step(transform: Transform, new: dict[str, Tensor]) -> float:
         if old.ndim == 1 and m.ndim == 1:
             step = max(step, 0.0 if torch.equal(old, m) else 1.0)
         else:
-            step = max(step, (transform.matrix(g) - _dense(m)).abs().max().item())
+            step = max(step, (transform.matrix(g) - dense_matrix(m)).abs().max().item())
     return step
-
-
-def _dense(m: Tensor) -> Tensor:
-    if m.ndim == 2:
-        return m.to(torch.float64)
-    out = torch.zeros(m.numel(), m.numel(), dtype=torch.float64)
-    out[torch.arange(m.numel()), m] = 1
-    return out
 
 
 def _move(
@@ -147,7 +145,7 @@ def _move(
     if old.ndim == 1 and new.ndim == 1:
         index, matrix = torch.argsort(old)[new], None
     else:
-        index, matrix = None, _dense(new) @ _dense(old).T
+        index, matrix = None, dense_matrix(new) @ dense_matrix(old).T
     for name, axis in spec.group_axes(group):
         if name not in current:
             continue
