@@ -102,6 +102,11 @@ class PermutationSpec:
             which subtracts the mean). Permutations are always allowed. A matrix acts on
             every axis of the group alike (``aligned_rows = M @ B_rows``, rows as
             :func:`unit_rows` lays them out); orthogonality makes readers and writers alike.
+            ``"invertible"`` — any invertible matrix (per head for a head-structured group):
+            writers move by ``M``, the places listed in ``duals`` by ``M⁻ᵀ``;
+            ``"scaling"`` — a permutation times positive per-unit scales (the hidden units of
+            a ReLU-family activation, ``relu(s z) = s relu(z)`` for ``s > 0``), with
+            ``duals`` as for invertible maps.
             :func:`lmckit.spec.symmetry_kinds` sets them from a model's graph and checks each
             numerically.
         folds: norm gain name -> the ``(tensor, axis)`` pairs that read its output through
@@ -111,6 +116,12 @@ class PermutationSpec:
         norm_biases: folded gain name -> the bias its norm adds after the gain
             (``g ⊙ n(x) + β``); folding divides it by the gain (``β ← β / g``) so that the
             norm's output is the same vector before the readers.
+        duals: the places that *read* a group — ``(tensor, axis, segment)``, ``segment``
+            indexing :meth:`segments` of that axis (0 for a plain axis) — and so move by
+            ``M⁻ᵀ`` where writers move by ``M``: the input columns of the linear maps after
+            an invertible or scaling group, and, for a query/key group, the key side
+            (``q·k = (M q)·(M⁻ᵀ k)``). Orthogonal maps and permutations ignore it
+            (``M⁻ᵀ = M``).
 
     Raises:
         SpecError: a group is used by no axis, has a non-positive size, is named on an axis
@@ -126,6 +137,7 @@ class PermutationSpec:
     kinds: Mapping[str, str] = field(default_factory=dict)
     folds: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
     norm_biases: Mapping[str, str] = field(default_factory=dict)
+    duals: frozenset[tuple[str, int, int]] = frozenset()
     _group_axes: Mapping[str, tuple[tuple[str, int], ...]] = field(
         init=False, repr=False, compare=False
     )
@@ -201,6 +213,7 @@ class PermutationSpec:
                     "the same group"
                 )
         object.__setattr__(self, "norm_biases", MappingProxyType(biases))
+        object.__setattr__(self, "duals", _check_duals(self))
 
     def group_axes(self, group: str) -> tuple[tuple[str, int], ...]:
         """The ``(parameter name, axis)`` pairs that ``group`` permutes."""
@@ -241,6 +254,11 @@ class PermutationSpec:
         if group not in self.groups:
             raise SpecError(f"unknown group {group!r}; groups are {list(self.groups)}")
         return self.kinds.get(group, "permutation")
+
+    def is_dual(self, name: str, axis: int, segment: int = 0) -> bool:
+        """Whether the group on ``name``'s ``axis`` (its ``segment``) moves by ``M⁻ᵀ``
+        (see ``duals``)."""
+        return (name, axis, segment) in self.duals
 
     def gain_group(self, name: str) -> str:
         """The group a folded gain ``name`` (a key of ``folds``) lives on."""
@@ -294,6 +312,7 @@ class PermutationSpec:
                 for k, v in self.norm_biases.items()
                 if k in names and v in names and any(r[0] in names for r in self.folds[k])
             },
+            duals=frozenset(d for d in self.duals if d[0] in names),
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -315,6 +334,7 @@ class PermutationSpec:
                 else {}
             ),
             **({"norm_biases": dict(self.norm_biases)} if self.norm_biases else {}),
+            **({"duals": sorted(list(d) for d in self.duals)} if self.duals else {}),
         }
 
     def validate(self, params: Params, *, what: str = "params") -> None:
@@ -629,7 +649,7 @@ def _check_heads(given, groups: Mapping[str, int]) -> dict[str, tuple[str, int]]
     return out
 
 
-KINDS = ("permutation", "orthogonal", "orthogonal-mean-free")
+KINDS = ("permutation", "orthogonal", "orthogonal-mean-free", "invertible", "scaling")
 """The symmetry kinds a group of a :class:`PermutationSpec` can have (see its ``kinds``)."""
 
 
@@ -647,9 +667,35 @@ def _check_kinds(given, groups: Mapping[str, int], heads) -> dict[str, str]:
                 f"kinds[{g!r}]: a head-structured group is 'orthogonal' per head, not "
                 "'orthogonal-mean-free' (that is a LayerNorm's stream)"
             )
+        if kind == "scaling" and g in heads:
+            raise SpecError(
+                f"kinds[{g!r}]: a head-structured group cannot be 'scaling' (that is the "
+                "hidden units of a ReLU-family activation)"
+            )
         if kind != "permutation":
             out[g] = kind
     return out
+
+
+def _check_duals(spec: PermutationSpec) -> frozenset[tuple[str, int, int]]:
+    """Validate ``duals``: each a ``(tensor, axis, segment)`` whose segment carries a
+    group."""
+    out = set()
+    for entry in spec.duals:
+        if not isinstance(entry, tuple | list) or len(entry) != 3:
+            raise SpecError(f"duals must hold (tensor, axis, segment) triples, got {entry!r}")
+        name, axis, segment = entry
+        ax = spec.axes.get(name)
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (axis, segment))
+        if ax is None or not ints or not 0 <= axis < len(ax) or ax[axis] is None:
+            raise SpecError(f"duals entry {tuple(entry)!r}: no group acts on that tensor axis")
+        segments = spec.segments(name, axis)
+        if not 0 <= segment < len(segments) or segments[segment][0] is None:
+            raise SpecError(
+                f"duals entry {tuple(entry)!r}: segment {segment} of that axis is not a group's"
+            )
+        out.add((name, axis, segment))
+    return frozenset(out)
 
 
 def _check_folds(spec: PermutationSpec) -> dict[str, tuple[tuple[str, int], ...]]:

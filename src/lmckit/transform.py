@@ -1,4 +1,5 @@
-"""Symmetries beyond permutations: orthogonal maps of groups, and norm-gain folding.
+"""Symmetries beyond permutations: orthogonal, invertible and scaling maps of groups, and
+norm-gain folding.
 
 A :class:`Transform` holds, for every group of a :class:`~lmckit.perm.PermutationSpec`,
 either an index vector (a permutation, the convention of :mod:`lmckit.perm`) or an
@@ -25,6 +26,16 @@ provided nothing elementwise acts on the group between a writer and a reader. No
   projection by one of each head's value dimensions and the output projection's inputs.
   The matrix of such a group is block-permutation: block ``(i, π(i))`` is head ``i``'s
   ``d × d`` orthogonal ``Q_i``.
+* **Invertible maps** (kind ``"invertible"``): a layer that reads a group ``z ↦ W z``
+  keeps its function under ``z ↦ M z`` when ``W ← W M⁻¹``, so its rows in the
+  :func:`~lmckit.perm.group_rows` layout move by ``M⁻ᵀ`` — the places in
+  ``spec.duals`` — while writers move by ``M``. Attention's value/output dimensions admit
+  any invertible ``N`` per head (``W_V ← N W_V``, ``W_O ← W_O N⁻¹``) and its query/key
+  dimensions any invertible ``M`` per head, the key side dual (``(Mq)·(M⁻ᵀk) = q·k``),
+  unless rotary embeddings act on them.
+* **Scalings** (kind ``"scaling"``): a ReLU-family activation commutes with positive
+  per-unit scales, ``relu(s z) = s relu(z)``, so an MLP's hidden units admit a permutation
+  times positive scales (not so GELU or SiLU). Readers are dual, as for invertible maps.
 
 :func:`lmckit.spec.symmetry_kinds` decides each group's kind from the model's graph and
 checks it numerically; tests hold every kind to float64 function preservation.
@@ -58,12 +69,53 @@ __all__ = [
     "fold_norms",
     "haar_orthogonal",
     "mean_free_basis",
+    "orthogonal_subgroup",
+    "random_map",
     "unfold_norms",
 ]
 
 
 def _tolerance(dtype: torch.dtype) -> float:
     return 1e-9 if dtype == torch.float64 else 1e-4
+
+
+ORTHOGONAL_KINDS = ("orthogonal", "orthogonal-mean-free")
+# an invertible map this ill-conditioned loses every digit a float32 model has
+_MAX_CONDITION = 1e8
+
+
+def _check_matrix(g: str, kind: str, m64: Tensor, dtype: torch.dtype) -> None:
+    """Raise unless ``m64`` (float64) is a map of ``kind``."""
+    n = m64.shape[0]
+    tol = _tolerance(dtype) * max(1.0, math.sqrt(n))
+    if kind in ORTHOGONAL_KINDS:
+        error = (m64 @ m64.T - torch.eye(n, dtype=torch.float64)).abs().max().item()
+        if error > tol:
+            raise PermutationError(
+                f"group {g!r} is {kind}: its matrix is not orthogonal (|M Mᵀ − I| = {error:.2e})"
+            )
+    if kind == "orthogonal-mean-free":
+        drift = (m64.sum(1) - 1).abs().max().item()
+        if drift > tol:
+            raise PermutationError(
+                f"group {g!r} is orthogonal-mean-free (a LayerNorm's stream): its "
+                f"matrix must fix the all-ones vector (|M 1 − 1| = {drift:.2e})"
+            )
+    if kind == "invertible":
+        condition = torch.linalg.cond(m64).item()
+        if not condition <= _MAX_CONDITION:
+            raise PermutationError(
+                f"group {g!r}: its matrix is singular or nearly so (condition number "
+                f"{condition:.2e} > {_MAX_CONDITION:.0e})"
+            )
+    if kind == "scaling":
+        nonzero = m64 != 0
+        one_per_line = bool((nonzero.sum(0) == 1).all() and (nonzero.sum(1) == 1).all())
+        if not one_per_line or bool((m64 < 0).any()):
+            raise PermutationError(
+                f"group {g!r} is scaling: its matrix must be a permutation matrix with "
+                "positive entries (one per row and column)"
+            )
 
 
 class Transform:
@@ -80,7 +132,7 @@ class Transform:
             shape or not orthogonal, or an index vector that is not a permutation.
     """
 
-    __slots__ = ("_maps", "spec")
+    __slots__ = ("_duals", "_maps", "spec")
 
     def __init__(self, spec: PermutationSpec, maps: Mapping[str, Tensor]) -> None:
         if set(maps) != set(spec.groups):
@@ -107,19 +159,7 @@ class Transform:
             if not torch.isfinite(m).all():
                 raise PermutationError(f"group {g!r}: the matrix has NaN or infinite entries")
             m64 = m.detach().to("cpu", torch.float64)
-            error = (m64 @ m64.T - torch.eye(n, dtype=torch.float64)).abs().max().item()
-            if error > _tolerance(m.dtype) * max(1.0, math.sqrt(n)):
-                raise PermutationError(
-                    f"group {g!r} is {kind}: its matrix is not orthogonal (|M Mᵀ − I| = "
-                    f"{error:.2e})"
-                )
-            if kind == "orthogonal-mean-free":
-                drift = (m64.sum(1) - 1).abs().max().item()
-                if drift > _tolerance(m.dtype) * max(1.0, math.sqrt(n)):
-                    raise PermutationError(
-                        f"group {g!r} is orthogonal-mean-free (a LayerNorm's stream): its "
-                        f"matrix must fix the all-ones vector (|M 1 − 1| = {drift:.2e})"
-                    )
+            _check_matrix(g, kind, m64, m.dtype)
             checked[g] = m.detach().to("cpu")
         # a permutation of the spec checks the index vectors and that the groups of a head
         # tie move the heads alike (a matrix group stands in by its head permutation)
@@ -128,6 +168,7 @@ class Transform:
         checked.update({g: perms[g] for g in index})
         self.spec = spec
         self._maps = MappingProxyType(checked)
+        self._duals: dict[str, Tensor] = {}
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -150,8 +191,11 @@ class Transform:
     ) -> Transform:
         """A random element of the spec's symmetry group: Haar-random orthogonal matrices
         for groups of an orthogonal kind (per head, after a uniform head permutation, for
-        head-structured groups), uniform permutations elsewhere. Seeded by ``generator``
-        (a CPU generator or an integer), drawn in the spec's group order."""
+        head-structured groups); for invertible groups ``Q₁ diag(s) Q₂`` with Haar ``Qᵢ``
+        and singular values ``s = exp(U(−½, ½))`` (condition number below e); for scaling
+        groups a uniform permutation times scales ``exp(U(−1, 1))``; uniform permutations
+        elsewhere. Seeded by ``generator`` (a CPU generator or an integer), drawn in the
+        spec's group order."""
         if isinstance(generator, int):
             generator = torch.Generator().manual_seed(generator)
         perms = random_index_vectors(spec, generator, moving=True)
@@ -164,16 +208,10 @@ class Transform:
                 heads = spec.heads[g][1]
                 outer = split_heads(perms[g], heads)
                 assert outer is not None
-                blocks = [haar_orthogonal(n // heads, generator, dtype) for _ in range(heads)]
+                blocks = [random_map(kind, n // heads, generator, dtype) for _ in range(heads)]
                 maps[g] = head_matrix(outer[0], blocks)
-            elif kind == "orthogonal":
-                maps[g] = haar_orthogonal(n, generator, dtype)
-            else:  # orthogonal-mean-free
-                basis = mean_free_basis(n, dtype)
-                inner = haar_orthogonal(n - 1, generator, dtype) if n > 1 else basis[:, :0]
-                rotation = torch.eye(n, dtype=dtype)
-                rotation[1:, 1:] = inner
-                maps[g] = basis @ rotation @ basis.T
+            else:
+                maps[g] = random_map(kind, n, generator, dtype)
         return cls(spec, maps)
 
     # -- access ----------------------------------------------------------------------------
@@ -251,11 +289,29 @@ class Transform:
 
     # -- algebra ---------------------------------------------------------------------------
     def inverse(self) -> Transform:
-        """The transform ``U`` with ``U.apply(self.apply(x)) == x`` (``Mᵀ`` for matrices)."""
-        return Transform(
-            self.spec,
-            {g: (m.T.contiguous() if m.ndim == 2 else torch.argsort(m)) for g, m in self.items()},
-        )
+        """The transform ``U`` with ``U.apply(self.apply(x)) == x`` (``Mᵀ`` for orthogonal
+        matrices, ``M⁻¹`` for invertible and scaling ones)."""
+        out = {}
+        for g, m in self.items():
+            if m.ndim == 1:
+                out[g] = torch.argsort(m)
+            elif self.spec.kind(g) in ORTHOGONAL_KINDS:
+                out[g] = m.T.contiguous()
+            else:
+                out[g] = torch.linalg.inv(m.to(torch.float64)).to(m.dtype)
+                if self.spec.kind(g) == "scaling":  # exact zeros off the permutation
+                    out[g] = torch.where(m.T != 0, out[g], torch.zeros_like(out[g]))
+        return Transform(self.spec, out)
+
+    def dual(self, group: str) -> Tensor:
+        """``M⁻ᵀ`` of a matrix group: how its readers (``spec.duals``) move. ``M`` itself
+        for orthogonal kinds."""
+        m = self._maps[group]
+        if m.ndim == 1 or self.spec.kind(group) in ORTHOGONAL_KINDS:
+            return m
+        if group not in self._duals:
+            self._duals[group] = torch.linalg.inv(m.to(torch.float64)).T.to(m.dtype)
+        return self._duals[group]
 
     def compose(self, inner: Transform | Permutation) -> Transform:
         """``self ∘ inner``: applying the result equals ``self.apply(inner.apply(x))``
@@ -304,6 +360,16 @@ class Transform:
         return math.sqrt(total)
 
 
+def orthogonal_subgroup(spec: PermutationSpec) -> PermutationSpec:
+    """``spec`` with each invertible group orthogonal and each scaling group a permutation:
+    the subgroup whose maps keep distances (``‖T(θ)‖ = ‖θ‖``), which weight matching's
+    Procrustes steps search. Its transforms are transforms of ``spec`` too."""
+    from dataclasses import replace
+
+    narrowed = {"invertible": "orthogonal", "scaling": "permutation"}
+    return replace(spec, kinds={g: narrowed.get(k, k) for g, k in spec.kinds.items()})
+
+
 def dense_matrix(m: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
     """A group's map as an ``n × n`` matrix: a matrix as it is, an index vector ``p`` as
     the permutation matrix with ``M[i, p[i]] = 1``."""
@@ -332,14 +398,37 @@ def transform_tensor(t: Tensor, transform: Transform, name: str) -> Tensor:
         for g in axis_groups(entry):
             m = transform[g]
             if m.ndim == 2:
-                rows = group_rows(spec, name, axis, g, t)
-                t = put_group_rows(spec, name, axis, g, t, m.to(t.device, t.dtype) @ rows)
+                t = _move_rows(spec, name, axis, g, t, m, transform.dual(g))
                 perms[g] = torch.arange(spec.groups[g])
             else:
                 perms[g] = m
         if axis_groups(entry):
             t = permute_spec_axis(t, spec, name, axis, perms)
     return t
+
+
+def _move_rows(
+    spec: PermutationSpec, name: str, axis: int, group: str, t: Tensor, m: Tensor, dual: Tensor
+) -> Tensor:
+    """``t`` with ``group``'s rows on ``axis`` multiplied by ``m`` — by ``dual`` in the
+    segments ``spec.duals`` lists."""
+    rows = group_rows(spec, name, axis, group, t)
+    segments = [i for i, (g, _, _) in enumerate(spec.segments(name, axis)) if g == group]
+    flags = [spec.is_dual(name, axis, i) for i in segments]
+    if dual is m or not any(flags):
+        moved = m.to(t.device, t.dtype) @ rows
+    elif all(flags):
+        moved = dual.to(t.device, t.dtype) @ rows
+    else:  # a fused projection: query and key segments of one axis move differently
+        width = rows.shape[1] // len(segments)
+        moved = torch.cat(
+            [
+                (dual if flag else m).to(t.device, t.dtype) @ rows[:, i * width : (i + 1) * width]
+                for i, flag in enumerate(flags)
+            ],
+            dim=1,
+        )
+    return put_group_rows(spec, name, axis, group, t, moved)
 
 
 def head_matrix(outer: Tensor, blocks: list[Tensor]) -> Tensor:
@@ -394,6 +483,31 @@ def _index_list(group: str, values: list) -> Tensor:
     if bad is not None:
         raise PermutationError(f"group {group!r}: indices must be integers, found {bad!r}")
     return torch.tensor(values, dtype=torch.long)
+
+
+def random_map(
+    kind: str, n: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64
+) -> Tensor:
+    """A random ``n × n`` map of ``kind`` (see :meth:`Transform.random`)."""
+    if kind == "orthogonal":
+        return haar_orthogonal(n, generator, dtype)
+    if kind == "orthogonal-mean-free":
+        basis = mean_free_basis(n, dtype)
+        rotation = torch.eye(n, dtype=dtype)
+        if n > 1:
+            rotation[1:, 1:] = haar_orthogonal(n - 1, generator, dtype)
+        return basis @ rotation @ basis.T
+    if kind == "invertible":
+        s = torch.exp(torch.rand(n, generator=generator, dtype=torch.float64) - 0.5)
+        left, right = haar_orthogonal(n, generator), haar_orthogonal(n, generator)
+        return ((left * s) @ right).to(dtype)
+    if kind == "scaling":
+        order = torch.randperm(n, generator=generator)
+        scales = torch.exp(2 * torch.rand(n, generator=generator, dtype=torch.float64) - 1)
+        out = torch.zeros(n, n, dtype=torch.float64)
+        out[torch.arange(n), order] = scales
+        return out.to(dtype)
+    raise PermutationError(f"no random map of kind {kind!r}")
 
 
 def haar_orthogonal(

@@ -138,7 +138,7 @@ def test_the_stream_rotates_with_its_norms_folded(found):
     assert {report.norms[k] for k in norms} == {expected}
 
 
-def test_heads_rotate_and_mlp_units_only_permute(found):
+def test_heads_take_invertible_maps_and_mlp_units_only_permute(found):
     name, _model, _x, report, _ = found
     spec = report.spec
     kinds = {g: spec.kind(g) for g in spec.groups}
@@ -146,10 +146,32 @@ def test_heads_rotate_and_mlp_units_only_permute(found):
     if name == "llama":  # rotary embeddings freeze the head dimensions: no head groups
         assert not heads
     else:
-        assert len(heads) == 2 * 2 and all(kinds[g] == "orthogonal" for g in heads)
+        assert len(heads) == 2 * 2 and all(kinds[g] == "invertible" for g in heads)
     mlps = [g for g, k in kinds.items() if k == "permutation" and spec.groups[g] > 16]
     assert len(mlps) == 2, str(report)  # an activation (GELU, SiLU gate) acts on them
     assert all("changes the outputs" in report.reasons[g] for g in mlps)
+
+
+def test_readers_and_keys_are_the_dual_places(found):
+    """Output projections read the value/output group (dual); of the query/key group's
+    two writers, the key side is dual — and nothing of the stream or the queries is."""
+    name, _model, _x, report, _ = found
+    spec = report.spec
+    dual_tensors = {n for n, _, _ in spec.duals}
+    if name == "llama":
+        assert not spec.duals
+        return
+    assert len(spec.duals) == 2 * 3  # per block: the key weight and bias, the output weight
+    for n, axis, segment in spec.duals:
+        group = spec.segments(n, axis)[segment][0]
+        assert group in spec.heads and spec.kind(group) == "invertible"
+    if name == "gpt2-untied":  # fused c_attn: segment 1 (keys) of the q/k group is dual
+        assert ("transformer.h.0.attn.c_attn.weight", 1, 1) in spec.duals
+        assert ("transformer.h.0.attn.c_attn.weight", 1, 0) not in spec.duals
+        assert ("transformer.h.0.attn.c_proj.weight", 0, 0) in spec.duals
+    else:
+        assert any("k" in n.rsplit(".", 2)[-2] for n in dual_tensors)
+        assert not any("q" in n.rsplit(".", 2)[-2] for n in dual_tensors)
 
 
 def test_a_random_transform_keeps_the_function_to_1e_10(found):
@@ -225,3 +247,96 @@ def test_huggingface_llama_as_written_keeps_its_float32_rms_norm_rounding():
     params = {k: v.detach() for k, v in model.state_dict().items()}
     moved = Transform.random(report.spec, 0).apply(fold_norms(report.spec, params))
     assert relative_error(model, params, moved, ids) < 1e-5
+
+
+def _relu_models():
+    torch.manual_seed(0)
+    config = T.GPT2Config(
+        vocab_size=40, n_embd=16, n_layer=2, n_head=4, n_positions=12, use_cache=False,
+        bos_token_id=0, eos_token_id=0, tie_word_embeddings=False, activation_function="relu",
+    )  # fmt: skip
+    gpt2 = T.GPT2LMHeadModel(config)
+    mlp = build_model("mlp", hidden=(24, 24))
+    return {
+        "gpt2-relu": (gpt2, torch.randint(0, 40, (3, 7)), 2),
+        "zoo-mlp": (mlp, torch.randn(5, 1, 28, 28), 2),
+    }
+
+
+@pytest.mark.parametrize("name", ["gpt2-relu", "zoo-mlp"])
+def test_relu_hidden_units_take_positive_scalings(name):
+    model, x, hidden_groups = _relu_models()[name]
+    model = randomized_norms(model.double().eval())
+    x = x.double() if x.is_floating_point() else x
+    spec = trace(model, x)
+    report = symmetry_kinds(model, x, spec)
+    scaling = [g for g in report.spec.groups if report.spec.kind(g) == "scaling"]
+    assert len(scaling) == hidden_groups, str(report)
+    params = {k: v.detach() for k, v in model.state_dict().items()}
+    folded = fold_norms(report.spec, params)
+    for seed in range(2):
+        transform = Transform.random(report.spec, seed)
+        moved = transform.apply(folded)
+        assert relative_error(model, params, moved, x) < 1e-10
+        scales = transform[scaling[0]]
+        assert scales.ndim == 2 and (scales.max(1).values - 1).abs().max() > 0.1  # not ±1
+    # the scales are undone by the readers: without them (duals dropped) it breaks
+    from dataclasses import replace
+
+    one_sided = replace(report.spec, duals=frozenset())
+    moved = Transform.random(one_sided, 0).apply(fold_norms(one_sided, params))
+    assert relative_error(model, params, moved, x) > 1e-3
+
+
+def test_invertible_head_maps_need_their_dual_side(found):
+    """An invertible map applied alike to writers and readers (duals forgotten) changes
+    the function: the dual side is what makes it a symmetry."""
+    from dataclasses import replace
+
+    name, model, x, report, _ = found
+    if name == "llama":
+        pytest.skip("no head groups (rotary embeddings)")
+    params = {k: v.detach() for k, v in model.state_dict().items()}
+    one_sided = replace(report.spec, duals=frozenset())
+    moved = Transform.random(one_sided, 0).apply(fold_norms(one_sided, params))
+    assert relative_error(model, params, moved, x) > 1e-3
+
+
+def test_matrices_of_the_new_kinds_are_checked():
+    from dataclasses import replace
+
+    from lmckit.perm import PermutationSpec
+
+    spec = PermutationSpec(
+        {"h": 3, "v": 4},
+        {"w1": ("h", None), "w2": (None, "h"), "v1": ("v", None), "v2": (None, "v")},
+        kinds={"h": "scaling", "v": "invertible"},
+        duals={("w2", 1, 0), ("v2", 1, 0)},
+    )
+    ok = Transform.random(spec, 0)
+    with pytest.raises(Exception, match="positive entries"):
+        ok.replace(h=-ok["h"])
+    with pytest.raises(Exception, match="positive entries"):
+        ok.replace(h=torch.ones(3, 3, dtype=torch.float64))
+    singular = torch.ones(4, 4, dtype=torch.float64)
+    with pytest.raises(Exception, match="singular"):
+        ok.replace(v=singular)
+    params = {k: torch.randn(*(3, 5) if k[0] == "w" else (4, 5)) for k in ("w1", "v1")}
+    params |= {"w2": torch.randn(5, 3), "v2": torch.randn(5, 4)}
+    params = {k: v.double() for k, v in params.items()}
+    moved = ok.apply(params)
+    # closed form: writers M W, readers W M⁻¹, so the products are unchanged
+    for w, r in (("w1", "w2"), ("v1", "v2")):
+        assert torch.allclose(moved[r] @ moved[w], params[r] @ params[w], atol=1e-12)
+    back = ok.inverse().apply(moved)
+    assert all(torch.allclose(back[k], params[k], atol=1e-12) for k in params)
+    composed = ok.compose(ok.inverse())
+    assert all(torch.allclose(composed.matrix(g), torch.eye(spec.groups[g]).double()) for g in "hv")
+    with pytest.raises(Exception, match="segment"):
+        replace(spec, duals={("w2", 1, 3)})
+    with pytest.raises(Exception, match="no group acts"):
+        replace(spec, duals={("w2", 0, 0)})
+    with pytest.raises(Exception, match="head-structured"):
+        PermutationSpec(
+            {"q": 4}, {"wq": ("q", None)}, heads={"q": ("q", 2)}, kinds={"q": "scaling"}
+        )

@@ -167,6 +167,7 @@ def save_transform(path: str | Path, result: MatchResult, **extra: Any) -> None:
             "kinds": dict(spec.kinds),
             "folds": {k: [list(r) for r in v] for k, v in spec.folds.items()},
             "norm_biases": dict(spec.norm_biases),
+            "duals": sorted(list(d) for d in spec.duals),
             "maps": result.perm.to_dict(),
             "distance_before": result.distance_before,
             "distance_after": result.distance_after,

@@ -44,6 +44,7 @@ from lmckit.transform import (
     dense_matrix,
     head_matrix,
     mean_free_basis,
+    orthogonal_subgroup,
     transform_tensor,
 )
 
@@ -178,7 +179,11 @@ def orthogonal_weight_matching(
 
     Args:
         spec: a spec with kinds (:func:`lmckit.spec.symmetry_kinds`); groups without one are
-            permuted, so a spec without kinds gives weight matching's permutations.
+            permuted, so a spec without kinds gives weight matching's permutations. Weight
+            matching searches the distance-keeping part of each kind
+            (:func:`~lmckit.transform.orthogonal_subgroup`): invertible groups get orthogonal
+            maps, scaling groups permutations (their scales are fitted on activations:
+            :func:`~lmckit.match.least_squares_refinement`).
         params_a, params_b: models A and B with their norm gains folded
             (:func:`lmckit.transform.fold_norms` of each), same keys and shapes, finite.
         model, data: accepted for the matchers' common signature; unused.
@@ -212,6 +217,9 @@ def orthogonal_weight_matching(
         init = Transform.from_permutation(init)
     if init is not None and (not isinstance(init, Transform) or init.spec.groups != spec.groups):
         raise PermutationError("init must be a Transform (or Permutation) of the spec's groups")
+    given, spec = spec, orthogonal_subgroup(spec)
+    if init is not None:
+        init = Transform(spec, dict(init.items()))
     params_a, params_b = detached(params_a), detached(params_b)
     rotated = {g for g in spec.groups if spec.kind(g) != "permutation"}
     gains_of_rotated = {k for k in spec.folds if spec.gain_group(k) in rotated}
@@ -267,6 +275,7 @@ def orthogonal_weight_matching(
     counts: dict[str, int] = {}
     for g in spec.groups:
         counts[spec.kind(g)] = counts.get(spec.kind(g), 0) + 1
+    transform = Transform(given, dict(transform.items()))
     return MatchResult(
         perm=transform,
         method="wm-orth",

@@ -32,7 +32,7 @@ from torch import Tensor, fx, nn
 
 from lmckit.errors import SpecError
 from lmckit.options import checked
-from lmckit.perm import PermutationSpec
+from lmckit.perm import PermutationSpec, axis_groups
 from lmckit.spec.trace import (
     _close,
     _logits_if_any,
@@ -44,9 +44,8 @@ from lmckit.spec.trace import (
 from lmckit.transform import (
     Transform,
     fold_norms,
-    haar_orthogonal,
     head_matrix,
-    mean_free_basis,
+    random_map,
 )
 
 __all__ = ["SymmetryReport", "symmetry_kinds"]
@@ -69,6 +68,7 @@ _PASS_THROUGH = {
     aten.to.device,
     aten.dropout.default,
 }
+_DUAL_KINDS = ("invertible", "scaling")
 _LAYER_NORMS = {aten.layer_norm.default, aten.native_layer_norm.default}
 _RMS_NORMS = {getattr(aten, "rms_norm", None) and aten.rms_norm.default} - {None}
 
@@ -143,6 +143,7 @@ def symmetry_kinds(
     spec.validate(state, what=f"{type(model).__name__}'s state_dict")
     exported, args, kwargs = export_model(model, example_inputs, example_kwargs)
     found = _norms(exported, spec, _aliases(model))
+    uses = _linear_uses(exported)
     select = outputs if outputs is not None else _logits_if_any
     twin = copy.deepcopy(model).double()
     args64, kwargs64 = _to_double((args, kwargs))
@@ -154,6 +155,7 @@ def symmetry_kinds(
     kinds: dict[str, str] = {}
     folds: dict[str, tuple[tuple[str, int], ...]] = {}
     biases: dict[str, str] = {}
+    duals: set[tuple[str, int, int]] = set()
     reasons: dict[str, str] = {}
     norms: dict[str, str] = {}
     for g, n in spec.groups.items():
@@ -167,9 +169,13 @@ def symmetry_kinds(
         candidate_folds = {gain: info.readers for gain, info in gains.items()}
         candidate_biases = {gain: info.bias for gain, info in gains.items() if info.bias}
         layer_norm = any(info.kind == "layer_norm" for info in gains.values())
-        tries = ["orthogonal"] if g in spec.heads or not layer_norm else []
+        candidate_duals = None if gains else _duals_of(spec, g, uses)
+        tries = ["invertible"] if candidate_duals is not None else []
+        tries += ["orthogonal"] if g in spec.heads or not layer_norm else []
         if g not in spec.heads and n > 2:  # (with two units it fixes, it is a permutation)
             tries.append("orthogonal-mean-free")
+        if candidate_duals is not None and g not in spec.heads:
+            tries.append("scaling")
         why, chosen = "no orthogonal map of it keeps the outputs", None
         for kind in tries:
             trial = replace(
@@ -177,6 +183,7 @@ def symmetry_kinds(
                 kinds={**kinds, g: kind},
                 folds={**folds, **candidate_folds},
                 norm_biases={**biases, **candidate_biases},
+                duals=duals | (candidate_duals if kind in _DUAL_KINDS else set()),
             )
             folded = fold_norms(trial, params)
             if not _close(reference, _run(twin, folded, args64, kwargs64, False, select), rtol):
@@ -192,16 +199,19 @@ def symmetry_kinds(
             why = (
                 "a random orthogonal map of it changes the outputs (an elementwise op acts "
                 "on it: an activation, a gating product, rotary embeddings)"
+                + (", and so does a positive scaling of its units" if kind == "scaling" else "")
             )
         if chosen is None:
             reasons[g] = why
             continue
         kinds[g] = chosen
+        if chosen in _DUAL_KINDS:
+            duals |= candidate_duals
         folds.update(candidate_folds)
         biases.update(candidate_biases)
         norms.update({gain: info.kind for gain, info in gains.items()})
     return SymmetryReport(
-        spec=replace(spec, kinds=kinds, folds=folds, norm_biases=biases),
+        spec=replace(spec, kinds=kinds, folds=folds, norm_biases=biases, duals=duals),
         reasons=reasons,
         norms=norms,
         seconds=time.perf_counter() - start,
@@ -214,14 +224,9 @@ def _random_map(spec: PermutationSpec, group: str, kind: str, generator) -> Tens
     n = spec.groups[group]
     if group in spec.heads:
         heads = spec.heads[group][1]
-        blocks = [haar_orthogonal(n // heads, generator) for _ in range(heads)]
+        blocks = [random_map(kind, n // heads, generator) for _ in range(heads)]
         return head_matrix(torch.arange(heads), blocks)
-    if kind == "orthogonal":
-        return haar_orthogonal(n, generator)
-    basis = mean_free_basis(n)
-    rotation = torch.eye(n, dtype=torch.float64)
-    rotation[1:, 1:] = haar_orthogonal(n - 1, generator)
-    return basis @ rotation @ basis.T
+    return random_map(kind, n, generator)
 
 
 @dataclass
@@ -248,15 +253,7 @@ def _norms(exported, spec: PermutationSpec, aliases: Mapping[str, list[str]]) ->
     out: dict[str, _Gain] = {}
 
     def state_name(node: Any) -> str | None:
-        while isinstance(node, fx.Node) and node.target in (
-            aten._to_copy.default,
-            aten.to.dtype,
-            aten.alias.default,
-        ):
-            node = node.args[0]
-        if isinstance(node, fx.Node) and node.op == "placeholder":
-            return names.get(node.name)
-        return None
+        return _state_name(node, names)
 
     for node in exported.graph.nodes:
         if node.op != "call_function":
@@ -295,6 +292,95 @@ def _norms(exported, spec: PermutationSpec, aliases: Mapping[str, list[str]]) ->
                 )
         out[gain] = info
     return out
+
+
+def _state_name(node: Any, names: Mapping[str, str]) -> str | None:
+    """The state tensor behind ``node`` (through casts and aliases), or None."""
+    while isinstance(node, fx.Node) and node.target in (
+        aten._to_copy.default,
+        aten.to.dtype,
+        aten.alias.default,
+    ):
+        node = node.args[0]
+    if isinstance(node, fx.Node) and node.op == "placeholder":
+        return names.get(node.name)
+    return None
+
+
+_CONVOLUTIONS = {
+    getattr(aten, op).default
+    for op in ("convolution", "conv1d", "conv2d", "conv3d")
+    if hasattr(aten, op)
+}
+
+
+@dataclass(frozen=True)
+class _LinearUse:
+    """A linear layer of the graph: its weight, the axis the product contracts (the
+    input's), the output axis, and its bias."""
+
+    weight: str
+    contracted: int
+    out: int
+    bias: str | None
+
+
+def _linear_uses(exported) -> list[_LinearUse]:
+    """Every linear map and convolution with a state weight, in graph order."""
+    signature = exported.graph_signature
+    names = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
+    uses = []
+    for node in exported.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target, args = node.target, node.args
+        found, bias = None, None
+        if target == aten.linear.default:
+            found = _weight(args[1], names, contracted=1)
+            bias = args[2] if len(args) > 2 else None
+        elif target == aten.addmm.default and len(args) > 2:
+            found, bias = _weight(args[2], names, contracted=0), args[0]
+        elif target in (aten.mm.default, aten.matmul.default):
+            found = _weight(args[1], names, contracted=0)
+        elif target in _CONVOLUTIONS:
+            name = _state_name(args[1], names)
+            found = (name, 1) if name is not None else None
+            bias = args[2] if len(args) > 2 else None
+            if found is not None:
+                uses.append(_LinearUse(name, 1, 0, _state_name(bias, names)))
+            continue
+        if found is not None:
+            name, contracted = found
+            uses.append(_LinearUse(name, contracted, 1 - contracted, _state_name(bias, names)))
+    return uses
+
+
+def _duals_of(spec: PermutationSpec, group: str, uses: list[_LinearUse]):
+    """The places of ``group`` that move by ``M⁻ᵀ`` under an invertible map — the inputs of
+    the linear layers that read it; for a group no layer reads (attention's queries and
+    keys, met only by each other) the second of exactly two writers — or None when the
+    graph does not say."""
+
+    def places(name: str, axis: int) -> list[tuple[str, int, int]]:
+        ax = spec.axes.get(name)
+        if ax is None or axis >= len(ax) or group not in axis_groups(ax[axis]):
+            return []
+        segments = spec.segments(name, axis)
+        return [(name, axis, i) for i, (g, _, _) in enumerate(segments) if g == group]
+
+    readers = [p for use in uses for p in places(use.weight, use.contracted)]
+    if readers:
+        return frozenset(readers)
+    sites = []
+    for use in uses:
+        for place in places(use.weight, use.out):
+            site = {place}
+            if use.bias is not None and places(use.bias, 0):
+                site.add((use.bias, 0, place[2]))
+            sites.append(site)
+    if len(sites) == 2:
+        return frozenset(sites[1])
+    return None
 
 
 def _is_gain(name: str, spec: PermutationSpec) -> bool:
