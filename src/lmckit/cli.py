@@ -650,18 +650,19 @@ def cmd_match(args: argparse.Namespace) -> int:
     )
     from lmckit.experiments.matching import (
         PERMUTATION_FORMAT,
+        TRANSFORM_FORMAT,
         check_same_architecture,
         match_checkpoints,
         save_match,
     )
     from lmckit.match import METHODS
 
-    if args.symmetries == "orth" and args.method not in ("wm", "wm-fast"):
+    if args.symmetries != "perm" and args.method not in ("wm", "wm-fast", "am"):
         raise UsageError(
-            f"--symmetries orth works with weight matching (--method wm or wm-fast), not "
-            f"{args.method!r}"
+            f"--symmetries {args.symmetries} works with weight matching (--method wm or "
+            f"wm-fast) or activation matching (am), not {args.method!r}"
         )
-    if args.symmetries == "orth" and args.aligned is not None:
+    if args.symmetries != "perm" and args.aligned is not None:
         raise UsageError(
             "--aligned writes permuted model folders; a rotated B needs its norms folded, "
             "which that writer does not do: use lmckit.transform (fold_norms, then apply)"
@@ -673,20 +674,22 @@ def cmd_match(args: argparse.Namespace) -> int:
             raise UsageError(f"--aligned and --out both name {args.out}: a folder and a file")
     a, b = _load_pair(args)
     check_output_file(
-        args.out, "--out", inputs=[*a.files, *b.files], file_format=PERMUTATION_FORMAT
-    )
+        args.out, "--out", inputs=[*a.files, *b.files],
+        file_format=PERMUTATION_FORMAT if args.symmetries == "perm" else TRANSFORM_FORMAT,
+    )  # fmt: skip
     check_same_architecture(a, b)
     if args.aligned is not None and not b.folder:
         raise UsageError("--aligned writes a model folder; B is not one")
-    data = _data_for(a, args) if METHODS[args.method].needs_data else None
+    needs_data = METHODS[args.method].needs_data or args.symmetries == "full"
+    data = _data_for(a, args) if needs_data else None
     from lmckit.experiments.estimates import check_match
 
     check_match(
         a, b, args.method, data, restarts=args.restarts, epochs=args.epochs,
         batch_size=args.batch_size, budget=_budget(args),
     )  # fmt: skip
-    if args.symmetries == "orth":
-        return _match_with_rotations(args, a, b)
+    if args.symmetries != "perm":
+        return _match_with_rotations(args, a, b, data)
     folder = locked_output(args.out.parent, "--out's folder", guard=False)
     with contextlib.ExitStack() as stack:
         bars = stack.enter_context(ProgressBars(not args.quiet))
@@ -740,8 +743,8 @@ def cmd_match(args: argparse.Namespace) -> int:
     return 0
 
 
-def _match_with_rotations(args: argparse.Namespace, a, b) -> int:
-    """``lmckit match --symmetries orth``: weight matching, then orthogonal maps."""
+def _match_with_rotations(args: argparse.Namespace, a, b, data) -> int:
+    """``lmckit match --symmetries orth|full``: maps beyond permutations, a transform file."""
     from lmckit._io import locked_output
     from lmckit.experiments.matching import match_with_rotations, save_transform
 
@@ -752,28 +755,45 @@ def _match_with_rotations(args: argparse.Namespace, a, b) -> int:
         from lmckit.model_folder import example_inputs
 
         example, example_kwargs = example_inputs(a.model, a.layout.config)
-    else:
+    elif data is not None:
+        example = data.train_x[:4]
+    elif getattr(args, "input_shape", None) is not None:
         example = _example_input(args)
+    else:
+        from lmckit.data.datasets import INPUT_SHAPES
+
+        shape = INPUT_SHAPES.get(a.meta.get("dataset", ""))
+        if shape is None:
+            raise UsageError(
+                f"{a.path}: no example input to read the model's graph with; pass "
+                "--input-shape (or --dataset)"
+            )
+        import torch
+
+        example = torch.randn(4, *shape)
     with locked_output(args.out.parent, "--out's folder", guard=False):
         with ProgressBars(not args.quiet) as bars:
-            wm, orth = match_with_rotations(
-                a, b, example, example_kwargs=example_kwargs, seed=args.seed,
-                progress=bars("match wm+orth"),
+            stages = match_with_rotations(
+                a, b, example, example_kwargs=example_kwargs, symmetries=args.symmetries,
+                method=args.method, data=data, seed=args.seed,
+                progress=bars(f"match {args.method} --symmetries {args.symmetries}"),
                 restarts=args.restarts, max_memory=args.max_memory,
             )  # fmt: skip
-        save_transform(args.out, orth, a=str(a.path), b=str(b.path), wm_distance=wm.distance_after)
+        final = stages[-1]
+        save_transform(
+            args.out, final, a=str(a.path), b=str(b.path), symmetries=args.symmetries,
+            stages={r.method: r.distance_after for r in stages},
+        )  # fmt: skip
+    spec = final.perm.spec
     counts: dict[str, int] = {}
-    for g in orth.perm.spec.groups:
-        kind = orth.perm.spec.kind(g)
-        counts[kind] = counts.get(kind, 0) + 1
-    print("method        wm+orth (permutations, then orthogonal maps)")
+    for g in spec.groups:
+        counts[spec.kind(g)] = counts.get(spec.kind(g), 0) + 1
+    path = " -> ".join(f"{r.distance_after:.4f} ({r.method})" for r in stages)
+    print(f"method        {' + '.join(r.method for r in stages)}")
     print(f"groups        {', '.join(f'{n} {k}' for k, n in counts.items())}")
-    print(f"folded norms  {len(orth.perm.spec.folds)} gains multiplied into their readers")
-    print(
-        f"L2 distance   {orth.distance_before:.4f} -> {wm.distance_after:.4f} (permutations) "
-        f"-> {orth.distance_after:.4f} (with orthogonal maps), folded weights"
-    )
-    print(f"time          {wm.seconds + orth.seconds:.2f} s ({orth.iterations} sweeps)")
+    print(f"folded norms  {len(spec.folds)} gains multiplied into their readers")
+    print(f"L2 distance   {final.distance_before:.4f} -> {path}, folded weights")
+    print(f"time          {sum(r.seconds for r in stages):.2f} s")
     print(f"transform     -> {args.out}")
     return 0
 
@@ -1544,10 +1564,12 @@ def build_parser() -> argparse.ArgumentParser:
         "architecture and sharding (from_pretrained loads it)",
     )  # fmt: skip
     p.add_argument(
-        "--symmetries", choices=("perm", "orth"), default="perm",
+        "--symmetries", choices=("perm", "orth", "full"), default="perm",
         help="perm: permutations (default); orth: also orthogonal maps where the model's "
         "graph allows them (a transformer's residual stream with its norm gains folded, "
-        "each head's query/key and value/output dimensions) — weight matching only, "
+        "each head's query/key and value/output dimensions); full: every kind — invertible "
+        "maps per head, positive scalings of ReLU units — fitted by least squares on the "
+        "data. With wm, wm-fast (weights, then least squares for full) or am (activations); "
         "written as a transform file",
     )  # fmt: skip
     _add_data_arguments(p)

@@ -19,6 +19,7 @@ from lmckit.functional import forward, module_mode, per_token
 from lmckit.match import METHODS, MatchResult
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback
+from lmckit.transform import Transform
 
 PERMUTATION_FORMAT = "lmckit-permutation"
 
@@ -110,48 +111,107 @@ def match_checkpoints(
 TRANSFORM_FORMAT = "lmckit-transform"
 
 
+SYMMETRIES = ("perm", "orth", "full")
+"""``--symmetries``: permutations only; with orthogonal maps; every kind (invertible head
+maps, ReLU scalings too)."""
+
+
 def match_with_rotations(
     a: Checkpoint,
     b: Checkpoint,
     example_inputs: Any,
     *,
     example_kwargs: Mapping[str, Any] | None = None,
+    symmetries: str = "orth",
+    method: str = "wm",
+    data: Any = None,
     seed: int = 0,
     progress: ProgressCallback | None = None,
     restarts: int | None = None,
     max_memory: int | None = None,
-) -> tuple[MatchResult, MatchResult]:
-    """Weight matching over permutations and orthogonal maps (``--symmetries orth``).
+    n_batches: int | None = None,
+) -> list[MatchResult]:
+    """Align B to A over more than permutations (``--symmetries orth|full``).
 
-    Finds the groups that rotate (:func:`lmckit.spec.symmetry_kinds` on A's model and
-    ``example_inputs``), folds both models' norm gains, runs weight matching over
-    permutations and continues from its result with
-    :func:`~lmckit.match.orthogonal.orthogonal_weight_matching`.
+    Finds each group's kind (:func:`lmckit.spec.symmetry_kinds` on A's model and
+    ``example_inputs``) and folds both models' norm gains. Then, by ``method``:
+
+    * ``"wm"``/``"wm-fast"``: weight matching over permutations, continued over orthogonal
+      maps (:func:`~lmckit.match.orthogonal.orthogonal_weight_matching`); with ``"full"``,
+      the invertible and scaling groups are then refitted by least squares on ``data``
+      (:func:`~lmckit.match.activation_transform.transform_activation_matching` with
+      ``refine``), keeping the heads and units weight matching paired.
+    * ``"am"``: every group fitted on activations at once (Procrustes, least squares, LAP)
+      over ``data``; ``"orth"`` restricts it to the orthogonal maps of each kind.
 
     Returns:
-        ``(wm, orth)``: the permutation-only result and the orthogonal one, both on the
-        folded models (``orth.perm`` is a :class:`~lmckit.transform.Transform` whose
-        ``spec`` carries the kinds and folds).
+        the stages' results in order, on the folded models; the last one's ``perm`` is the
+        final :class:`~lmckit.transform.Transform` (its ``spec`` carries kinds, folds and
+        duals).
+
+    Raises:
+        UsageError: an unknown ``symmetries`` or ``method``, no data where it is needed, or a
+            model with no group beyond permutations.
     """
     from lmckit.match import weight_matching
+    from lmckit.match.activation_transform import transform_activation_matching
     from lmckit.match.orthogonal import orthogonal_weight_matching
     from lmckit.spec import symmetry_kinds
-    from lmckit.transform import fold_norms
+    from lmckit.transform import fold_norms, orthogonal_subgroup
 
+    if symmetries not in ("orth", "full"):
+        raise UsageError(f"symmetries must be 'orth' or 'full' here, got {symmetries!r}")
+    if method not in ("wm", "wm-fast", "am"):
+        raise UsageError(f"--symmetries {symmetries} works with wm, wm-fast or am, not {method!r}")
+    if data is None and (method == "am" or symmetries == "full"):
+        raise UsageError(f"--symmetries {symmetries} with {method} needs data (activations)")
     check_same_architecture(a, b)
     spec = symmetry_kinds(a.model, example_inputs, a.spec, example_kwargs=example_kwargs).spec
+    if symmetries == "orth":
+        spec = orthogonal_subgroup(spec)
     if not spec.kinds:
         raise UsageError(
-            "no group of this model admits an orthogonal map (see `lmckit spec`): "
-            "--symmetries orth would give weight matching's permutations"
+            f"no group of this model admits a map beyond permutations (see `lmckit spec`): "
+            f"--symmetries {symmetries} would give permutations"
         )
     folded_a, folded_b = fold_norms(spec, a.params), fold_norms(spec, b.params)
+    if method == "am":
+        return [
+            transform_activation_matching(
+                spec,
+                folded_a,
+                folded_b,
+                model=a.model,
+                data=data,
+                seed=seed,
+                progress=progress,
+                n_batches=n_batches,
+            )
+        ]
     options = {k: v for k, v in {"restarts": restarts, "max_memory": max_memory}.items() if v}
-    wm = weight_matching(spec, folded_a, folded_b, seed=seed, **options)
+    wm = weight_matching(
+        spec, folded_a, folded_b, seed=seed, warm_start=method == "wm-fast", **options
+    )
     orth = orthogonal_weight_matching(
         spec, folded_a, folded_b, init=wm.perm, seed=seed, progress=progress
     )
-    return wm, orth
+    stages = [wm, orth]
+    refine = [g for g in spec.groups if spec.kind(g) in ("invertible", "scaling")]
+    if symmetries == "full" and refine:
+        stages.append(
+            transform_activation_matching(
+                spec,
+                folded_a,
+                folded_b,
+                model=a.model,
+                data=data,
+                init=orth.perm,
+                refine=refine,
+                seed=seed,
+                n_batches=n_batches,
+            )
+        )
+    return stages
 
 
 def save_transform(path: str | Path, result: MatchResult, **extra: Any) -> None:
@@ -177,6 +237,44 @@ def save_transform(path: str | Path, result: MatchResult, **extra: Any) -> None:
             **extra,
         },
     )
+
+
+def load_transform(path: str | Path, spec: PermutationSpec) -> Transform:
+    """Read a transform file written by :func:`save_transform` for a model of ``spec`` (its
+    permutation spec): the kinds, folds and duals it records are laid over ``spec`` and
+    the maps validated against them.
+
+    Raises:
+        PermutationError: unreadable file, not a transform file, made for other groups, or
+            maps that are not of their groups' kinds; the message names the file.
+    """
+    from dataclasses import replace
+
+    from lmckit.errors import SpecError
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PermutationError(f"cannot read transform file {path}: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != TRANSFORM_FORMAT:
+        raise PermutationError(
+            f"{path} is not a transform file (lmckit match --symmetries orth|full writes one)"
+        )
+    if data.get("groups") != dict(spec.groups):
+        raise PermutationError(
+            f"{path} was made for groups {data.get('groups')}, this model has {dict(spec.groups)}"
+        )
+    try:
+        full = replace(
+            spec,
+            kinds=data.get("kinds", {}),
+            folds={k: tuple(map(tuple, v)) for k, v in data.get("folds", {}).items()},
+            norm_biases=data.get("norm_biases", {}),
+            duals=frozenset(tuple(d) for d in data.get("duals", [])),
+        )
+        return Transform.from_dict(data.get("maps"), full)
+    except (SpecError, PermutationError, TypeError, ValueError) as exc:
+        raise PermutationError(f"{path}: {exc}") from None
 
 
 def save_match(path: str | Path, result: MatchResult, **extra: Any) -> None:
