@@ -655,14 +655,14 @@ def cmd_match(args: argparse.Namespace) -> int:
         match_checkpoints,
         save_match,
     )
-    from lmckit.match import METHODS
+    from lmckit.match import METHODS, TRANSFORM_METHODS
 
     if args.symmetries != "perm" and args.method not in ("wm", "wm-fast", "am"):
         raise UsageError(
             f"--symmetries {args.symmetries} works with weight matching (--method wm or "
             f"wm-fast) or activation matching (am), not {args.method!r}"
         )
-    if args.symmetries != "perm" and args.aligned is not None:
+    if (args.symmetries != "perm" or args.method in TRANSFORM_METHODS) and args.aligned:
         raise UsageError(
             "--aligned writes permuted model folders; a rotated B needs its norms folded, "
             "which that writer does not do: use lmckit.transform (fold_norms, then apply)"
@@ -675,21 +675,25 @@ def cmd_match(args: argparse.Namespace) -> int:
     a, b = _load_pair(args)
     check_output_file(
         args.out, "--out", inputs=[*a.files, *b.files],
-        file_format=PERMUTATION_FORMAT if args.symmetries == "perm" else TRANSFORM_FORMAT,
+        file_format=TRANSFORM_FORMAT
+        if args.symmetries != "perm" or args.method in TRANSFORM_METHODS
+        else PERMUTATION_FORMAT,
     )  # fmt: skip
     check_same_architecture(a, b)
     if args.aligned is not None and not b.folder:
         raise UsageError("--aligned writes a model folder; B is not one")
-    needs_data = METHODS[args.method].needs_data or args.symmetries == "full"
-    data = _data_for(a, args) if needs_data else None
+    method = args.method
+    if args.symmetries != "perm":
+        method = f"{'am' if args.method == 'am' else 'wm'}-{args.symmetries}"
+    data = _data_for(a, args) if METHODS[method].needs_data else None
     from lmckit.experiments.estimates import check_match
 
     check_match(
         a, b, args.method, data, restarts=args.restarts, epochs=args.epochs,
         batch_size=args.batch_size, budget=_budget(args),
     )  # fmt: skip
-    if args.symmetries != "perm":
-        return _match_with_rotations(args, a, b, data)
+    if method in TRANSFORM_METHODS:
+        return _match_with_rotations(args, method, a, b, data)
     folder = locked_output(args.out.parent, "--out's folder", guard=False)
     with contextlib.ExitStack() as stack:
         bars = stack.enter_context(ProgressBars(not args.quiet))
@@ -743,10 +747,10 @@ def cmd_match(args: argparse.Namespace) -> int:
     return 0
 
 
-def _match_with_rotations(args: argparse.Namespace, a, b, data) -> int:
-    """``lmckit match --symmetries orth|full``: maps beyond permutations, a transform file."""
+def _match_with_rotations(args: argparse.Namespace, method: str, a, b, data) -> int:
+    """``lmckit match --symmetries orth|full`` (or a transform method): a transform file."""
     from lmckit._io import locked_output
-    from lmckit.experiments.matching import match_with_rotations, save_transform
+    from lmckit.experiments.matching import match_checkpoints, save_transform
 
     example, example_kwargs = getattr(a.model, "example_input", None), {}
     if callable(example):
@@ -756,7 +760,7 @@ def _match_with_rotations(args: argparse.Namespace, a, b, data) -> int:
 
         example, example_kwargs = example_inputs(a.model, a.layout.config)
     elif data is not None:
-        example = data.train_x[:4]
+        example = data.train_x[:8]
     elif getattr(args, "input_shape", None) is not None:
         example = _example_input(args)
     else:
@@ -773,27 +777,21 @@ def _match_with_rotations(args: argparse.Namespace, a, b, data) -> int:
         example = torch.randn(4, *shape)
     with locked_output(args.out.parent, "--out's folder", guard=False):
         with ProgressBars(not args.quiet) as bars:
-            stages = match_with_rotations(
-                a, b, example, example_kwargs=example_kwargs, symmetries=args.symmetries,
-                method=args.method, data=data, seed=args.seed,
-                progress=bars(f"match {args.method} --symmetries {args.symmetries}"),
-                restarts=args.restarts, max_memory=args.max_memory,
+            result = match_checkpoints(
+                a, b, method, data, seed=args.seed, progress=bars(f"match {method}"),
+                example_inputs=example, example_kwargs=example_kwargs, restarts=args.restarts,
             )  # fmt: skip
-        final = stages[-1]
-        save_transform(
-            args.out, final, a=str(a.path), b=str(b.path), symmetries=args.symmetries,
-            stages={r.method: r.distance_after for r in stages},
-        )  # fmt: skip
-    spec = final.perm.spec
+        save_transform(args.out, result, a=str(a.path), b=str(b.path))
+    spec = result.perm.spec
     counts: dict[str, int] = {}
     for g in spec.groups:
         counts[spec.kind(g)] = counts.get(spec.kind(g), 0) + 1
-    path = " -> ".join(f"{r.distance_after:.4f} ({r.method})" for r in stages)
-    print(f"method        {' + '.join(r.method for r in stages)}")
+    path = " -> ".join(f"{s['distance']:.4f} ({s['method']})" for s in result.info["stages"])
+    print(f"method        {method} ({' + '.join(s['method'] for s in result.info['stages'])})")
     print(f"groups        {', '.join(f'{n} {k}' for k, n in counts.items())}")
     print(f"folded norms  {len(spec.folds)} gains multiplied into their readers")
-    print(f"L2 distance   {final.distance_before:.4f} -> {path}, folded weights")
-    print(f"time          {sum(r.seconds for r in stages):.2f} s")
+    print(f"L2 distance   {result.distance_before:.4f} -> {path}, folded weights")
+    print(f"time          {result.seconds:.2f} s")
     print(f"transform     -> {args.out}")
     return 0
 

@@ -55,7 +55,10 @@ class Method:
     def own_options(self) -> tuple[str, ...]:
         """``fn``'s own keyword options the caller may set (its keyword-only parameters,
         less the family's common ones, those this entry fixes and those it does not use)."""
+        # the family's common arguments, and an example batch (the caller's to supply from
+        # the model: a model folder's own inputs, say), are not options
         common = {"model", "data", "init", "seed", "progress", "reference"}
+        common |= {"example_inputs", "example_kwargs"}
         if self.needs_sizes:
             common.add("sizes")  # supplied by the caller from the models, not an option
         return tuple(

@@ -66,6 +66,7 @@ from lmckit.perm import (
 
 __all__ = [
     "Transform",
+    "align_pair",
     "fold_norms",
     "haar_orthogonal",
     "mean_free_basis",
@@ -358,6 +359,22 @@ class Transform:
         for name in floating_names(reference):
             total += squared_distance(reference[name], transform_tensor(params[name], self, name))
         return math.sqrt(total)
+
+
+def align_pair(
+    alignment: Transform | Permutation, params_a: Params, params_b: Params
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """``(A, π(B))`` for a permutation; for a transform, both models with their norm gains
+    folded (``alignment.spec.folds``) and the transform applied to B's: the pair whose
+    interpolation, merge or distance a caller wants. Inputs are left untouched."""
+    if isinstance(alignment, Permutation):
+        return dict(params_a), alignment.apply(params_b)
+    if not isinstance(alignment, Transform):
+        raise PermutationError(
+            f"expected a Permutation or a Transform, got {type(alignment).__name__}"
+        )
+    spec = alignment.spec
+    return fold_norms(spec, params_a), alignment.apply(fold_norms(spec, params_b))
 
 
 def orthogonal_subgroup(spec: PermutationSpec) -> PermutationSpec:

@@ -185,7 +185,8 @@ def test_the_command_line_writes_a_transform_that_aligns_b(tmp_path, capsys):
     assert "invertible" not in spec.kinds.values()  # orth: the orthogonal maps of each kind
     a, b = (_folded(spec, m) for m in models)
     assert transform.distance(a, b) == pytest.approx(data["distance_after"], rel=1e-5)
-    wm_distance = next(v for k, v in data["stages"].items() if k != "wm-orth")
+    assert [s["method"] for s in data["stages"]] == ["weight_matching[warm]", "wm-orth"]
+    wm_distance = data["stages"][0]["distance"]
     assert data["distance_after"] < wm_distance < data["distance_before"]
     # not for the permutation readers, and not with other matchers
     from lmckit.experiments.matching import load_permutation

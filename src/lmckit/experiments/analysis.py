@@ -40,7 +40,7 @@ from lmckit.experiments.matching import (
     stored_matches,
 )
 from lmckit.experiments.store import Store
-from lmckit.match import METHODS
+from lmckit.match import METHODS, TRANSFORM_METHODS
 from lmckit.params import Params, has_batchnorm, lerp_params
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.plots import (
@@ -218,6 +218,12 @@ def run_analyze(
     unknown = [m for m in methods if m != NAIVE and m not in METHODS]
     if unknown:
         raise UsageError(f"unknown matching method(s) {unknown}; choose from {sorted(METHODS)}")
+    beyond = [m for m in methods if m in TRANSFORM_METHODS]
+    if beyond:
+        raise UsageError(
+            f"the analyses work on permutations; {beyond} align with maps beyond permutations "
+            "(use lmckit interpolate for their paths)"
+        )
     check_same_architecture(a, b)
     needs_data = [m for m in methods if m != NAIVE and METHODS[m].needs_data]
     if data is None and (needs_data and perm_file is None):

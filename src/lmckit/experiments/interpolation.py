@@ -16,7 +16,7 @@ from lmckit.evaluate import Curve, interpolate, lambda_grid, save_curves
 from lmckit.experiments.matching import (
     check_data_fits,
     check_same_architecture,
-    load_permutation,
+    load_alignment,
     permutation_content,
     stored_matches,
 )
@@ -26,6 +26,7 @@ from lmckit.params import has_batchnorm
 from lmckit.perm import Permutation
 from lmckit.plots import plot_barriers, plot_interpolation
 from lmckit.progress import ProgressCallback
+from lmckit.transform import Transform, align_pair
 
 NAIVE = "none"
 
@@ -68,7 +69,7 @@ def stored_curve(
     store: Store,
     a: Checkpoint,
     b: Checkpoint,
-    perm: Permutation,
+    perm: Permutation | Transform,
     *,
     data: Dataset,
     loaders: Mapping[str, Any],
@@ -104,10 +105,11 @@ def stored_curve(
 
     def write(folder: Path) -> tuple[str, dict[str, Any]]:
         started = time.perf_counter()
+        params_a, params_b = align_pair(perm, a.params, b.params)
         curve = interpolate(
             a.model,
-            a.params,
-            perm.apply(b.params),
+            params_a,
+            params_b,
             loaders,
             lambdas=lambdas,
             bn_reset_data=bn_reset_data,
@@ -147,7 +149,8 @@ def run_interpolate(
     progress: Callable[[str], ProgressCallback | None] | None = None,
 ) -> dict[str, Any]:
     """Match B to A with each of ``methods`` (``"none"`` is the naive path) — or use the
-    permutation in ``perm_file`` — and evaluate every linear path on ``data``.
+    permutation or transform file ``perm_file`` — and evaluate every linear path on
+    ``data`` (a transform's path runs between the norm-folded models).
 
     BatchNorm networks are BN-reset at every interior λ (``bn_batches`` batches); with
     ``repair`` BN-free networks are REPAIRed instead. Writes ``perm-<method>.json``,
@@ -177,9 +180,9 @@ def run_interpolate(
     ]
     inputs = [*a.files, *b.files, *([perm_file] if perm_file else [])]
     check_outputs([*outputs, out / "store"], inputs)
-    perms: dict[str, Permutation] = {}
+    perms: dict[str, Permutation | Transform] = {}
     if perm_file is not None:
-        perms["given"] = load_permutation(perm_file, a.spec)
+        perms["given"] = load_alignment(perm_file, a.spec)
     out = prepare_output_dir(out, "--out")
     store = Store(out / "store")
     if perm_file is None:

@@ -16,7 +16,7 @@ from lmckit.data import Dataset
 from lmckit.errors import DataError, ParamsError, PermutationError, UsageError
 from lmckit.experiments.store import Artifact, Store, content_hash, make_key
 from lmckit.functional import forward, module_mode, per_token
-from lmckit.match import METHODS, MatchResult
+from lmckit.match import METHODS, TRANSFORM_METHODS, MatchResult
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback
 from lmckit.transform import Transform
@@ -84,13 +84,17 @@ def match_checkpoints(
     *,
     seed: int = 0,
     progress: ProgressCallback | None = None,
+    example_inputs: Any = None,
+    example_kwargs: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> MatchResult:
     """Permute checkpoint B onto A with the matcher ``method`` of :data:`lmckit.match.METHODS`.
 
     ``options`` are the matcher's keyword options (``epochs``, ``lr``, ``restarts`` ...);
     ``None`` values mean "the method's default". An option the matcher does not take, or a
-    value of the wrong type or range, is a :class:`UsageError` naming it.
+    value of the wrong type or range, is a :class:`UsageError` naming it. Methods of
+    :data:`~lmckit.match.TRANSFORM_METHODS` read the model's graph on ``example_inputs``
+    (default: the data's first batch) and return a transform of the norm-folded models.
     """
     if method not in METHODS:
         raise UsageError(f"unknown matching method {method!r}; choose from {sorted(METHODS)}")
@@ -103,115 +107,21 @@ def match_checkpoints(
         matcher.check_options(kwargs)
     except ParamsError as exc:
         raise UsageError(str(exc)) from None
-    return matcher(
-        a.spec, a.params, b.params, model=a.model, data=data, seed=seed, progress=progress, **kwargs
-    )
+    if method in TRANSFORM_METHODS and example_inputs is not None:
+        kwargs["example_inputs"] = example_inputs
+        kwargs["example_kwargs"] = example_kwargs
+    try:
+        return matcher(
+            a.spec, a.params, b.params, model=a.model, data=data, seed=seed, progress=progress,
+            **kwargs,
+        )  # fmt: skip
+    except ParamsError as exc:
+        if method in TRANSFORM_METHODS and "beyond permutations" in str(exc):
+            raise UsageError(str(exc)) from None
+        raise
 
 
 TRANSFORM_FORMAT = "lmckit-transform"
-
-
-SYMMETRIES = ("perm", "orth", "full")
-"""``--symmetries``: permutations only; with orthogonal maps; every kind (invertible head
-maps, ReLU scalings too)."""
-
-
-def match_with_rotations(
-    a: Checkpoint,
-    b: Checkpoint,
-    example_inputs: Any,
-    *,
-    example_kwargs: Mapping[str, Any] | None = None,
-    symmetries: str = "orth",
-    method: str = "wm",
-    data: Any = None,
-    seed: int = 0,
-    progress: ProgressCallback | None = None,
-    restarts: int | None = None,
-    max_memory: int | None = None,
-    n_batches: int | None = None,
-) -> list[MatchResult]:
-    """Align B to A over more than permutations (``--symmetries orth|full``).
-
-    Finds each group's kind (:func:`lmckit.spec.symmetry_kinds` on A's model and
-    ``example_inputs``) and folds both models' norm gains. Then, by ``method``:
-
-    * ``"wm"``/``"wm-fast"``: weight matching over permutations, continued over orthogonal
-      maps (:func:`~lmckit.match.orthogonal.orthogonal_weight_matching`); with ``"full"``,
-      the invertible and scaling groups are then refitted by least squares on ``data``
-      (:func:`~lmckit.match.activation_transform.transform_activation_matching` with
-      ``refine``), keeping the heads and units weight matching paired.
-    * ``"am"``: every group fitted on activations at once (Procrustes, least squares, LAP)
-      over ``data``; ``"orth"`` restricts it to the orthogonal maps of each kind.
-
-    Returns:
-        the stages' results in order, on the folded models; the last one's ``perm`` is the
-        final :class:`~lmckit.transform.Transform` (its ``spec`` carries kinds, folds and
-        duals).
-
-    Raises:
-        UsageError: an unknown ``symmetries`` or ``method``, no data where it is needed, or a
-            model with no group beyond permutations.
-    """
-    from lmckit.match import weight_matching
-    from lmckit.match.activation_transform import transform_activation_matching
-    from lmckit.match.orthogonal import orthogonal_weight_matching
-    from lmckit.spec import symmetry_kinds
-    from lmckit.transform import fold_norms, orthogonal_subgroup
-
-    if symmetries not in ("orth", "full"):
-        raise UsageError(f"symmetries must be 'orth' or 'full' here, got {symmetries!r}")
-    if method not in ("wm", "wm-fast", "am"):
-        raise UsageError(f"--symmetries {symmetries} works with wm, wm-fast or am, not {method!r}")
-    if data is None and (method == "am" or symmetries == "full"):
-        raise UsageError(f"--symmetries {symmetries} with {method} needs data (activations)")
-    check_same_architecture(a, b)
-    spec = symmetry_kinds(a.model, example_inputs, a.spec, example_kwargs=example_kwargs).spec
-    if symmetries == "orth":
-        spec = orthogonal_subgroup(spec)
-    if not spec.kinds:
-        raise UsageError(
-            f"no group of this model admits a map beyond permutations (see `lmckit spec`): "
-            f"--symmetries {symmetries} would give permutations"
-        )
-    folded_a, folded_b = fold_norms(spec, a.params), fold_norms(spec, b.params)
-    if method == "am":
-        return [
-            transform_activation_matching(
-                spec,
-                folded_a,
-                folded_b,
-                model=a.model,
-                data=data,
-                seed=seed,
-                progress=progress,
-                n_batches=n_batches,
-            )
-        ]
-    options = {k: v for k, v in {"restarts": restarts, "max_memory": max_memory}.items() if v}
-    wm = weight_matching(
-        spec, folded_a, folded_b, seed=seed, warm_start=method == "wm-fast", **options
-    )
-    orth = orthogonal_weight_matching(
-        spec, folded_a, folded_b, init=wm.perm, seed=seed, progress=progress
-    )
-    stages = [wm, orth]
-    refine = [g for g in spec.groups if spec.kind(g) in ("invertible", "scaling")]
-    if symmetries == "full" and refine:
-        stages.append(
-            transform_activation_matching(
-                spec,
-                folded_a,
-                folded_b,
-                model=a.model,
-                data=data,
-                init=orth.perm,
-                refine=refine,
-                seed=seed,
-                n_batches=n_batches,
-            )
-        )
-    return stages
 
 
 def save_transform(path: str | Path, result: MatchResult, **extra: Any) -> None:
@@ -234,6 +144,7 @@ def save_transform(path: str | Path, result: MatchResult, **extra: Any) -> None:
             "seconds": result.seconds,
             "iterations": result.iterations,
             "history": list(result.history),
+            "stages": list(result.info.get("stages", [])),
             **extra,
         },
     )
@@ -344,9 +255,9 @@ def stored_match(
     seed: int = 0,
     progress: ProgressCallback | None = None,
     **options: Any,
-) -> tuple[Permutation, Artifact, bool]:
-    """:func:`match_checkpoints` through the result store: ``(permutation, artifact,
-    reused)``. The key holds the method, its options and seed, both checkpoints' weight
+) -> tuple[Permutation | Transform, Artifact, bool]:
+    """:func:`match_checkpoints` through the result store: ``(permutation or transform,
+    artifact, reused)``. The key holds the method, its options and seed, both checkpoints' weight
     hashes, the digest of A's spec and — for methods that look at data — the dataset's
     fingerprint."""
     key, document = match_key(
@@ -356,7 +267,10 @@ def stored_match(
 
     def write(folder: Path) -> tuple[str, dict[str, Any]]:
         result = match_checkpoints(a, b, method, data, seed=seed, progress=progress, **used)
-        save_match(folder / "perm.json", result)
+        if isinstance(result.perm, Transform):
+            save_transform(folder / "perm.json", result)
+        else:
+            save_match(folder / "perm.json", result)
         record = {
             "method": result.method,
             "seconds": result.seconds,
@@ -367,13 +281,37 @@ def stored_match(
         return permutation_content(result.perm), record
 
     artifact, reused = store.get_or_put("permutation", key, document, write)
-    return load_permutation(artifact.file("perm.json"), a.spec), artifact, reused
+    return load_alignment(artifact.file("perm.json"), a.spec), artifact, reused
 
 
-def permutation_content(perm: Permutation) -> str:
+def permutation_content(perm: Permutation | Transform) -> str:
     """The content hash downstream artifacts key on: ``"identity"`` for the identity (so a
-    naive path needs no permutation to be keyed), else the hash of its index vectors."""
+    naive path needs no permutation to be keyed), else the hash of its index vectors (of a
+    transform: its maps with the kinds, folds and duals they act by)."""
+    if isinstance(perm, Transform):
+        spec = perm.spec
+        return content_hash(
+            {
+                "maps": perm.to_dict(),
+                "kinds": dict(spec.kinds),
+                "folds": {k: [list(r) for r in v] for k, v in spec.folds.items()},
+                "norm_biases": dict(spec.norm_biases),
+                "duals": sorted(list(d) for d in spec.duals),
+            }
+        )
     return "identity" if perm.is_identity() else content_hash(perm.to_dict())
+
+
+def load_alignment(path: str | Path, spec: PermutationSpec) -> Permutation | Transform:
+    """A permutation file or a transform file, whichever ``path`` holds (validated against
+    ``spec``)."""
+    try:
+        head = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PermutationError(f"cannot read permutation file {path}: {exc}") from None
+    if isinstance(head, dict) and head.get("format") == TRANSFORM_FORMAT:
+        return load_transform(path, spec)
+    return load_permutation(path, spec)
 
 
 def spec_digest(spec: PermutationSpec) -> str:
@@ -424,10 +362,11 @@ def stored_matches(
     naive: str = "none",
     log: Callable[[str], None] = print,
     progress: Callable[[str], ProgressCallback | None] | None = None,
-) -> dict[str, Permutation]:
-    """``{label: permutation}`` for each of ``methods`` through the store (``naive`` is the
-    identity, labelled ``"naive"``), each copied to ``out/perm-<method>.json`` and logged."""
-    perms: dict[str, Permutation] = {}
+) -> dict[str, Permutation | Transform]:
+    """``{label: permutation or transform}`` for each of ``methods`` through the store
+    (``naive`` is the identity, labelled ``"naive"``), each copied to
+    ``out/perm-<method>.json`` and logged."""
+    perms: dict[str, Permutation | Transform] = {}
     for method in methods:
         if method == naive:
             perms["naive"] = Permutation.identity(a.spec)

@@ -402,6 +402,7 @@ def _index_tuples(
 
 def _parse_compare(raw: Any, where: str) -> Compare:
     from lmckit.match import METHODS as MATCHERS
+    from lmckit.match import TRANSFORM_METHODS
 
     block = _table(raw, where, COMPARE_KEYS)
     pairs = _index_tuples(block.get("pairs", "first"), f"{where}.pairs", ("all", "first"), 2)
@@ -422,6 +423,12 @@ def _parse_compare(raw: Any, where: str) -> Compare:
     if unknown:
         raise ExperimentError(
             f"{where}.analyses: unknown analysis {unknown}; choose from {sorted(ANALYSES)}"
+        )
+    beyond = [m for m in methods if m in TRANSFORM_METHODS]
+    if analyses and beyond:
+        raise ExperimentError(
+            f"{where}: the analyses work on permutations; {beyond} align with maps beyond "
+            "permutations (compare their paths only, or move the analyses to another block)"
         )
     return Compare(
         pairs=pairs,
@@ -454,9 +461,12 @@ def _splits(value: Any, where: str) -> dict[str, int | str]:
 
 def _parse_triplets(raw: Any, where: str) -> TripletBlock:
     from lmckit.match import METHODS as MATCHERS
+    from lmckit.match import TRANSFORM_METHODS
 
     block = _table(raw, where, TRIPLET_KEYS)
-    methods = _methods(block.get("methods", ["wm-fast"]), f"{where}.methods", set(MATCHERS))
+    methods = _methods(
+        block.get("methods", ["wm-fast"]), f"{where}.methods", set(MATCHERS) - TRANSFORM_METHODS
+    )
     triples = _index_tuples(block.get("triples", "disjoint"), f"{where}.triples", ("disjoint",), 3)
     gamma = _expect(block.get("gamma", 0.3), (int, float), f"{where}.gamma")
     if isinstance(gamma, bool) or not 0 <= gamma < 1:

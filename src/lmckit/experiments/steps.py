@@ -35,7 +35,13 @@ from lmckit.checkpoint import load_checkpoint, save_checkpoint
 from lmckit.data import Dataset, Split
 from lmckit.evaluate.parts import part_groups
 from lmckit.experiments.interpolation import curve_key, stored_curve
-from lmckit.experiments.matching import load_permutation, match_key, spec_digest, stored_match
+from lmckit.experiments.matching import (
+    load_alignment,
+    load_permutation,
+    match_key,
+    spec_digest,
+    stored_match,
+)
 from lmckit.experiments.merging import merge_key, server_subset, stored_merge_metrics
 from lmckit.experiments.store import Store, content_hash, make_key
 from lmckit.experiments.training import load_for_model
@@ -258,7 +264,7 @@ def _curve_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
     if len(order) > 2:
         info = payload["deps"][order[2]]
         folder = Store(payload["store"]).folder(info["kind"], info["key"])
-        perm = load_permutation(folder / "perm.json", a.spec)
+        perm = load_alignment(folder / "perm.json", a.spec)
     else:
         perm = Permutation.identity(a.spec)
     loaders, evaluation = _loaders(data, s["splits"])

@@ -16,6 +16,7 @@ from lmckit.match.activation import activation_matching
 from lmckit.match.result import MatchResult
 from lmckit.match.sinkhorn import sinkhorn_matching
 from lmckit.match.ste import ste_matching
+from lmckit.match.symmetries import symmetry_matching
 from lmckit.match.weight import weight_matching, weight_matching_reference
 from lmckit.match.weight_matcher import ProfiledWeightMatcher, WeightMatcher
 from lmckit.registry import Method
@@ -72,18 +73,53 @@ METHODS: dict[str, Method] = {
             fixed={"objective": "mid"},
             unused=("steps",),
         ),
+        *(
+            Method(
+                f"{start}-{symmetries}",
+                symmetry_matching,
+                needs_model=True,
+                needs_data=(start, symmetries) != ("wm", "orth"),
+                summary=(
+                    ("weight matching" if start == "wm" else "activation matching")
+                    + (
+                        " with orthogonal maps (stream, heads) beside permutations"
+                        if symmetries == "orth"
+                        else " over every symmetry the graph admits (orthogonal stream, "
+                        "invertible heads, ReLU scalings)"
+                        + (", least squares on activations" if start == "wm" else "")
+                    )
+                    + "; a transform of the norm-folded models"
+                ),
+                fixed={"symmetries": symmetries, "start": start},
+                unused=("restarts",)
+                if start == "am"
+                else ()
+                if symmetries == "full"
+                else ("restarts",)
+                if start == "am"
+                else ("n_batches",),
+            )
+            for start in ("wm", "am")
+            for symmetries in ("orth", "full")
+        ),
     )
 }
-"""Matchers by name."""
+"""Matchers by name. Those in :data:`TRANSFORM_METHODS` return a
+:class:`~lmckit.transform.Transform` of the norm-folded models, not a permutation."""
+
+TRANSFORM_METHODS = frozenset(f"{s}-{k}" for s in ("wm", "am") for k in ("orth", "full"))
+"""Matchers whose result maps beyond permutations (:func:`symmetry_matching`)."""
 
 __all__ = [
     "METHODS",
+    "TRANSFORM_METHODS",
     "MatchResult",
     "ProfiledWeightMatcher",
     "WeightMatcher",
     "activation_matching",
     "sinkhorn_matching",
     "ste_matching",
+    "symmetry_matching",
     "weight_matching",
     "weight_matching_reference",
 ]

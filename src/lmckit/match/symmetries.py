@@ -1,0 +1,163 @@
+"""Alignment over more than permutations, in one call: find each group's kind, fold the
+norms, match.
+
+The matchers of :mod:`lmckit.match.orthogonal` and :mod:`lmckit.match.activation_transform`
+need a spec with kinds and both models' norm gains folded; :func:`symmetry_matching`
+does both from the model (:func:`lmckit.spec.symmetry_kinds` on an example batch) and runs
+the stages of one recipe:
+
+* ``start="wm"``: weight matching over permutations, continued over orthogonal maps
+  (Procrustes in the same coordinate descent); with ``symmetries="full"`` the invertible
+  and scaling groups are then refitted by least squares on the data, keeping the heads
+  and units weight matching paired.
+* ``start="am"``: every group fitted on activations at once (LAP, Procrustes, least
+  squares); ``symmetries="orth"`` restricts each kind to its orthogonal maps.
+
+The result's ``perm`` is a :class:`~lmckit.transform.Transform` of the *folded* models:
+:func:`lmckit.transform.align_pair` folds A and B and applies it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from lmckit.data import DataSource, as_batches
+from lmckit.errors import ParamsError
+from lmckit.match.activation_transform import transform_activation_matching
+from lmckit.match.orthogonal import orthogonal_weight_matching
+from lmckit.match.result import MatchResult, check_inputs
+from lmckit.match.weight import weight_matching
+from lmckit.options import Count, checked
+from lmckit.params import Params
+from lmckit.perm import Permutation, PermutationSpec
+from lmckit.progress import ProgressCallback
+from lmckit.transform import fold_norms, orthogonal_subgroup
+
+__all__ = ["SYMMETRIES", "symmetry_matching"]
+
+SYMMETRIES = ("orth", "full")
+"""``"orth"``: permutations and orthogonal maps; ``"full"``: every kind the graph admits
+(invertible maps per head, positive scalings of ReLU units too)."""
+
+STARTS = ("wm", "am")
+
+
+@checked
+def symmetry_matching(
+    spec: PermutationSpec,
+    params_a: Params,
+    params_b: Params,
+    *,
+    model: nn.Module | None = None,
+    data: DataSource | None = None,
+    init: Permutation | None = None,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+    symmetries: str = "orth",
+    start: str = "wm",
+    example_inputs: Tensor | Sequence[Any] | None = None,
+    example_kwargs: Mapping[str, Any] | None = None,
+    n_batches: Count | None = None,
+    restarts: Count = 1,
+) -> MatchResult:
+    """Align B to A over the symmetries ``model``'s graph admits (module docstring).
+
+    Args:
+        spec: the models' permutation spec (kinds are found here; any given are replaced).
+        params_a, params_b: models A and B as trained (norm gains not folded).
+        model: a module both fit; its graph decides each group's kind.
+        data: an lmckit ``Dataset`` or ``(x, y)`` batches: the activations of ``"am"`` and
+            of ``"full"``'s least squares, and the example batch when ``example_inputs``
+            is not given (weight matching with ``"orth"`` needs only one of the two).
+        init: accepted for the matchers' common signature; must be None.
+        seed: weight matching's random order, the activation probe's seed.
+        progress: the orthogonal descent's sweeps, or the activation batches.
+        symmetries: ``"orth"`` or ``"full"``.
+        start: ``"wm"`` (weights first) or ``"am"`` (activations).
+        example_inputs: a batch to read the graph with (default: the first rows of
+            ``data``'s first batch).
+        example_kwargs: keyword inputs of the example call (a Hugging Face model's).
+        n_batches: activations from only the first ``n_batches`` batches.
+        restarts: weight matching's restarts.
+
+    Returns:
+        the last stage's :class:`MatchResult` (``perm`` a :class:`~lmckit.transform.
+        Transform` of the folded models, distances between folded models, ``seconds`` of
+        all stages); ``info["stages"]`` lists each stage's method, distance and seconds.
+
+    Raises:
+        ParamsError: an unknown ``symmetries`` or ``start``, no model or data, an ``init``,
+            or a model whose graph admits nothing beyond permutations.
+    """
+    from lmckit.spec import symmetry_kinds
+
+    started = time.perf_counter()
+    if symmetries not in SYMMETRIES:
+        raise ParamsError(f"symmetries must be one of {SYMMETRIES}, got {symmetries!r}")
+    if start not in STARTS:
+        raise ParamsError(f"start must be one of {STARTS}, got {start!r}")
+    if init is not None:
+        raise ParamsError("symmetry_matching starts from the identity; init is not taken")
+    if not isinstance(model, nn.Module):
+        raise ParamsError("symmetry_matching needs model= (a torch.nn.Module both models fit)")
+    if data is None and (start == "am" or symmetries == "full"):
+        raise ParamsError(
+            f"symmetry_matching with start={start!r}, symmetries={symmetries!r} needs data= "
+            "(it fits maps on activations)"
+        )
+    if data is None and example_inputs is None:
+        raise ParamsError("symmetry_matching needs example_inputs= or data= to read the graph")
+    check_inputs(spec, params_a, params_b, None, seed)
+    if example_inputs is None:
+        first = next(iter(as_batches(data, batch_size=8, shuffle=False, seed=seed)), None)
+        if first is None:
+            raise ParamsError("symmetry_matching got no batches")
+        example_inputs = first[0][:8]
+    kinds = symmetry_kinds(model, example_inputs, spec, example_kwargs=example_kwargs).spec
+    if symmetries == "orth":
+        kinds = orthogonal_subgroup(kinds)
+    if not kinds.kinds:
+        raise ParamsError(
+            f"no group of {type(model).__name__} admits a map beyond permutations (see "
+            f"`lmckit spec`): symmetries={symmetries!r} would give permutations"
+        )
+    folded_a, folded_b = fold_norms(kinds, params_a), fold_norms(kinds, params_b)
+    common = dict(model=model, data=data, seed=seed, n_batches=n_batches)
+    if start == "am":
+        stages = [
+            transform_activation_matching(kinds, folded_a, folded_b, progress=progress, **common)
+        ]
+    else:
+        wm = weight_matching(kinds, folded_a, folded_b, seed=seed, restarts=restarts)
+        orth = orthogonal_weight_matching(
+            kinds, folded_a, folded_b, init=wm.perm, seed=seed, progress=progress
+        )
+        stages = [wm, orth]
+        refine = [g for g in kinds.groups if kinds.kind(g) in ("invertible", "scaling")]
+        if symmetries == "full" and refine:
+            stages.append(
+                transform_activation_matching(
+                    kinds, folded_a, folded_b, init=orth.perm, refine=refine, **common
+                )
+            )
+    final = stages[-1]
+    return MatchResult(
+        perm=final.perm,
+        method=f"{start}-{symmetries}",
+        history=final.history,
+        iterations=final.iterations,
+        seconds=time.perf_counter() - started,
+        distance_before=stages[0].distance_before,
+        distance_after=final.distance_after,
+        info={
+            "stages": [
+                {"method": r.method, "distance": r.distance_after, "seconds": r.seconds}
+                for r in stages
+            ],
+            "kinds": {k: list(kinds.kinds.values()).count(k) for k in set(kinds.kinds.values())},
+        },
+    )
