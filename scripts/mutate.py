@@ -61,9 +61,8 @@ MUTATIONS = [
         "rotation-on-one-side-only",
         "an orthogonal map applied to the layers that write a group, not to those that read it",
         "src/lmckit/transform.py",
-        "            if m.ndim == 2:\n                rows = group_rows(spec, name, axis, g, t)\n",
-        "            if m.ndim == 2 and axis == 0:\n"
-        "                rows = group_rows(spec, name, axis, g, t)\n",
+        "            if m.ndim == 2:\n                t = _move_rows(",
+        "            if m.ndim == 2 and axis == 0:\n                t = _move_rows(",
         ("tests/spec/test_kinds.py",),
     ),
     M(
@@ -99,6 +98,56 @@ MUTATIONS = [
         "    return gram @ m.to(torch.float64)\n",
         "    return gram\n",
         ("tests/match/test_orthogonal.py",),
+    ),
+    M(
+        "dual-side-moved-like-writers",
+        "an invertible map applied by M to the layers that read its group too (Q on one "
+        "side only: M⁻ᵀ forgotten)",
+        "src/lmckit/transform.py",
+        "    if dual is m or not any(flags):\n",
+        "    if True:\n",
+        ("tests/spec/test_kinds.py",),
+    ),
+    M(
+        "keys-not-dual",
+        "both writers of a query/key group (queries and keys) move by M⁻ᵀ",
+        "src/lmckit/spec/kinds.py",
+        "        return frozenset(sites[1])\n",
+        "        return frozenset(sites[0] | sites[1])\n",
+        ("tests/spec/test_kinds.py",),
+    ),
+    M(
+        "scaling-accepts-negative-scales",
+        "a scaling map with a negative scale passes the check (relu(−z) ≠ −relu(z))",
+        "src/lmckit/transform.py",
+        "        if not one_per_line or bool((m64 < 0).any()):\n",
+        "        if not one_per_line:\n",
+        ("tests/spec/test_kinds.py",),
+    ),
+    M(
+        "least-squares-dual-as-primal",
+        "least squares on a dual site solved as if it were primal",
+        "src/lmckit/match/activation_transform.py",
+        "    return ab @ _pinv(bb) if primal else _pinv(aa) @ ab\n",
+        "    return ab @ _pinv(bb)\n",
+        ("tests/match/test_activation_transform.py",),
+    ),
+    M(
+        "sites-assumed-primal",
+        "every activation site taken to move by M (keys too), without the probe",
+        "src/lmckit/match/activation_transform.py",
+        "        sides[site] = True if errors[0] < tol else False if errors[1] < tol else None\n",
+        "        sides[site] = True\n",
+        ("tests/match/test_activation_transform.py",),
+    ),
+    M(
+        "refinement-reassigns-heads",
+        "the least-squares refinement solves the head LAP again instead of keeping weight "
+        "matching's heads",
+        "src/lmckit/match/activation_transform.py",
+        "    if refine:\n        outer = torch.arange(heads)\n",
+        "    if False:\n        outer = torch.arange(heads)\n",
+        ("tests/match/test_activation_transform.py",),
     ),
     # -- language models trained here (issue 28, item 5) --
     M(
