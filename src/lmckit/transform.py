@@ -66,6 +66,7 @@ from lmckit.perm import (
 
 __all__ = [
     "Transform",
+    "align",
     "align_pair",
     "fold_norms",
     "haar_orthogonal",
@@ -369,12 +370,23 @@ def align_pair(
     interpolation, merge or distance a caller wants. Inputs are left untouched."""
     if isinstance(alignment, Permutation):
         return dict(params_a), alignment.apply(params_b)
+    return align(Transform.identity(_spec_of(alignment)), params_a), align(alignment, params_b)
+
+
+def align(alignment: Transform | Permutation, params: Params) -> dict[str, Tensor]:
+    """One model moved by ``alignment``: ``π(θ)`` for a permutation; for a transform,
+    ``T(θ)`` of the model with its norm gains folded (``alignment.spec.folds``)."""
+    if isinstance(alignment, Permutation):
+        return alignment.apply(params)
+    return alignment.apply(fold_norms(_spec_of(alignment), params))
+
+
+def _spec_of(alignment: object) -> PermutationSpec:
     if not isinstance(alignment, Transform):
         raise PermutationError(
             f"expected a Permutation or a Transform, got {type(alignment).__name__}"
         )
-    spec = alignment.spec
-    return fold_norms(spec, params_a), alignment.apply(fold_norms(spec, params_b))
+    return alignment.spec
 
 
 def orthogonal_subgroup(spec: PermutationSpec) -> PermutationSpec:

@@ -26,6 +26,7 @@ TINY = {
     "compare.0.splits": {"test": 40},
     "compare.0.methods": METHODS,
     "compare.0.options": {"wm-full": {"n_batches": 2}, "am-full": {"n_batches": 2}},
+    "merge": [{"methods": ["merge-many", "merge-many-orth"], "n": [2], "server_examples": 64}],
 }
 
 
@@ -72,6 +73,18 @@ def test_transform_paths_end_at_b(tiny_run):
         # the same ends, another path between them
         midpoint = records[method]["test.loss.midpoint"]
         assert not math.isclose(midpoint, records["none"]["test.loss.midpoint"], rel_tol=1e-6)
+
+
+def test_merge_many_over_orthogonal_maps_runs_from_the_file(tiny_run):
+    _, metrics = tiny_run
+    merged = {}
+    for row in metrics:
+        if row["kind"] == "merge":
+            merged.setdefault(row["name"], {})[row["metric"]] = row["value"]
+    methods = {name.split("/")[-2] for name in merged}
+    assert methods == {"merge-many", "merge-many-orth"}, list(merged)
+    for values in merged.values():
+        assert 0 < values["merged_loss"] < math.log(256) + 1
 
 
 def test_analyses_of_a_transform_method_are_refused():

@@ -15,6 +15,7 @@ from lmckit.evaluate import bn_reset, evaluate
 from lmckit.options import checked
 from lmckit.params import Params, average_params, lerp_params
 from lmckit.perm import Permutation
+from lmckit.transform import Transform, align
 
 
 @dataclass
@@ -47,7 +48,7 @@ class MultiModelMetrics:
 def multi_model_metrics(
     model: nn.Module,
     params_list: Sequence[Params],
-    perms: Sequence[Permutation],
+    perms: Sequence[Permutation | Transform],
     loader: Iterable[tuple[Tensor, Tensor]],
     *,
     bn_reset_data: DataSource | None = None,
@@ -62,7 +63,7 @@ def multi_model_metrics(
     if not isinstance(perms, Sequence) or len(perms) != len(params_list):
         got = len(perms) if isinstance(perms, Sequence) else type(perms).__name__
         raise ParamsError(f"need one permutation per model ({len(params_list)}), got {got}")
-    aligned = [p.apply(params) for p, params in zip(perms, params_list, strict=True)]
+    aligned = [align(p, params) for p, params in zip(perms, params_list, strict=True)]
 
     def fix(params):
         return bn_reset(model, params, bn_reset_data) if bn_reset_data is not None else params

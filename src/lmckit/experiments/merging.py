@@ -30,6 +30,7 @@ from lmckit.models import build_model
 from lmckit.params import has_batchnorm
 from lmckit.plots import plot_geometry, plot_landscape, plot_sweep
 from lmckit.progress import ProgressCallback
+from lmckit.transform import align
 
 
 def check_checkpoints(ckpts: Sequence[Checkpoint], data: Dataset | None = None) -> None:
@@ -202,7 +203,7 @@ def run_merge(
         title=f"{result.method}: aligned models",
     )
     if landscape:
-        aligned = [p.apply(c.params) for p, c in zip(result.perms, ckpts, strict=True)][:3]
+        aligned = [align(p, c.params) for p, c in zip(result.perms, ckpts, strict=True)][:3]
         land = plane_landscape(
             model,
             aligned,

@@ -13,6 +13,7 @@ from lmckit.match import METHODS as MATCHERS
 from lmckit.merge.average import average
 from lmckit.merge.ccmm import ccmm
 from lmckit.merge.many import merge_many
+from lmckit.merge.many_orth import merge_many_orthogonal
 from lmckit.merge.result import MergeResult, merge_with
 from lmckit.merge.star import star
 from lmckit.merge.ste_mm import ste_mm
@@ -82,6 +83,14 @@ METHODS: dict[str, Method] = {
             summary="re-match each model to the mean of the others (Git Re-Basin Alg. 3)",
         ),
         Method(
+            "merge-many-orth",
+            merge_many_orthogonal,
+            needs_model=True,
+            needs_data=True,
+            summary="MergeMany over orthogonal maps too (transformers: the stream with its "
+            "norms folded, each head's dimensions); a merge of the norm-folded models",
+        ),
+        Method(
             "ste-mm",
             ste_mm,
             needs_model=True,
@@ -105,6 +114,7 @@ __all__ = [
     "average",
     "ccmm",
     "merge_many",
+    "merge_many_orthogonal",
     "merge_with",
     "star",
     "ste_mm",
