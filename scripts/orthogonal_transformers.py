@@ -1,13 +1,16 @@
-"""Issue 29's measurement: do orthogonal maps connect independently trained transformers
-that permutations leave apart?
+"""Issue 29's measurement: do orthogonal and invertible maps connect independently trained
+transformers that permutations leave apart?
 
 For every pair of the checkpoints given, with both models' norm gains folded (the same
-functions): the naive path, weight matching over permutations (``wm-fast``), and weight
+functions): the naive path, weight matching over permutations (``wm-fast``), weight
 matching over permutations *and* orthogonal maps (the spec's kinds from
-:func:`lmckit.spec.symmetry_kinds`, the descent started at WM's permutations), each as a
-linear path evaluated on a seeded subset of the test split (loss, calibrated loss,
-accuracy; perplexity for token data), plus the logit ensemble. Prints one JSON object
-(per pair and mean ± std over pairs) and writes it to ``--out``.
+:func:`lmckit.spec.symmetry_kinds`, the descent started at WM's permutations), the same
+refined by least squares on activations for the invertible head maps (``wm-full``) and
+every group fitted on activations (``am-full``) — each as a linear path evaluated on a
+seeded subset of the test split (loss, calibrated loss, accuracy; perplexity for token
+data), plus the logit ensemble. With ``--merge``, all the checkpoints merged by MergeMany
+over permutations and over orthogonal maps too (``merge-many-orth``). Prints one JSON
+object (per pair and mean ± std over pairs) and writes it to ``--out``.
 
     python scripts/orthogonal_transformers.py CKPT CKPT CKPT --test 1024 --out result.json
 """
@@ -26,11 +29,18 @@ import torch
 
 from lmckit.checkpoint import load_checkpoint
 from lmckit.data import load_dataset
+from lmckit.evaluate import evaluate
 from lmckit.evaluate.interpolation import interpolate
-from lmckit.match import weight_matching
+from lmckit.match import symmetry_matching, weight_matching
 from lmckit.match.orthogonal import orthogonal_weight_matching
+from lmckit.merge import merge_many, merge_many_orthogonal
 from lmckit.spec.kinds import symmetry_kinds
 from lmckit.transform import fold_norms, unfold_norms
+
+PATHS = (
+    "naive", "wm", "naive-folded", "wm-folded", "wm+orth", "wm+orth-in-A-layout", "wm-full",
+    "am-full",
+)  # fmt: skip
 
 
 def _path_record(curve, data) -> dict[str, float]:
@@ -51,6 +61,16 @@ def main() -> None:
     parser.add_argument("--test", type=int, default=1024, help="test examples (seeded subset)")
     parser.add_argument("--lambdas", type=int, default=11)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--paths", nargs="+", default=list(PATHS), choices=list(PATHS), help="paths to evaluate"
+    )
+    parser.add_argument(
+        "--activations",
+        type=int,
+        default=8000,
+        help="training examples for the activation fits (seeded subset)",
+    )
+    parser.add_argument("--merge", action="store_true", help="also merge all checkpoints")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     ckpts = [load_checkpoint(p) for p in args.checkpoints]
@@ -60,6 +80,8 @@ def main() -> None:
     chosen = torch.randperm(len(data.test_x), generator=g)[: min(args.test, len(data.test_x))]
     loaders = {"test": data.subset(test_idx=chosen).loader("test", batch_size=256, shuffle=False)}
     example = data.test_x[:2]
+    fit = torch.randperm(len(data.train_x), generator=g)[: args.activations]
+    fit_batches = [(data.train_x[fit[k : k + 1000]], None) for k in range(0, len(fit), 1000)]
     start = time.perf_counter()
     report = symmetry_kinds(model, example, ckpts[0].spec)
     spec = report.spec
@@ -99,6 +121,20 @@ def main() -> None:
             # B rotated, then laid out with A's gains: both ends share A's norm gains
             "wm+orth-in-A-layout": (originals[i], unfold_norms(spec, rotated, gains_a)),
         }
+        for name in ("wm-full", "am-full"):
+            if name not in args.paths:
+                continue
+            t0 = time.perf_counter()
+            start_method, symmetries = name.split("-")
+            full = symmetry_matching(
+                ckpts[0].spec, originals[i], originals[j], model=model, data=fit_batches,
+                example_inputs=example, start=start_method, symmetries=symmetries,
+            )  # fmt: skip
+            record[f"{name.replace('-', '_')}_seconds"] = time.perf_counter() - t0
+            record["l2"][name] = full.distance_after
+            record[f"{name}_stages"] = full.info["stages"]
+            paths[name] = (a, full.perm.apply(b))
+        paths = {k: v for k, v in paths.items() if k in args.paths}
         for name, (end_a, end_b) in paths.items():
             curve = interpolate(
                 model, end_a, end_b, loaders, lambdas=args.lambdas, calibrated=True,
@@ -113,14 +149,36 @@ def main() -> None:
             print(f"pair {i}-{j} {name}: {record[name]}", flush=True)
         pairs[f"{i}-{j}"] = record
     summary = {}
-    for path in ("naive", "wm", "naive-folded", "wm-folded", "wm+orth", "wm+orth-in-A-layout"):
+    for path in args.paths:
         for key in pairs[next(iter(pairs))][path]:
             values = [p[path][key] for p in pairs.values()]
             mean = statistics.fmean(values)
             std = statistics.stdev(values) if len(values) > 1 else 0.0
             summary[f"{path}.{key}"] = {"mean": mean, "std": std}
+    merges = {}
+    if args.merge:
+        test = loaders["test"]
+        singles = [evaluate(model, p, test) for p in originals]
+        merges["models"] = [{"loss": m.loss, "accuracy": m.accuracy} for m in singles]
+        for name, merger in (
+            ("merge-many", merge_many),
+            ("merge-many-orth", merge_many_orthogonal),
+        ):
+            t0 = time.perf_counter()
+            options = {"model": model, "example_inputs": example} if name.endswith("orth") else {}
+            merged = merger(ckpts[0].spec, originals, seed=0, **options)
+            m = evaluate(model, merged.merged, test)
+            merges[name] = {
+                "loss": m.loss,
+                "accuracy": m.accuracy,
+                "perplexity": math.exp(m.loss) if data.next_token else None,
+                "rounds": merged.iterations,
+                "seconds": time.perf_counter() - t0,
+            }
+            print(f"{name}: {merges[name]}", flush=True)
     result = {
         "checkpoints": [str(p) for p in args.checkpoints],
+        "merges": merges,
         "test_examples": len(chosen),
         "kinds": report.counts(),
         "pairs": pairs,

@@ -223,3 +223,34 @@ def test_the_command_line_fits_full_symmetries(tmp_path, capsys, digits, method)
     capsys.readouterr()
     assert main([*args[:-1], "orth", "--out", str(tmp_path / "u.json"), "-q"]) == 2
     assert "beyond permutations" in capsys.readouterr().err
+
+
+def test_symmetry_matching_refuses_what_it_cannot_do():
+    from lmckit.match import symmetry_matching
+    from lmckit.perm import Permutation
+
+    model, spec, data = _zoo_gpt()
+    params = {k: v.detach() for k, v in model.state_dict().items()}
+    x = data[0][0][:4]
+    with pytest.raises(ParamsError, match="symmetries must be"):
+        symmetry_matching(spec, params, params, model=model, data=data, symmetries="rot")
+    with pytest.raises(ParamsError, match="start must be"):
+        symmetry_matching(spec, params, params, model=model, data=data, start="ste")
+    with pytest.raises(ParamsError, match="needs data="):
+        symmetry_matching(spec, params, params, model=model, example_inputs=x, start="am")
+    with pytest.raises(ParamsError, match="needs data="):
+        symmetry_matching(spec, params, params, model=model, example_inputs=x, symmetries="full")
+    with pytest.raises(ParamsError, match="init"):
+        symmetry_matching(
+            spec, params, params, model=model, data=data, init=Permutation.identity(spec)
+        )
+    mlp = build_model("mlp", hidden=(8,))
+    mlp_params = {k: v.detach() for k, v in mlp.state_dict().items()}
+    with pytest.raises(ParamsError, match="beyond permutations"):
+        symmetry_matching(
+            permutation_spec(mlp), mlp_params, mlp_params, model=mlp,
+            example_inputs=torch.randn(4, 1, 28, 28),
+        )  # fmt: skip
+    # weights only: an example batch is enough, and B = A aligns to itself
+    result = symmetry_matching(spec, params, params, model=model, example_inputs=x)
+    assert result.distance_after < 1e-9 and result.method == "wm-orth"
