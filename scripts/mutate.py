@@ -149,6 +149,14 @@ MUTATIONS = [
         "    if False:\n        outer = torch.arange(heads)\n",
         ("tests/match/test_activation_transform.py",),
     ),
+    M(
+        "ste-maps-not-orthogonal",
+        "the midpoint descent parameterises an orthogonal map by exp(K), not exp(K − Kᵀ)",
+        "src/lmckit/match/transform_ste.py",
+        "    r = torch.linalg.matrix_exp(k - k.T)\n",
+        "    r = torch.linalg.matrix_exp(k)\n",
+        ("tests/match/test_transform_ste.py",),
+    ),
     # -- language models trained here (issue 28, item 5) --
     M(
         "gpt-not-causal",

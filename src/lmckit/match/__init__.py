@@ -21,6 +21,21 @@ from lmckit.match.weight import weight_matching, weight_matching_reference
 from lmckit.match.weight_matcher import ProfiledWeightMatcher, WeightMatcher
 from lmckit.registry import Method
 
+_SUMMARIES = {
+    "wm": "weight matching",
+    "am": "activation matching (Procrustes, least squares)",
+    "ste": "weight matching, then the midpoint loss by gradient descent on the maps,",
+}
+_STE_OPTIONS = ("epochs", "lr", "batch_size")
+_UNUSED = {
+    ("wm", "orth"): ("n_batches", *_STE_OPTIONS),
+    ("wm", "full"): _STE_OPTIONS,  # n_batches: the least squares' activations
+    ("am", "orth"): ("restarts", *_STE_OPTIONS),
+    ("am", "full"): ("restarts", *_STE_OPTIONS),
+    ("ste", "orth"): (),
+    ("ste", "full"): (),
+}
+
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
@@ -79,27 +94,18 @@ METHODS: dict[str, Method] = {
                 symmetry_matching,
                 needs_model=True,
                 needs_data=(start, symmetries) != ("wm", "orth"),
-                summary=(
-                    ("weight matching" if start == "wm" else "activation matching")
-                    + (
-                        " with orthogonal maps (stream, heads) beside permutations"
-                        if symmetries == "orth"
-                        else " over every symmetry the graph admits (orthogonal stream, "
-                        "invertible heads, ReLU scalings)"
-                        + (", least squares on activations" if start == "wm" else "")
-                    )
-                    + "; a transform of the norm-folded models"
-                ),
+                summary=_SUMMARIES[start]
+                + (
+                    " with orthogonal maps (stream, heads) beside permutations"
+                    if symmetries == "orth"
+                    else " over every symmetry the graph admits (orthogonal stream, invertible "
+                    "heads, ReLU scalings)"
+                )
+                + "; a transform of the norm-folded models",
                 fixed={"symmetries": symmetries, "start": start},
-                unused=("restarts",)
-                if start == "am"
-                else ()
-                if symmetries == "full"
-                else ("restarts",)
-                if start == "am"
-                else ("n_batches",),
+                unused=_UNUSED[start, symmetries],
             )
-            for start in ("wm", "am")
+            for start in ("wm", "am", "ste")
             for symmetries in ("orth", "full")
         ),
     )
@@ -107,7 +113,7 @@ METHODS: dict[str, Method] = {
 """Matchers by name. Those in :data:`TRANSFORM_METHODS` return a
 :class:`~lmckit.transform.Transform` of the norm-folded models, not a permutation."""
 
-TRANSFORM_METHODS = frozenset(f"{s}-{k}" for s in ("wm", "am") for k in ("orth", "full"))
+TRANSFORM_METHODS = frozenset(f"{s}-{k}" for s in ("wm", "am", "ste") for k in ("orth", "full"))
 """Matchers whose result maps beyond permutations (:func:`symmetry_matching`)."""
 
 __all__ = [

@@ -12,6 +12,9 @@ the stages of one recipe:
   and units weight matching paired.
 * ``start="am"``: every group fitted on activations at once (LAP, Procrustes, least
   squares); ``symmetries="orth"`` restricts each kind to its orthogonal maps.
+* ``start="ste"``: ``"wm"``'s stages, then the midpoint loss minimised over the orthogonal
+  (and, with ``"full"``, invertible) maps by gradient descent on their parameterisation
+  (:func:`~lmckit.match.transform_ste.transform_ste_matching`).
 
 The result's ``perm`` is a :class:`~lmckit.transform.Transform` of the *folded* models:
 :func:`lmckit.transform.align_pair` folds A and B and applies it.
@@ -30,8 +33,9 @@ from lmckit.errors import ParamsError
 from lmckit.match.activation_transform import transform_activation_matching
 from lmckit.match.orthogonal import orthogonal_weight_matching
 from lmckit.match.result import MatchResult, check_inputs
+from lmckit.match.transform_ste import transform_ste_matching
 from lmckit.match.weight import weight_matching
-from lmckit.options import Count, checked
+from lmckit.options import Count, Positive, checked
 from lmckit.params import Params
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback
@@ -43,7 +47,7 @@ SYMMETRIES = ("orth", "full")
 """``"orth"``: permutations and orthogonal maps; ``"full"``: every kind the graph admits
 (invertible maps per head, positive scalings of ReLU units too)."""
 
-STARTS = ("wm", "am")
+STARTS = ("wm", "am", "ste")
 
 
 @checked
@@ -63,6 +67,9 @@ def symmetry_matching(
     example_kwargs: Mapping[str, Any] | None = None,
     n_batches: Count | None = None,
     restarts: Count = 1,
+    epochs: Count = 1,
+    lr: Positive = 1e-3,
+    batch_size: Count = 256,
 ) -> MatchResult:
     """Align B to A over the symmetries ``model``'s graph admits (module docstring).
 
@@ -77,12 +84,15 @@ def symmetry_matching(
         seed: weight matching's random order, the activation probe's seed.
         progress: the orthogonal descent's sweeps, or the activation batches.
         symmetries: ``"orth"`` or ``"full"``.
-        start: ``"wm"`` (weights first) or ``"am"`` (activations).
+        start: ``"wm"`` (weights first), ``"am"`` (activations) or ``"ste"`` (weights
+            first, then the midpoint loss over the continuous maps).
         example_inputs: a batch to read the graph with (default: the first rows of
             ``data``'s first batch).
         example_kwargs: keyword inputs of the example call (a Hugging Face model's).
         n_batches: activations from only the first ``n_batches`` batches.
         restarts: weight matching's restarts.
+        epochs, lr, batch_size: ``"ste"``'s descent on the midpoint loss
+            (:func:`~lmckit.match.transform_ste.transform_ste_matching`).
 
     Returns:
         the last stage's :class:`MatchResult` (``perm`` a :class:`~lmckit.transform.
@@ -104,7 +114,7 @@ def symmetry_matching(
         raise ParamsError("symmetry_matching starts from the identity; init is not taken")
     if not isinstance(model, nn.Module):
         raise ParamsError("symmetry_matching needs model= (a torch.nn.Module both models fit)")
-    if data is None and (start == "am" or symmetries == "full"):
+    if data is None and (start != "wm" or symmetries == "full"):
         raise ParamsError(
             f"symmetry_matching with start={start!r}, symmetries={symmetries!r} needs data= "
             "(it fits maps on activations)"
@@ -141,7 +151,24 @@ def symmetry_matching(
         if symmetries == "full" and refine:
             stages.append(
                 transform_activation_matching(
-                    kinds, folded_a, folded_b, init=orth.perm, refine=refine, **common
+                    kinds, folded_a, folded_b, init=stages[-1].perm, refine=refine, **common
+                )
+            )
+        if start == "ste":
+            stages.append(
+                transform_ste_matching(
+                    kinds,
+                    folded_a,
+                    folded_b,
+                    model=model,
+                    data=data,
+                    init=stages[-1].perm,
+                    seed=seed,
+                    progress=progress,
+                    epochs=epochs,
+                    lr=lr,
+                    batch_size=batch_size,
+                    n_batches=n_batches,
                 )
             )
     final = stages[-1]
