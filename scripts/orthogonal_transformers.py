@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument(
         "--activations",
         type=int,
-        default=8000,
+        default=2000,
         help="training examples for the activation fits (seeded subset)",
     )
     parser.add_argument("--merge", action="store_true", help="also merge all checkpoints")
@@ -81,7 +81,7 @@ def main() -> None:
     loaders = {"test": data.subset(test_idx=chosen).loader("test", batch_size=256, shuffle=False)}
     example = data.test_x[:2]
     fit = torch.randperm(len(data.train_x), generator=g)[: args.activations]
-    fit_batches = [(data.train_x[fit[k : k + 1000]], None) for k in range(0, len(fit), 1000)]
+    fit_batches = [(data.train_x[fit[k : k + 250]], None) for k in range(0, len(fit), 250)]
     start = time.perf_counter()
     report = symmetry_kinds(model, example, ckpts[0].spec)
     spec = report.spec

@@ -235,7 +235,7 @@ def test_symmetry_matching_refuses_what_it_cannot_do():
     with pytest.raises(ParamsError, match="symmetries must be"):
         symmetry_matching(spec, params, params, model=model, data=data, symmetries="rot")
     with pytest.raises(ParamsError, match="start must be"):
-        symmetry_matching(spec, params, params, model=model, data=data, start="ste")
+        symmetry_matching(spec, params, params, model=model, data=data, start="sgd")
     with pytest.raises(ParamsError, match="needs data="):
         symmetry_matching(spec, params, params, model=model, example_inputs=x, start="am")
     with pytest.raises(ParamsError, match="needs data="):

@@ -122,3 +122,5 @@ def test_bad_requests_are_refused(pair):
         transform_ste_matching(replace(spec, kinds={}), a, b, model=model, data=data)
     with pytest.raises(ParamsError, match="n_batches"):
         transform_ste_matching(spec, a, b, model=model, data=data, n_batches=0)
+    with pytest.raises(ParamsError, match="labelled batches"):
+        transform_ste_matching(spec, a, b, model=model, data=[(x, None) for x, _ in data])

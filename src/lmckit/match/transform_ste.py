@@ -186,6 +186,11 @@ def transform_ste_matching(
         for epoch in range(epochs):
             batches = as_batches(data, batch_size=batch_size, shuffle=True, seed=seed + epoch)
             for x, y in islice(batches, n_batches):
+                if y is None:
+                    raise ParamsError(
+                        "transform_ste_matching needs labelled batches (x, y): it minimises "
+                        "the midpoint's loss"
+                    )
                 device = next(iter(params_a.values())).device
                 moved = _moved(spec, _maps(spec, start, free), params_b, params_a)
                 mid = {
