@@ -254,3 +254,20 @@ def test_symmetry_matching_refuses_what_it_cannot_do():
     # weights only: an example batch is enough, and B = A aligns to itself
     result = symmetry_matching(spec, params, params, model=model, example_inputs=x)
     assert result.distance_after < 1e-9 and result.method == "wm-orth"
+
+
+def test_the_fitted_maps_report_their_conditioning(setting):
+    _, model, spec, data, a = setting
+    planted = Transform.random(spec, 5)
+    result = transform_activation_matching(spec, a, planted.apply(a), model=model, data=data)
+    conditions = result.info["conditions"]
+    assert set(conditions) == {g for g in spec.groups if spec.kind(g) == "invertible"}
+    for g, value in conditions.items():  # the planted blocks' own conditioning, to rounding
+        heads = spec.heads[g][1]
+        d = spec.groups[g] // heads
+        m = planted.inverse().matrix(g)
+        blocks = [
+            m[i * d : (i + 1) * d].reshape(d, heads, d)[:, int(j)]
+            for i, j in enumerate(m.reshape(heads, d, heads, d).abs().sum((1, 3)).argmax(1))
+        ]
+        assert value == pytest.approx(max(float(torch.linalg.cond(b)) for b in blocks), rel=1e-6)

@@ -253,6 +253,18 @@ def _site_sides(
     return sides
 
 
+def _worst_condition(spec: PermutationSpec, group: str, m: Tensor) -> float:
+    """The largest condition number of ``group``'s fitted map (per head block for heads):
+    how much its inverse, which moves the readers, amplifies their weights."""
+    if group not in spec.heads:
+        return float(torch.linalg.cond(m))
+    heads = spec.heads[group][1]
+    d = m.shape[0] // heads
+    blocks = m.reshape(heads, d, heads, d).transpose(1, 2)  # (i, j, d, d)
+    chosen = blocks.abs().sum((2, 3)).argmax(1)
+    return max(float(torch.linalg.cond(blocks[i, int(chosen[i])])) for i in range(heads))
+
+
 def _units_last(t: Tensor) -> Tensor:
     return t.movedim(1, -1).reshape(-1, t.shape[1]).double().cpu()
 
@@ -295,7 +307,10 @@ def transform_activation_matching(
     Returns:
         :class:`MatchResult` whose ``perm`` is a :class:`~lmckit.transform.Transform`,
         ``iterations`` the batches used, ``info["examples"]`` the examples and
-        ``info["unused_sites"]`` the sites that moved by neither ``M`` nor ``M⁻ᵀ``.
+        ``info["unused_sites"]`` the sites that moved by neither ``M`` nor ``M⁻ᵀ``,
+        ``info["conditions"]`` each fitted invertible group's largest condition number
+        (per head block): least squares fits the writers' activations and lets the
+        readers' weights grow by up to this factor.
 
     Raises:
         ParamsError: no model or data, no batches, a refine group not in the spec, or a
@@ -368,6 +383,9 @@ def transform_activation_matching(
             maps[todo[0]] = _solve_group(spec, todo[0], stats[todo[0]], refine is not None)
     identity = Transform.identity(spec)
     step = identity.replace(**maps)
+    conditions = {
+        g: _worst_condition(spec, g, m) for g, m in maps.items() if spec.kind(g) == "invertible"
+    }
     transform = step.compose(init)
     return MatchResult(
         perm=transform,
@@ -380,5 +398,6 @@ def transform_activation_matching(
         info={
             "examples": examples,
             "unused_sites": sorted(s for s, side in sides.items() if side is None),
+            "conditions": conditions,
         },
     )

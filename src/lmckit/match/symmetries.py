@@ -186,5 +186,8 @@ def symmetry_matching(
                 for r in stages
             ],
             "kinds": {k: list(kinds.kinds.values()).count(k) for k in set(kinds.kinds.values())},
+            "conditions": next(
+                (r.info["conditions"] for r in stages if "conditions" in r.info), {}
+            ),
         },
     )
