@@ -355,3 +355,41 @@ def test_aligned_into_a_users_folder_is_refused_and_changes_nothing(folders, tmp
     assert (users / "config.json").read_text() == "my own"
     # every output is checked before any is listed as lmckit's: no file list, no lock left
     assert sorted(p.name for p in users.iterdir()) == ["config.json"]
+
+
+def test_cli_match_beyond_permutations_writes_b_in_the_original_layout(tmp_path, capsys):
+    """``--symmetries orth --aligned``: B rotated (Llama's RMSNorm stream, gains folded) and
+    written back with A's norm gains — a folder from_pretrained loads, computing B's function,
+    whose gains are A's and whose weights are closer to A's than B's are."""
+    sources = {}
+    for seed in (0, 1):  # norm gains away from their initial ones, so that A's are A's
+        torch.manual_seed(seed)
+        model = T.LlamaForCausalLM(llama_config())
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.uniform_(0.5, 1.5)
+        model.save_pretrained(tmp_path / f"llama{seed}", max_shard_size="20KB")
+        sources[seed] = tmp_path / f"llama{seed}"
+    folders = {"llama0": sources[0], "llama1": sources[1]}
+    code, out, err = run(
+        ["match", folders["llama0"], folders["llama1"], "--symmetries", "orth", "--out",
+         tmp_path / "t.json", "--aligned", tmp_path / "aligned", "-q"], capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "orthogonal" in out and "A's norm gains" in out
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
+    moved, b = outputs64(tmp_path / "aligned", ids), outputs64(folders["llama1"], ids)
+    assert ((moved - b).abs().max() / b.abs().max()).item() < 1e-5
+    a_model = T.LlamaForCausalLM.from_pretrained(folders["llama0"])
+    b_model = T.LlamaForCausalLM.from_pretrained(folders["llama1"])
+    aligned = T.LlamaForCausalLM.from_pretrained(tmp_path / "aligned")
+    a_sd, b_sd, al_sd = (m.state_dict() for m in (a_model, b_model, aligned))
+    gains = [k for k in a_sd if k.endswith("norm.weight")]
+    assert gains and all(torch.equal(al_sd[k], a_sd[k]) for k in gains)
+    assert not any(torch.equal(b_sd[k], a_sd[k]) for k in gains)
+
+    def distance(x):
+        return sum(float((x[k] - a_sd[k]).double().pow(2).sum()) for k in a_sd) ** 0.5
+
+    assert distance(al_sd) < distance(b_sd)

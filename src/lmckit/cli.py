@@ -662,11 +662,6 @@ def cmd_match(args: argparse.Namespace) -> int:
             f"--symmetries {args.symmetries} works with weight matching (--method wm or "
             f"wm-fast) or activation matching (am), not {args.method!r}"
         )
-    if (args.symmetries != "perm" or args.method in TRANSFORM_METHODS) and args.aligned:
-        raise UsageError(
-            "--aligned writes permuted model folders; a rotated B needs its norms folded, "
-            "which that writer does not do: use lmckit.transform (fold_norms, then apply)"
-        )
     prepare_output_file(args.out, "--out", create=False)  # created once the work starts
     if args.aligned is not None:
         check_output_dir(args.aligned, "--aligned")
@@ -748,7 +743,8 @@ def cmd_match(args: argparse.Namespace) -> int:
 
 
 def _match_with_rotations(args: argparse.Namespace, method: str, a, b, data) -> int:
-    """``lmckit match --symmetries orth|full`` (or a transform method): a transform file."""
+    """``lmckit match --symmetries orth|full`` (or a transform method): a transform file,
+    and with ``--aligned`` B moved by it in the original layout (A's norm gains put back)."""
     from lmckit._io import locked_output
     from lmckit.experiments.matching import match_checkpoints, save_transform
 
@@ -775,13 +771,40 @@ def _match_with_rotations(args: argparse.Namespace, method: str, a, b, data) -> 
         import torch
 
         example = torch.randn(4, *shape)
-    with locked_output(args.out.parent, "--out's folder", guard=False):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(locked_output(args.out.parent, "--out's folder", guard=False))
+        if args.aligned is not None:
+            from lmckit._io import check_not_inputs, check_outputs
+            from lmckit.model_folder import output_names
+
+            outputs = [args.aligned / n for n in output_names(b.layout)]
+            check_not_inputs(outputs, [*a.files, *b.files], "--aligned")
+            stack.enter_context(locked_output(args.aligned, "--aligned"))
+            check_outputs(outputs, [*a.files, *b.files], "--aligned")
         with ProgressBars(not args.quiet) as bars:
             result = match_checkpoints(
                 a, b, method, data, seed=args.seed, progress=bars(f"match {method}"),
                 example_inputs=example, example_kwargs=example_kwargs, restarts=args.restarts,
             )  # fmt: skip
         save_transform(args.out, result, a=str(a.path), b=str(b.path))
+        if args.aligned is not None:
+            from lmckit.model_folder import provenance, write_model_folder
+            from lmckit.transform import align, unfold_norms
+
+            spec = result.perm.spec
+            gains = {k: a.params[k] for k in spec.folds}
+            moved = unfold_norms(spec, align(result.perm, b.params), gains)
+            write_model_folder(
+                args.aligned,
+                b,
+                params=moved,
+                about={
+                    "method": method,
+                    "inputs": provenance({"a": a, "b": b}),
+                    "layout": "B moved by the transform, with A's norm gains (the same "
+                    "function as B; interpolating it with A is the folded path)",
+                },
+            )
     spec = result.perm.spec
     counts: dict[str, int] = {}
     for g in spec.groups:
@@ -793,6 +816,8 @@ def _match_with_rotations(args: argparse.Namespace, method: str, a, b, data) -> 
     print(f"L2 distance   {result.distance_before:.4f} -> {path}, folded weights")
     print(f"time          {result.seconds:.2f} s")
     print(f"transform     -> {args.out}")
+    if args.aligned is not None:
+        print(f"B aligned     -> {args.aligned} (a model folder, A's norm gains)")
     return 0
 
 
@@ -1558,8 +1583,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--aligned", type=_out_path, metavar="FOLDER",
-        help="model folders: also write B, permuted onto A, as a model folder of B's "
-        "architecture and sharding (from_pretrained loads it)",
+        help="model folders: also write B, permuted onto A (with --symmetries: moved by the "
+        "transform, A's norm gains put back), as a model folder of B's architecture and "
+        "sharding (from_pretrained loads it)",
     )  # fmt: skip
     p.add_argument(
         "--symmetries", choices=("perm", "orth", "full"), default="perm",
