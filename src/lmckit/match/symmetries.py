@@ -12,9 +12,12 @@ the stages of one recipe:
   and units weight matching paired.
 * ``start="am"``: every group fitted on activations at once (LAP, Procrustes, least
   squares); ``symmetries="orth"`` restricts each kind to its orthogonal maps.
-* ``start="ste"``: ``"wm"``'s stages, then the midpoint loss minimised over the orthogonal
-  (and, with ``"full"``, invertible) maps by gradient descent on their parameterisation
-  (:func:`~lmckit.match.transform_ste.transform_ste_matching`).
+* ``start="ste"``: weight matching over permutations and orthogonal maps, then the midpoint
+  loss minimised over the orthogonal (and, with ``"full"``, invertible) maps by gradient
+  descent on their parameterisation (:func:`~lmckit.match.transform_ste.transform_ste_matching`),
+  starting from the orthogonal maps: not from ``"wm"``'s least-squares fit, whose
+  ill-conditioned maps (condition numbers in the hundreds on our ViTs) put the descent
+  where the midpoint is worst.
 
 The result's ``perm`` is a :class:`~lmckit.transform.Transform` of the *folded* models:
 :func:`lmckit.transform.align_pair` folds A and B and applies it.
@@ -148,7 +151,7 @@ def symmetry_matching(
         )
         stages = [wm, orth]
         refine = [g for g in kinds.groups if kinds.kind(g) in ("invertible", "scaling")]
-        if symmetries == "full" and refine:
+        if symmetries == "full" and refine and start == "wm":
             stages.append(
                 transform_activation_matching(
                     kinds, folded_a, folded_b, init=stages[-1].perm, refine=refine, **common
