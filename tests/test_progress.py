@@ -4,9 +4,10 @@ import pytest
 
 from lmckit.evaluate import interpolate
 from lmckit.match import METHODS as MATCHERS
+from lmckit.match import TRANSFORM_METHODS
 from lmckit.merge import METHODS as MERGERS
 from lmckit.progress import Progress, notify
-from tests.merge.common import random_models
+from tests.merge.common import random_models, transformer_models
 
 
 def check_stream(events):
@@ -28,6 +29,8 @@ def test_notify_sends_only_when_asked():
 @pytest.mark.parametrize("name", list(MATCHERS))
 def test_matchers_report_progress(name, digits):
     model, spec, params = random_models(2)
+    if name in TRANSFORM_METHODS:  # maps beyond permutations: a transformer (MLPs refuse)
+        model, spec, params, digits = transformer_models(2)
     events = []
     options = {"epochs": 1} if "epochs" in MATCHERS[name].options() else {}
     MATCHERS[name](
@@ -39,6 +42,8 @@ def test_matchers_report_progress(name, digits):
 @pytest.mark.parametrize("name", list(MERGERS))
 def test_mergers_report_progress(name, digits):
     model, spec, params = random_models(3)
+    if name == "merge-many-orth":  # rotations: a transformer (MLPs refuse)
+        model, spec, params, digits = transformer_models(3)
     events = []
     options = {"epochs": 1} if "epochs" in MERGERS[name].options() else {}
     if MERGERS[name].needs_sizes:

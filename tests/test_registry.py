@@ -8,8 +8,10 @@ import lmckit.match
 import lmckit.merge
 from lmckit.errors import ParamsError
 from lmckit.match import METHODS as MATCHERS
+from lmckit.match import TRANSFORM_METHODS
 from lmckit.merge import METHODS as MERGERS
-from tests.merge.common import planted_copies
+from lmckit.transform import align
+from tests.merge.common import planted_copies, transformer_models
 
 MATCHER_PARAMS = ["spec", "params_a", "params_b", "model", "data", "init", "seed", "progress"]
 MERGER_PARAMS = ["spec", "params_list", "model", "data", "reference", "seed", "progress"]
@@ -31,6 +33,7 @@ def test_every_public_matcher_and_merger_is_registered_with_one_signature():
         lmckit.merge.average,  # uniform and size-weighted (FedAvg)
         lmckit.merge.star,
         lmckit.merge.merge_many,
+        lmckit.merge.merge_many_orthogonal,
         lmckit.merge.ste_mm,
         lmckit.merge.ccmm,
     }
@@ -48,6 +51,9 @@ def test_every_public_matcher_and_merger_is_registered_with_one_signature():
 @pytest.mark.parametrize("name", list(MATCHERS))
 def test_matchers_need_what_the_registry_says(name, digits):
     model, spec, base, copies = planted_copies(2)
+    if name in TRANSFORM_METHODS:  # maps beyond permutations: a transformer (MLPs refuse)
+        model, spec, copies, digits = transformer_models(2)
+        base = copies[0]
     method = MATCHERS[name]
     if method.needs_model or method.needs_data:
         with pytest.raises(ParamsError, match="needs"):
@@ -56,7 +62,7 @@ def test_matchers_need_what_the_registry_says(name, digits):
         method.fn(spec, copies[0], copies[1], **method.fixed)
     options = {"epochs": 1} if "epochs" in method.options() else {}
     result = method(spec, copies[0], copies[1], model=model, data=digits, **options)
-    assert result.perm.apply(copies[1]).keys() == base.keys()
+    assert align(result.perm, copies[1]).keys() == base.keys()
     if method.fixed:
         with pytest.raises(ParamsError, match="fixes"):
             method(spec, copies[0], copies[1], model=model, data=digits, **method.fixed)

@@ -19,3 +19,21 @@ def random_models(n=3, hidden=(16, 16), seed=0, **config):
     torch.manual_seed(seed)
     models = [build_model("mlp", in_dim=64, hidden=list(hidden), **config) for _ in range(n)]
     return models[0], permutation_spec(models[0]), [m.state_dict() for m in models]
+
+
+def transformer_models(n=2, seed=0):
+    """``(model, spec, params_list, batches)``: ``n`` tiny zoo GPTs from different seeds and
+    three labelled batches of tokens — models with orthogonal and invertible symmetries, for
+    the methods that refuse MLPs (``wm-orth``, ``merge-many-orth``, ...)."""
+    models = []
+    for i in range(n):
+        torch.manual_seed(seed + i)
+        models.append(
+            build_model("gpt", vocab_size=20, context=8, dim=16, depth=1, heads=4, mlp_dim=32)
+        )
+    g = torch.Generator().manual_seed(seed)
+    batches = [
+        (torch.randint(0, 20, (16, 8), generator=g), torch.randint(0, 20, (16, 8), generator=g))
+        for _ in range(3)
+    ]
+    return models[0], permutation_spec(models[0]), [m.state_dict() for m in models], batches

@@ -147,8 +147,9 @@ def symmetry_matching(
     else:
         wm = weight_matching(kinds, folded_a, folded_b, seed=seed, restarts=restarts)
         orth = orthogonal_weight_matching(
-            kinds, folded_a, folded_b, init=wm.perm, seed=seed, progress=progress
-        )
+            kinds, folded_a, folded_b, init=wm.perm, seed=seed,
+            progress=progress if start == "wm" else None,  # one stream: the long stage's
+        )  # fmt: skip
         stages = [wm, orth]
         refine = [g for g in kinds.groups if kinds.kind(g) in ("invertible", "scaling")]
         if symmetries == "full" and refine and start == "wm":
