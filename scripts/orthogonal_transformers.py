@@ -39,7 +39,7 @@ from lmckit.transform import fold_norms, unfold_norms
 
 PATHS = (
     "naive", "wm", "naive-folded", "wm-folded", "wm+orth", "wm+orth-in-A-layout", "wm-full",
-    "am-full",
+    "am-full", "ste-orth",
 )  # fmt: skip
 
 
@@ -70,6 +70,11 @@ def main() -> None:
         default=2000,
         help="training examples for the activation fits (seeded subset)",
     )
+    parser.add_argument(
+        "--ste-examples", type=int, default=2048,
+        help="ste-orth: training examples (seeded subset), one epoch over them",
+    )  # fmt: skip
+    parser.add_argument("--ste-batch", type=int, default=64, help="ste-orth: batch size")
     parser.add_argument("--merge", action="store_true", help="also merge all checkpoints")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -82,6 +87,8 @@ def main() -> None:
     example = data.test_x[:2]
     fit = torch.randperm(len(data.train_x), generator=g)[: args.activations]
     fit_batches = [(data.train_x[fit[k : k + 250]], None) for k in range(0, len(fit), 250)]
+    ste_rows = torch.randperm(len(data.train_x), generator=g)[: args.ste_examples]
+    ste_data = data.subset(train_idx=ste_rows)
     start = time.perf_counter()
     report = symmetry_kinds(model, example, ckpts[0].spec)
     spec = report.spec
@@ -121,14 +128,19 @@ def main() -> None:
             # B rotated, then laid out with A's gains: both ends share A's norm gains
             "wm+orth-in-A-layout": (originals[i], unfold_norms(spec, rotated, gains_a)),
         }
-        for name in ("wm-full", "am-full"):
+        for name in ("wm-full", "am-full", "ste-orth"):
             if name not in args.paths:
                 continue
             t0 = time.perf_counter()
             start_method, symmetries = name.split("-")
+            options = (
+                {"data": ste_data, "batch_size": args.ste_batch, "epochs": 1}
+                if start_method == "ste"
+                else {"data": fit_batches}
+            )
             full = symmetry_matching(
-                ckpts[0].spec, originals[i], originals[j], model=model, data=fit_batches,
-                example_inputs=example, start=start_method, symmetries=symmetries,
+                ckpts[0].spec, originals[i], originals[j], model=model,
+                example_inputs=example, start=start_method, symmetries=symmetries, **options,
             )  # fmt: skip
             record[f"{name.replace('-', '_')}_seconds"] = time.perf_counter() - t0
             record["l2"][name] = full.distance_after

@@ -19,7 +19,7 @@ from lmckit.match.activation_transform import (
 from lmckit.models import build_model, permutation_spec
 from lmckit.spec import GraphTaps, symmetry_kinds, trace
 from lmckit.transform import Transform, fold_norms, head_matrix
-from tests.spec.test_kinds import randomized_norms
+from tests.spec.test_kinds import randomized_norms, relu_gpt2_config
 
 T = pytest.importorskip("transformers", reason="a dev dependency: pip install -e '.[dev]'")
 
@@ -34,11 +34,7 @@ def _zoo_gpt():
 
 def _relu_gpt2():
     torch.manual_seed(0)
-    config = T.GPT2Config(
-        vocab_size=40, n_embd=16, n_layer=2, n_head=4, n_positions=12, use_cache=False,
-        bos_token_id=0, eos_token_id=0, tie_word_embeddings=False, activation_function="relu",
-    )  # fmt: skip
-    model = randomized_norms(T.GPT2LMHeadModel(config).double().eval())
+    model = randomized_norms(T.GPT2LMHeadModel(relu_gpt2_config()).double().eval())
     with torch.no_grad():  # tokens, not the random biases, dominate the stream, so that
         model.transformer.wte.weight.normal_()  # each hidden unit fires for some tokens and
         model.transformer.wpe.weight.normal_()  # not others (a unit that is dead or always

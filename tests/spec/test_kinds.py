@@ -249,13 +249,17 @@ def test_huggingface_llama_as_written_keeps_its_float32_rms_norm_rounding():
     assert relative_error(model, params, moved, ids) < 1e-5
 
 
-def _relu_models():
-    torch.manual_seed(0)
-    config = T.GPT2Config(
+def relu_gpt2_config():
+    """A tiny untied GPT-2 whose MLPs use ReLU (so their units admit positive scalings)."""
+    return T.GPT2Config(
         vocab_size=40, n_embd=16, n_layer=2, n_head=4, n_positions=12, use_cache=False,
         bos_token_id=0, eos_token_id=0, tie_word_embeddings=False, activation_function="relu",
     )  # fmt: skip
-    gpt2 = T.GPT2LMHeadModel(config)
+
+
+def _relu_models():
+    torch.manual_seed(0)
+    gpt2 = T.GPT2LMHeadModel(relu_gpt2_config())
     mlp = build_model("mlp", hidden=(24, 24))
     return {
         "gpt2-relu": (gpt2, torch.randint(0, 40, (3, 7)), 2),
