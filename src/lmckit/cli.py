@@ -657,10 +657,10 @@ def cmd_match(args: argparse.Namespace) -> int:
     )
     from lmckit.match import METHODS, TRANSFORM_METHODS
 
-    if args.symmetries != "perm" and args.method not in ("wm", "wm-fast", "am"):
+    if args.symmetries != "perm" and args.method not in ("wm", "wm-fast", "am", "ste"):
         raise UsageError(
             f"--symmetries {args.symmetries} works with weight matching (--method wm or "
-            f"wm-fast) or activation matching (am), not {args.method!r}"
+            f"wm-fast), activation matching (am) or the midpoint loss (ste), not {args.method!r}"
         )
     prepare_output_file(args.out, "--out", create=False)  # created once the work starts
     if args.aligned is not None:
@@ -679,7 +679,8 @@ def cmd_match(args: argparse.Namespace) -> int:
         raise UsageError("--aligned writes a model folder; B is not one")
     method = args.method
     if args.symmetries != "perm":
-        method = f"{'am' if args.method == 'am' else 'wm'}-{args.symmetries}"
+        start = {"wm": "wm", "wm-fast": "wm", "am": "am", "ste": "ste"}[args.method]
+        method = f"{start}-{args.symmetries}"
     data = _data_for(a, args) if METHODS[method].needs_data else None
     from lmckit.experiments.estimates import check_match
 
@@ -785,6 +786,7 @@ def _match_with_rotations(args: argparse.Namespace, method: str, a, b, data) -> 
             result = match_checkpoints(
                 a, b, method, data, seed=args.seed, progress=bars(f"match {method}"),
                 example_inputs=example, example_kwargs=example_kwargs, restarts=args.restarts,
+                epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
             )  # fmt: skip
         save_transform(args.out, result, a=str(a.path), b=str(b.path))
         if args.aligned is not None:
@@ -1593,8 +1595,8 @@ def build_parser() -> argparse.ArgumentParser:
         "graph allows them (a transformer's residual stream with its norm gains folded, "
         "each head's query/key and value/output dimensions); full: every kind — invertible "
         "maps per head, positive scalings of ReLU units — fitted by least squares on the "
-        "data. With wm, wm-fast (weights, then least squares for full) or am (activations); "
-        "written as a transform file",
+        "data. With wm, wm-fast (weights, then least squares for full), am (activations) or "
+        "ste (weights, then the midpoint loss over the maps); written as a transform file",
     )  # fmt: skip
     _add_data_arguments(p)
     _add_model_class_arguments(p)

@@ -116,10 +116,14 @@ def _free_parameters(spec: PermutationSpec) -> dict[str, Tensor]:
     return params
 
 
-def _moved(spec, maps: dict[str, Tensor], params_b: Params, dtype_of: Params) -> dict:
+def _moved(
+    spec: PermutationSpec, maps: dict[str, Tensor], params_b: Params, like: Params
+) -> dict[str, Tensor]:
+    """``T(θ_B)`` differentiably in ``maps`` (computed in float64, returned in the dtypes
+    of ``like``'s tensors)."""
     holder = _Maps(spec, maps)
     return {
-        name: transform_tensor(t.to(torch.float64), holder, name).to(dtype_of[name].dtype)
+        name: transform_tensor(t.to(torch.float64), holder, name).to(like[name].dtype)
         if t.dtype.is_floating_point
         else t
         for name, t in params_b.items()
@@ -176,7 +180,10 @@ def transform_ste_matching(
     check_model_fits(model, params_a, "params_a")
     free = _free_parameters(spec)
     if not free:
-        raise ParamsError("the spec has no orthogonal or invertible group to optimise")
+        raise ParamsError(
+            "the spec has no orthogonal or invertible group to optimise (the midpoint descent "
+            "leaves permutations and scalings where they start: use wm-full or am-full)"
+        )
     params_a, params_b = detached(params_a), detached(params_b)
     optimizer = torch.optim.Adam(list(free.values()), lr=lr)
     history: list[float] = []
