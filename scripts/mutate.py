@@ -157,6 +157,23 @@ MUTATIONS = [
         "    r = torch.linalg.matrix_exp(k)\n",
         ("tests/match/test_transform_ste.py",),
     ),
+    # -- the papers' own settings (issue 30) --
+    M(
+        "ste-paper-steps-with-adam",
+        "STE's paper variant steps the proxy with Adam instead of Alg. 2's plain gradient step",
+        "src/lmckit/match/ste.py",
+        "        torch.optim.SGD(proxy.values(), lr=lr) if paper",
+        "        torch.optim.Adam(proxy.values(), lr=lr) if paper",
+        ("tests/match/test_ste.py",),
+    ),
+    M(
+        "ste-paper-keeps-the-best-epoch",
+        "STE's paper variant returns the best epoch's projection, not the last",
+        "src/lmckit/match/ste.py",
+        "            if score < best_loss or paper:",
+        "            if score < best_loss:",
+        ("tests/match/test_ste.py",),
+    ),
     # -- language models trained here (issue 28, item 5) --
     M(
         "gpt-not-causal",

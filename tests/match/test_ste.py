@@ -112,3 +112,56 @@ def test_straight_through_mixture_has_the_naive_estimators_value_and_gradients()
     assert len(got) == len(expected) == 2 * sum("weight" in k for k in members[0])
     for g, e in zip(got, expected, strict=True):
         assert g.abs().sum() > 0 and torch.allclose(g, e, rtol=1e-5, atol=1e-7)
+
+
+def test_the_paper_variant_is_git_re_basin_alg_2_written_out(digits_pair, digits):
+    """``variant="paper"`` against Alg. 2 by hand: θ̃ starts at θ_A; each step projects θ̃ by
+    weight matching from the identity, evaluates the loss at ½(θ_A + π(θ_B)), and moves θ̃ by
+    a plain step along half the midpoint's gradient (straight through); the last projection
+    is returned."""
+    import torch.nn.functional as F
+
+    model, a, b = digits_pair
+    spec = permutation_spec(model)
+    g = torch.Generator().manual_seed(0)
+    order = torch.randperm(len(digits.train_x), generator=g)[: 5 * 64]
+    batches = [
+        (digits.train_x[order[i : i + 64]], digits.train_y[order[i : i + 64]])
+        for i in range(0, len(order), 64)
+    ]
+    lr = 0.5
+    result = ste_matching(
+        spec, a, b, model=model, data=batches, epochs=1, lr=lr, variant="paper", seed=3
+    )
+    proxy = {k: v.clone() for k, v in a.items()}
+    for x, y in batches:
+        perm = weight_matching(spec, proxy, b, seed=3, warm_start=False).perm
+        mid = {k: ((a[k] + perm.apply(b)[k]) / 2).requires_grad_(True) for k in a}
+        loss = F.cross_entropy(torch.func.functional_call(model, mid, (x,)), y)
+        grads = torch.autograd.grad(loss, list(mid.values()))
+        with torch.no_grad():
+            proxy = {k: proxy[k] - lr * 0.5 * gr for k, gr in zip(mid, grads, strict=True)}
+    last = weight_matching(spec, proxy, b, seed=3, warm_start=False).perm
+    first = weight_matching(spec, a, b, seed=3, warm_start=False).perm
+    assert result.perm == last and last != first  # the descent moved the projection
+    assert result.info["variant"] == "paper"
+    with pytest.raises(ParamsError, match="variant must be one of"):
+        ste_matching(spec, a, b, model=model, data=batches, variant="git")
+    with pytest.raises(ParamsError, match="init does not apply"):
+        ste_matching(spec, a, b, model=model, data=batches, variant="paper", init=first)
+
+
+def test_the_paper_variant_returns_the_last_projection_even_when_an_earlier_was_better(
+    digits_pair, digits
+):
+    model, a, b = digits_pair
+    spec = permutation_spec(model)
+    batches = [(digits.train_x[i : i + 64], digits.train_y[i : i + 64]) for i in range(0, 256, 64)]
+    result = ste_matching(
+        spec, a, b, model=model, data=batches, epochs=3, lr=200.0, variant="paper"
+    )
+    scores = result.info["midpoint_eval_loss"]  # the start's, then each epoch's projection
+    assert scores[-1] > min(scores)  # a big step: the last projection is not the best
+    assert result.info["best_midpoint_loss"] == scores[-1]
+    mid = lerp_params(a, result.perm.apply(b), 0.5)
+    assert evaluate(model, mid, batches).loss == pytest.approx(scores[-1], rel=1e-5)
