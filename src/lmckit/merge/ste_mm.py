@@ -90,6 +90,8 @@ def ste_mm(
     lr: Positive = 1e-3,
     batch_size: Count = 256,
     weights: str | Sequence[float] = "dirichlet",
+    warm_duals: bool = True,
+    restart_from_identity: bool = False,
 ) -> MergeResult:
     """Gather ``n`` models into one basin with STE-MM.
 
@@ -108,6 +110,12 @@ def ste_mm(
         weights: how the mixture weights λ are drawn each step: ``"dirichlet"`` (uniform on
             the simplex, Eq. 5) or ``"normalized_uniform"`` (Alg. 1, lines 4–5) — or ``n``
             fixed non-negative numbers (normalised to sum 1), e.g. for ablations.
+        warm_duals: keep each model's LAP duals from one projection to the next (STE-MM
+            Alg. 3, the default). Off: every LAP starts cold — the same permutations,
+            more LAP work (STE-MM Fig. 2's comparison).
+        restart_from_identity: start every projection's weight matching from the identity
+            (STE-MM Alg. 1 as written) instead of the previous step's permutation (the
+            default: fewer sweeps). Implies cold duals.
 
     ``history`` holds the mean loss per epoch.
     """
@@ -137,15 +145,17 @@ def ste_mm(
         current = {**base, **{k: v.detach() for k, v in proxies[i].items()}}
         r = matchers[i].match(
             current,
-            init=perms[i],
-            duals=duals[i],
+            init=None if restart_from_identity else perms[i],
+            duals=duals[i] if warm_duals and not restart_from_identity else None,
             seed=seed,
             validate=False,
             distances=False,
             objective=False,
         )
         perms[i], duals[i] = r.perm, r.duals
+        lap_work[0] += r.info.get("lap_solves", 0)
 
+    lap_work = [0]
     history, steps = [], 0
     with module_mode(model, True):
         for epoch in range(epochs):
@@ -190,5 +200,8 @@ def ste_mm(
             "epochs": epochs,
             "weights": weights if fixed_weights is None else fixed_weights.tolist(),
             "reference": ref,
+            "warm_duals": warm_duals,
+            "restart_from_identity": restart_from_identity,
+            "lap_solves": lap_work[0],
         },
     )
