@@ -100,6 +100,11 @@ METHODS: dict[str, Method] = {
                     if symmetries == "orth"
                     else " over every symmetry the graph admits (orthogonal stream, invertible "
                     "heads, ReLU scalings)"
+                    + (
+                        ", those beyond rotations by least squares on activations"
+                        if start == "wm"
+                        else ""
+                    )
                 )
                 + "; a transform of the norm-folded models",
                 fixed={"symmetries": symmetries, "start": start},
