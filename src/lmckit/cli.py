@@ -681,6 +681,11 @@ def cmd_match(args: argparse.Namespace) -> int:
     if args.symmetries != "perm":
         start = {"wm": "wm", "wm-fast": "wm", "am": "am", "ste": "ste"}[args.method]
         method = f"{start}-{args.symmetries}"
+    if method in TRANSFORM_METHODS and args.max_memory is not None:
+        raise UsageError(
+            f"--max-memory bounds permutation weight matching; {method} does not take it "
+            "(its transforms are dense per group)"
+        )
     data = _data_for(a, args) if METHODS[method].needs_data else None
     from lmckit.experiments.estimates import check_match
 

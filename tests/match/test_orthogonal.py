@@ -195,3 +195,5 @@ def test_the_command_line_writes_a_transform_that_aligns_b(tmp_path, capsys):
         load_permutation(out, permutation_spec(models[0]))
     assert main([*args[:-3], "--method", "sinkhorn", "--out", str(tmp_path / "u.json")]) == 2
     assert "weight matching" in capsys.readouterr().err
+    assert main([*args, "--max-memory", "1G"]) == 2  # not silently ignored
+    assert "--max-memory" in capsys.readouterr().err
