@@ -813,9 +813,7 @@ def _match_with_rotations(args: argparse.Namespace, method: str, a, b, data) -> 
                 },
             )
     spec = result.perm.spec
-    counts: dict[str, int] = {}
-    for g in spec.groups:
-        counts[spec.kind(g)] = counts.get(spec.kind(g), 0) + 1
+    counts = spec.kind_counts()
     path = " -> ".join(f"{s['distance']:.4f} ({s['method']})" for s in result.info["stages"])
     print(f"method        {method} ({' + '.join(s['method'] for s in result.info['stages'])})")
     print(f"groups        {', '.join(f'{n} {k}' for k, n in counts.items())}")

@@ -255,6 +255,13 @@ class PermutationSpec:
             raise SpecError(f"unknown group {group!r}; groups are {list(self.groups)}")
         return self.kinds.get(group, "permutation")
 
+    def kind_counts(self) -> dict[str, int]:
+        """How many groups have each kind (kinds that no group has are left out)."""
+        out: dict[str, int] = {}
+        for g in self.groups:
+            out[self.kind(g)] = out.get(self.kind(g), 0) + 1
+        return out
+
     def is_dual(self, name: str, axis: int, segment: int = 0) -> bool:
         """Whether the group on ``name``'s ``axis`` (its ``segment``) moves by ``M⁻ᵀ``
         (see ``duals``)."""

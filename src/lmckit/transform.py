@@ -72,6 +72,7 @@ __all__ = [
     "haar_orthogonal",
     "mean_free_basis",
     "orthogonal_subgroup",
+    "random_group_map",
     "random_map",
     "unfold_norms",
 ]
@@ -537,6 +538,20 @@ def random_map(
         out[torch.arange(n), order] = scales
         return out.to(dtype)
     raise PermutationError(f"no random map of kind {kind!r}")
+
+
+def random_group_map(
+    spec: PermutationSpec, group: str, kind: str, generator: torch.Generator | None = None
+) -> Tensor:
+    """A random matrix of ``kind`` for ``group`` alone: per head for a head-structured
+    group, with the heads kept in place (so the other groups of its head tie can stay at
+    the identity) — what probes of one group's symmetry apply."""
+    n = spec.groups[group]
+    if group in spec.heads:
+        heads = spec.heads[group][1]
+        blocks = [random_map(kind, n // heads, generator) for _ in range(heads)]
+        return head_matrix(torch.arange(heads), blocks)
+    return random_map(kind, n, generator)
 
 
 def haar_orthogonal(

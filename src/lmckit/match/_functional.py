@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmckit._checks import check_int, check_positive
+from lmckit.data import as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_labels, forward, per_token
 from lmckit.params import Params
@@ -103,3 +104,12 @@ def batches_per_pass(batches: object) -> int | None:
         return len(batches)  # type: ignore[arg-type]
     except TypeError:
         return None
+
+
+def example_batch(data: object, what: str) -> Tensor:
+    """The first rows (at most 8) of ``data``'s first batch, in order: the example input a
+    graph is read with. ``what`` names the caller in the error when there is none."""
+    first = None if data is None else next(iter(as_batches(data, batch_size=8)), None)
+    if first is None:
+        raise ParamsError(f"{what} needs example_inputs= or data= (with at least one batch)")
+    return first[0][:8]

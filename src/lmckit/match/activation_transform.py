@@ -55,7 +55,7 @@ from lmckit.params import Params, detached
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
 from lmckit.spec import GraphTaps
-from lmckit.transform import Transform, head_matrix, random_map
+from lmckit.transform import Transform, head_blocks, head_matrix, random_group_map
 
 __all__ = ["transform_activation_matching"]
 
@@ -225,15 +225,7 @@ def _site_sides(
     if not groups:
         return {site: True for site in site_group}
     generator = torch.Generator().manual_seed(seed)
-    maps: dict[str, Tensor] = {}
-    for g in groups:
-        n = spec.groups[g]
-        if g in spec.heads:
-            heads = spec.heads[g][1]
-            blocks = [random_map("invertible", n // heads, generator) for _ in range(heads)]
-            maps[g] = head_matrix(torch.arange(heads), blocks)
-        else:
-            maps[g] = random_map(spec.kind(g), n, generator)
+    maps = {g: random_group_map(spec, g, spec.kind(g), generator) for g in groups}
     probe = Transform.identity(spec).replace(**maps)
     before = reader(params, x)
     after = reader(probe.apply(params), x)
@@ -258,11 +250,9 @@ def _worst_condition(spec: PermutationSpec, group: str, m: Tensor) -> float:
     how much its inverse, which moves the readers, amplifies their weights."""
     if group not in spec.heads:
         return float(torch.linalg.cond(m))
-    heads = spec.heads[group][1]
-    d = m.shape[0] // heads
-    blocks = m.reshape(heads, d, heads, d).transpose(1, 2)  # (i, j, d, d)
-    chosen = blocks.abs().sum((2, 3)).argmax(1)
-    return max(float(torch.linalg.cond(blocks[i, int(chosen[i])])) for i in range(heads))
+    parts = head_blocks(m, spec.heads[group][1])
+    assert parts is not None  # maps of head groups are block-permutation (Transform checks)
+    return max(float(torch.linalg.cond(block)) for block in parts[1])
 
 
 def _units_last(t: Tensor) -> Tensor:

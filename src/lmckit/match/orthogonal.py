@@ -272,9 +272,7 @@ def orthogonal_weight_matching(
         notify(progress, sweeps, max_iter, objective=total)
         if not changed:
             break
-    counts: dict[str, int] = {}
-    for g in spec.groups:
-        counts[spec.kind(g)] = counts.get(spec.kind(g), 0) + 1
+    counts = spec.kind_counts()
     transform = Transform(given, dict(transform.items()))
     return MatchResult(
         perm=transform,

@@ -31,8 +31,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from lmckit.data import DataSource, as_batches
+from lmckit.data import DataSource
 from lmckit.errors import ParamsError
+from lmckit.match._functional import example_batch
 from lmckit.match.activation_transform import transform_activation_matching
 from lmckit.match.orthogonal import orthogonal_weight_matching
 from lmckit.match.result import MatchResult, check_inputs
@@ -126,10 +127,7 @@ def symmetry_matching(
         raise ParamsError("symmetry_matching needs example_inputs= or data= to read the graph")
     check_inputs(spec, params_a, params_b, None, seed)
     if example_inputs is None:
-        first = next(iter(as_batches(data, batch_size=8, shuffle=False, seed=seed)), None)
-        if first is None:
-            raise ParamsError("symmetry_matching got no batches")
-        example_inputs = first[0][:8]
+        example_inputs = example_batch(data, "symmetry_matching")
     kinds = symmetry_kinds(model, example_inputs, spec, example_kwargs=example_kwargs).spec
     if symmetries == "orth":
         kinds = orthogonal_subgroup(kinds)
@@ -189,7 +187,7 @@ def symmetry_matching(
                 {"method": r.method, "distance": r.distance_after, "seconds": r.seconds}
                 for r in stages
             ],
-            "kinds": {k: list(kinds.kinds.values()).count(k) for k in set(kinds.kinds.values())},
+            "kinds": kinds.kind_counts(),
             "conditions": next(
                 (r.info["conditions"] for r in stages if "conditions" in r.info), {}
             ),

@@ -22,8 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from lmckit._checks import check_int
-from lmckit.data import DataSource, as_batches
+from lmckit.data import DataSource
 from lmckit.errors import ParamsError
+from lmckit.match._functional import example_batch
 from lmckit.match.orthogonal import orthogonal_weight_matching
 from lmckit.merge.many import merge_many
 from lmckit.merge.result import MergeResult, check_models
@@ -83,10 +84,7 @@ def merge_many_orthogonal(
     if not isinstance(model, nn.Module):
         raise ParamsError("merge_many_orthogonal needs model= (its graph says what rotates)")
     if example_inputs is None:
-        first = None if data is None else next(iter(as_batches(data, batch_size=8)), None)
-        if first is None:
-            raise ParamsError("merge_many_orthogonal needs example_inputs= or data=")
-        example_inputs = first[0][:8]
+        example_inputs = example_batch(data, "merge_many_orthogonal")
     kinds = symmetry_kinds(model, example_inputs, spec, example_kwargs=example_kwargs).spec
     kinds = orthogonal_subgroup(kinds)
     if not kinds.kinds:

@@ -44,8 +44,7 @@ from lmckit.spec.trace import (
 from lmckit.transform import (
     Transform,
     fold_norms,
-    head_matrix,
-    random_map,
+    random_group_map,
 )
 
 __all__ = ["SymmetryReport", "symmetry_kinds"]
@@ -92,11 +91,7 @@ class SymmetryReport:
 
     def counts(self) -> dict[str, int]:
         """Groups per kind."""
-        out: dict[str, int] = {}
-        for g in self.spec.groups:
-            kind = self.spec.kind(g)
-            out[kind] = out.get(kind, 0) + 1
-        return out
+        return self.spec.kind_counts()
 
     def __str__(self) -> str:
         counts = ", ".join(f"{n} {kind}" for kind, n in self.counts().items())
@@ -190,7 +185,7 @@ def symmetry_kinds(
                 why = "folding its norm gains changes the outputs"
                 break
             transform = Transform.identity(trial).replace(
-                **{g: _random_map(trial, g, kind, generator)}
+                **{g: random_group_map(trial, g, kind, generator)}
             )
             moved = transform.apply(folded)
             if _close(reference, _run(twin, moved, args64, kwargs64, False, select), rtol):
@@ -216,17 +211,6 @@ def symmetry_kinds(
         norms=norms,
         seconds=time.perf_counter() - start,
     )
-
-
-def _random_map(spec: PermutationSpec, group: str, kind: str, generator) -> Tensor:
-    """A random matrix of ``kind`` for ``group`` alone (heads kept in place: a tie's other
-    groups stay at the identity)."""
-    n = spec.groups[group]
-    if group in spec.heads:
-        heads = spec.heads[group][1]
-        blocks = [random_map(kind, n // heads, generator) for _ in range(heads)]
-        return head_matrix(torch.arange(heads), blocks)
-    return random_map(kind, n, generator)
 
 
 @dataclass
