@@ -94,3 +94,55 @@ def test_cold_duals_give_the_warm_result_and_identity_restarts_run_alg_1(trained
     one = ste_mm(spec, params, model=model, data=batches[:1], epochs=1, lr=1e-12, seed=1,
                  restart_from_identity=True)  # fmt: skip
     assert one.perms == star(spec, params, seed=1).perms  # a vanishing step: WM of θ_ref
+
+
+def test_the_paper_variant_is_stemm_alg_1_written_out(trained, digits):
+    """``variant="paper"`` against Alg. 1 by hand: proxies start at θ_n; each step projects
+    every proxy by weight matching from the identity, draws λ as normalised U(0, 1) draws,
+    and moves each proxy by Adam along λ_i times the mixture's gradient (straight
+    through); the final projections are the permutations (line 12)."""
+    import torch.nn.functional as F
+
+    from lmckit.match import weight_matching
+
+    model, spec, params = trained
+    batches = [(digits.train_x[i : i + 64], digits.train_y[i : i + 64]) for i in range(0, 320, 64)]
+    lr = 0.05
+    result = ste_mm(spec, params, model=model, data=batches, epochs=1, lr=lr, seed=2,
+                    variant="paper")  # fmt: skip
+    n, ref = len(params), len(params) - 1
+    proxies = [{k: params[ref][k].clone().requires_grad_(True) for k in params[ref]}
+               for _ in range(n - 1)]  # fmt: skip
+    adam = torch.optim.Adam([t for p in proxies for t in p.values()], lr=lr)
+    generator = torch.Generator().manual_seed(2)
+
+    def project(i):
+        detached = {k: v.detach() for k, v in proxies[i].items()}
+        return weight_matching(spec, detached, params[i], seed=2, warm_start=False).perm
+
+    for x, y in batches:
+        perms = [project(i) for i in range(n - 1)]
+        u = torch.rand(n, generator=generator, dtype=torch.float64)
+        lam = u / u.sum()  # Alg. 1 lines 4-5, not a Dirichlet draw
+        members = [perms[i].apply(params[i]) for i in range(n - 1)] + [params[ref]]
+        mix = {k: sum(float(lam[i]) * members[i][k] for i in range(n)).requires_grad_(True)
+               for k in params[ref]}  # fmt: skip
+        loss = F.cross_entropy(torch.func.functional_call(model, mix, (x,)), y)
+        grads = dict(zip(mix, torch.autograd.grad(loss, list(mix.values())), strict=True))
+        adam.zero_grad()
+        for i in range(n - 1):
+            for k, t in proxies[i].items():
+                t.grad = float(lam[i]) * grads[k]
+        adam.step()
+    final = [project(i) for i in range(n - 1)]
+    assert list(result.perms[:-1]) == final and result.perms[-1].is_identity()
+    assert final != list(star(spec, params, seed=2).perms[:-1])  # the descent moved them
+    assert result.info["variant"] == "paper"
+    assert result.info["weights"] == "normalized_uniform" and result.info["restart_from_identity"]
+    dirichlet = ste_mm(spec, params, model=model, data=batches, epochs=1, lr=lr, seed=2,
+                       restart_from_identity=True)  # fmt: skip
+    assert dirichlet.perms != result.perms  # the weight draw is part of the variant
+    with pytest.raises(ParamsError, match="variant must be one of"):
+        ste_mm(spec, params, model=model, data=batches, variant="alg1")
+    with pytest.raises(ParamsError, match="fixed weights do not apply"):
+        ste_mm(spec, params, model=model, data=batches, variant="paper", weights=[1, 1, 1])
