@@ -98,7 +98,7 @@ def _used_seed_indices(experiment: Experiment, base: TrainConfig) -> set[int]:
     for block in experiment.triplets:
         used.update(i for triple in block.triple_list(count) for i in triple)
     for block in experiment.merge:
-        used.update(range(max(block.counts(base.split.parts_count))))
+        used.update(range(block.seeds_needed(base.split.parts_count)))
     return used
 
 
@@ -244,21 +244,28 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
         for b, block in enumerate(experiment.merge):
             for method in block.methods:
                 for n in block.counts(parts):
-                    jobs.append(
-                        Job(
-                            name=f"merge/b{b}/c{c}/{method}/n{n}",
-                            kind="merge",
-                            settings={
-                                **common,
-                                "method": method,
-                                "n": n,
-                                "seed": 0,
-                                "options": dict(block.options.get(method, {})),
-                                "server_examples": block.server_examples,
-                                "train_metrics": block.train_metrics,
-                            },
-                            deps=tuple(train_names[:n]),
-                            labels={**where, "method": method, "n": n, "block": b},
+                    for r in range(block.seed_sets):
+                        # set 0 keeps the names and labels it had before seed sets existed
+                        suffix = f"/s{r}" if r else ""
+                        labels = {**where, "method": method, "n": n, "block": b}
+                        if block.seed_sets > 1:
+                            labels["set"] = r
+                        indices = block.seed_indices(parts, n, r)
+                        jobs.append(
+                            Job(
+                                name=f"merge/b{b}/c{c}/{method}/n{n}{suffix}",
+                                kind="merge",
+                                settings={
+                                    **common,
+                                    "method": method,
+                                    "n": n,
+                                    "seed": 0,
+                                    "options": dict(block.options.get(method, {})),
+                                    "server_examples": block.server_examples,
+                                    "train_metrics": block.train_metrics,
+                                },
+                                deps=tuple(train_names[i] for i in indices),
+                                labels=labels,
+                            )
                         )
-                    )
     return jobs

@@ -278,15 +278,17 @@ def _merge_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
         for method in sorted({r["group"]["method"] for r in part}):
             for cell in sorted({r["group"]["cell"] for r in part}):
                 points = sorted(
-                    (r["group"]["n"], r["mean"])
+                    (r["group"]["n"], r["mean"], r["std"] or 0.0)
                     for r in part
                     if r["group"]["method"] == method and r["group"]["cell"] == cell
                 )
                 grid = next(r["grid"] for r in part if r["group"]["cell"] == cell)
-                ax.plot(
-                    [n for n, _ in points],
-                    [100 * v for _, v in points],
+                ax.errorbar(  # std over seed sets where a block repeats on several
+                    [n for n, _, _ in points],
+                    [100 * v for _, v, _ in points],
+                    yerr=[100 * e for _, _, e in points],
                     marker="o",
+                    capsize=3,
                     label=f"{method} ({_cell_label(grid)})",
                 )
         ax.set_xlabel("number of models n")

@@ -61,6 +61,8 @@ An experiment is a TOML file::
     [[merge]]                      # merge the first n seeds' models
     methods = ["star-wm", "merge-many"]
     n = [2, 3]                     # or "parts": one model per part of train.split
+    seed_sets = 3                  # optional: repeat on disjoint seeds — set r merges
+                                   # seeds r·max(n) .. r·max(n) + n − 1 (mean ± std over sets)
     server_examples = 1000         # optional: data-driven mergers see only this many
                                    # training examples (a seeded subset)
     train_metrics = true           # optional: the training set's loss/acc/ECE as well
@@ -133,7 +135,7 @@ COMPARE_KEYS = {
     "analyses",
     "server_examples",
 }
-MERGE_KEYS = {"methods", "n", "options", "server_examples", "train_metrics"}
+MERGE_KEYS = {"methods", "n", "options", "server_examples", "train_metrics", "seed_sets"}
 TRIPLET_KEYS = {"methods", "triples", "gamma", "splits", "options"}
 ANALYSES = {"spectral", "taylor", "layerwise"}
 TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "a list"}
@@ -188,13 +190,24 @@ class MergeBlock:
     seeded subset of the training set that data-driven mergers (STE-MM, star-STE, BN resets)
     may look at — a federated server's small held set — instead of all of it;
     ``train_metrics``: also measure the merge, the inputs and their ensemble on the
-    training set."""
+    training set; ``seed_sets``: how many disjoint sets of seeds each merge is repeated on
+    (set ``r`` merges seed indices ``r·max(n) … r·max(n) + n − 1``)."""
 
     methods: tuple[str, ...]
     n: tuple[int | str, ...]
     options: Mapping[str, Mapping[str, Any]]
     server_examples: int | None = None
     train_metrics: bool = False
+    seed_sets: int = 1
+
+    def seed_indices(self, parts: int | None, n: int, seed_set: int) -> range:
+        """The seed indices the merge of ``n`` models uses in set ``seed_set``."""
+        first = seed_set * max(self.counts(parts))
+        return range(first, first + n)
+
+    def seeds_needed(self, parts: int | None) -> int:
+        """How many seeds the block's largest merge of its last set reaches."""
+        return self.seed_sets * max(self.counts(parts))
 
     def counts(self, parts: int | None) -> tuple[int, ...]:
         """``n`` with ``"parts"`` resolved to ``parts`` (distinct, in order)."""
@@ -509,7 +522,10 @@ def _parse_merge(raw: Any, where: str) -> MergeBlock:
     server = _server_examples(block.get("server_examples"), where)
     options = _options(block.get("options", {}), f"{where}.options", methods, MERGERS)
     train = _expect(block.get("train_metrics", False), bool, f"{where}.train_metrics")
-    return MergeBlock(methods, ns, options, server, train)
+    sets = _expect(block.get("seed_sets", 1), int, f"{where}.seed_sets")
+    if sets < 1:
+        raise ExperimentError(f"{where}.seed_sets must be at least 1, got {sets}")
+    return MergeBlock(methods, ns, options, server, train, sets)
 
 
 def _override(raw: dict[str, Any], dotted: str, value: Any) -> None:
@@ -579,7 +595,7 @@ def _check_size(grid, variants, seeds, compare, merge, triplets) -> None:
             (n // 3 if block.triples == "disjoint" else len(block.triples)) * len(block.methods) * 3
         )
     for block in merge:
-        per_cell += len(block.methods) * len(block.n)
+        per_cell += len(block.methods) * len(block.n) * block.seed_sets
     if cells * per_cell > MAX_JOBS:
         raise ExperimentError(
             f"the experiment expands into about {cells * per_cell:,} jobs ({cells:,} cells × "
@@ -654,8 +670,12 @@ def parse_experiment(
             raise ExperimentError(f"compare[{i}].pairs index {top} but only {len(seeds)} seeds")
     for i, block in enumerate(merge):
         counts = [n for n in block.n if n != PARTS]
-        if counts and max(counts) > len(seeds):
-            raise ExperimentError(f"merge[{i}].n asks for {max(counts)} models; {len(seeds)} seeds")
+        if counts and block.seed_sets * max(counts) > len(seeds):
+            sets = f" in each of {block.seed_sets} seed sets" if block.seed_sets > 1 else ""
+            raise ExperimentError(
+                f"merge[{i}].n asks for {max(counts)} models{sets}; {len(seeds)} seeds"
+                + (f" (needs {block.seed_sets * max(counts)})" if sets else "")
+            )
     experiment = Experiment(
         name=name,
         description=_expect(raw.get("description", ""), str, "description"),
@@ -718,10 +738,11 @@ def _check_configurations(experiment: Experiment) -> None:
                 counts = block.counts(parts)
             except ExperimentError as exc:
                 raise ExperimentError(f"{where}: merge[{i}]: {exc}") from None
-            if max(counts) > len(experiment.seeds):
+            if block.seed_sets * max(counts) > len(experiment.seeds):
                 raise ExperimentError(
-                    f"{where}: merge[{i}] asks for {max(counts)} models (one per part); "
-                    f"{len(experiment.seeds)} seeds"
+                    f"{where}: merge[{i}] asks for {max(counts)} models (one per part)"
+                    + (f" in each of {block.seed_sets} seed sets" if block.seed_sets > 1 else "")
+                    + f"; {len(experiment.seeds)} seeds"
                 )
 
 
