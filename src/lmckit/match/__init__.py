@@ -64,6 +64,15 @@ METHODS: dict[str, Method] = {
             fixed={"method": "correlation"},
         ),
         Method(
+            "am-ls",
+            activation_matching,
+            needs_model=True,
+            needs_data=True,
+            summary="activation matching in Git Re-Basin's least-squares form (§3.1 eq. 1): "
+            "the cross-moment E[z_A z_Bᵀ]",
+            fixed={"method": "cross_moment"},
+        ),
+        Method(
             "ste",
             ste_matching,
             needs_model=True,
