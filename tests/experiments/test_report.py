@@ -90,3 +90,18 @@ def test_the_report_renders_in_chromium_with_the_ledgers_numbers(run, tmp_path):
         checked += 1
     assert checked == len(values) > 0
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def test_a_paper_number_with_a_block_sits_beside_that_blocks_row_only():
+    """Two compare blocks run the same method with different options (the paper's variant
+    and lmckit's): the published number belongs to one of them."""
+    from lmckit.experiments.report import _paper_cell
+
+    paper = [{"step": "curve", "method": "sinkhorn", "metric": "m", "value": 0.5, "source": "T1",
+              "block": 0}]  # fmt: skip
+    row = {"kind": "curve", "metric": "m", "group": {"block": 0, "method": "sinkhorn"}}
+    other = {**row, "group": {"block": 1, "method": "sinkhorn"}}
+    assert "0.5 (T1)" in _paper_cell(row, paper)
+    assert _paper_cell(other, paper) == ""
+    unblocked = [{k: v for k, v in paper[0].items() if k != "block"}]
+    assert _paper_cell(other, unblocked) == _paper_cell(row, unblocked) != ""

@@ -66,6 +66,10 @@ def test_the_tiny_file_expands_into_cells():
             {"paper": [{"step": "curve", "metric": "x", "value": 1, "source": "T", "n": 5}]},
             "paper[0] has unknown key(s) ['n']",
         ),
+        (
+            {"paper": [{"step": "curve", "metric": "x", "value": 1, "source": "T", "block": -1}]},
+            "paper[0].block must be a block index",
+        ),
         # options checked against the method's own signature: names, types, ranges
         (
             {"compare": [{"methods": ["ste"], "options": {"ste": {"epoch": 2}}}]},

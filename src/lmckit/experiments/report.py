@@ -645,6 +645,7 @@ def _paper_cell(r: Mapping[str, Any], paper: Sequence[Mapping[str, Any]]) -> str
         if p["step"] == r["kind"]
         and p["metric"] == r["metric"]
         and p.get("method", r["group"].get("method")) == r["group"].get("method")
+        and p.get("block", r["group"].get("block")) == r["group"].get("block")
     ]
     return "; ".join(
         f"{_number(p['value'])}{' ± ' + _number(p['std']) if 'std' in p else ''} "

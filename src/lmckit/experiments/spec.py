@@ -123,7 +123,7 @@ TOP_KEYS = {
     "spectra",
     "paper",
 }
-PAPER_KEYS = {"step", "method", "metric", "value", "std", "source"}
+PAPER_KEYS = {"step", "method", "metric", "value", "std", "source", "block"}
 COMPARE_KEYS = {
     "pairs",
     "methods",
@@ -495,8 +495,14 @@ def _parse_triplets(raw: Any, where: str) -> TripletBlock:
 
 def _parse_paper(raw: Any, where: str) -> dict[str, Any]:
     """A published number the report shows beside ours: the step kind, method (optional),
-    metric, value, standard deviation (optional) and where it is from."""
+    metric, value, standard deviation (optional), where it is from, and ``block`` (optional:
+    the index of the ``[[compare]]``/``[[merge]]``/``[[triplets]]`` block it belongs to,
+    where several blocks run the same method with different options)."""
     entry = _table(raw, where, PAPER_KEYS)
+    if "block" in entry and (
+        _expect(entry["block"], int, f"{where}.block") < 0 or isinstance(entry["block"], bool)
+    ):
+        raise ExperimentError(f"{where}.block must be a block index (0, 1, …)")
     for key in ("step", "metric", "source"):
         _expect(entry.get(key), str, f"{where}.{key}")
     if "method" in entry:
