@@ -28,6 +28,38 @@ def test_one_step_follows_the_update_rule():
     assert ratio[1] == -1.0 and ratio[3] == -1.0 and abs(ratio[2]) < 1
 
 
+def test_coupled_weight_decay_enters_the_moment_as_l2():
+    """``coupled_weight_decay``: ``m = (1 − β₁)(g + λθ)`` and no decoupled shrink — the
+    width study's Sophia with Adam's (coupled) weight decay."""
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64))
+    opt = SophiaG([p], lr=0.1, betas=(0.9, 0.99), rho=0.5, weight_decay=0.2, eps=1e-12,
+                  coupled_weight_decay=True)  # fmt: skip
+    p.grad = torch.tensor([3.0, 1.0, 2.0], dtype=torch.float64)
+    opt.update_hessian(batch_size=2)
+    h = 0.01 * 2 * p.grad**2
+    g = torch.tensor([0.01, -0.02, 0.3], dtype=torch.float64)
+    p.grad = g.clone()
+    before = p.detach().clone()
+    opt.step()
+    m = 0.1 * (g + 0.2 * before)
+    expected = before - 0.1 * (m / (0.5 * h)).clamp(-1, 1)
+    assert torch.allclose(p.detach(), expected, rtol=0, atol=1e-15)
+    # the decoupled rule from the same state is another point
+    decoupled = before * (1 - 0.1 * 0.2) - 0.1 * (0.1 * g / (0.5 * h)).clamp(-1, 1)
+    assert not torch.allclose(expected, decoupled, atol=1e-6)
+
+
+def test_sophia_l2_is_a_training_option():
+    digits = load_dataset("digits")
+    runs = {}
+    for name in ("sophia", "sophia-l2"):
+        cfg = TrainConfig(epochs=1, batch_size=64, optimizer=name, lr=1e-3, weight_decay=0.5)
+        model = init_model("mlp", {"in_dim": 64, "hidden": [16], "out_dim": 10}, seed=0)
+        train(model, digits, cfg)
+        runs[name] = model.state_dict()["layers.0.weight"]
+    assert not torch.allclose(runs["sophia"], runs["sophia-l2"])
+
+
 def test_gnb_estimator_is_unbiased_for_the_gauss_newton_diagonal():
     """For logits z = W x, E_ŷ[B ĝ²] = diag of (1/B) Σ_b J_bᵀ (diag p_b − p_b p_bᵀ) J_b."""
     torch.manual_seed(0)

@@ -14,6 +14,13 @@ Per parameter, with gradient ``g_t`` of the minibatch loss:
 * ``θ ← θ − η λ θ`` (decoupled weight decay), then
   ``θ ← θ − η · clip(m_t / max(γ h_t, ε), 1)`` elementwise, ``clip(z, 1) = max(−1, min(z, 1))``.
 
+With ``coupled_weight_decay=True`` the decay is an L2 penalty instead, as Adam's
+``weight_decay`` is: ``g_t ← g_t + λ θ`` enters the moment and there is no decoupled step.
+The width study gave Sophia its Adam recipe's weight decay 3e-3; read as Sophia's
+decoupled decay at η = 1e-3 that is ``ηλ = 3e-6`` per step (almost none), read as Adam's
+coupled L2 it is the recipe's regularisation — the two readings are separate optimisers
+(``"sophia"`` and ``"sophia-l2"`` in :class:`lmckit.train.TrainConfig`).
+
 Defaults are those of the authors' released optimiser: ``β = (0.965, 0.99)``, ``γ = 0.04``,
 ``k = 10``, ``ε = 1e-15``. The width study kept its first-order learning rate and weight
 decay for Sophia; so does :func:`lmckit.train.train`.
@@ -48,12 +55,20 @@ class SophiaG(torch.optim.Optimizer):
         rho: float = 0.04,
         weight_decay: float = 0.0,
         eps: float = 1e-15,
+        coupled_weight_decay: bool = False,
     ) -> None:
         if not lr > 0 or not 0 <= betas[0] < 1 or not 0 <= betas[1] < 1 or not rho > 0:
             raise ValueError(f"invalid Sophia settings lr={lr}, betas={betas}, rho={rho}")
         if weight_decay < 0 or not eps > 0:
             raise ValueError(f"invalid Sophia settings weight_decay={weight_decay}, eps={eps}")
-        defaults = dict(lr=lr, betas=betas, rho=rho, weight_decay=weight_decay, eps=eps)
+        defaults = dict(
+            lr=lr,
+            betas=betas,
+            rho=rho,
+            weight_decay=weight_decay,
+            eps=eps,
+            coupled_weight_decay=coupled_weight_decay,
+        )
         super().__init__(params, defaults)
 
     def _state(self, p: Tensor) -> dict:
@@ -90,8 +105,11 @@ class SophiaG(torch.optim.Optimizer):
                     continue
                 state = self._state(p)
                 m, h = state["exp_avg"], state["hessian"]
-                m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
-                if wd:
+                grad = p.grad
+                if wd and group["coupled_weight_decay"]:
+                    grad = grad.add(p, alpha=wd)  # L2 in the gradient, as Adam's decay
+                m.mul_(beta1).add_(grad, alpha=1 - beta1)
+                if wd and not group["coupled_weight_decay"]:
                     p.mul_(1 - lr * wd)
                 ratio = (m / (rho * h).clamp_min(eps)).clamp_(-1.0, 1.0)
                 p.add_(ratio, alpha=-lr)

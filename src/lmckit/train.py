@@ -29,7 +29,7 @@ from lmckit.optim import HESSIAN_INTERVAL, SophiaG
 from lmckit.options import Count, NonNegative, Positive, Range, check_value
 from lmckit.progress import ProgressCallback, notify
 
-OPTIMIZERS = ("adam", "adamw", "sgd", "sophia")
+OPTIMIZERS = ("adam", "adamw", "sgd", "sophia", "sophia-l2")
 NONFINITE_CHECK_EVERY = 16  # batches between checks of the loss (each check syncs a GPU)
 SCHEDULES = ("constant", "warmup_linear")
 
@@ -44,7 +44,8 @@ class TrainConfig:
         optimizer: ``"adam"`` (L2 via ``weight_decay``), ``"adamw"``, ``"sgd"`` or
             ``"sophia"`` (:class:`lmckit.optim.SophiaG`, decoupled weight decay, a GNB
             Hessian estimate every 10 steps from labels sampled with a generator seeded by
-            ``seed`` and the step).
+            ``seed`` and the step) or ``"sophia-l2"`` (the same with ``weight_decay`` as a
+            coupled L2 penalty in the gradient, as Adam's).
         lr: peak learning rate.
         momentum, nesterov: SGD only.
         weight_decay: L2 penalty (decoupled for AdamW).
@@ -296,8 +297,13 @@ def _make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimi
             nesterov=config.nesterov,
             weight_decay=config.weight_decay,
         )
-    if config.optimizer == "sophia":
-        return SophiaG(params, lr=config.lr, weight_decay=config.weight_decay)
+    if config.optimizer in ("sophia", "sophia-l2"):
+        return SophiaG(
+            params,
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            coupled_weight_decay=config.optimizer == "sophia-l2",
+        )
     cls = torch.optim.Adam if config.optimizer == "adam" else torch.optim.AdamW
     return cls(params, lr=config.lr, weight_decay=config.weight_decay)
 

@@ -267,7 +267,8 @@ def check_training_budget(
     with torch.device("meta"):
         skeleton = build_model(model_name, **model_config)
     numel = sum(t.numel() for t in skeleton.state_dict().values())
-    copies = 4 if config.optimizer in ("adam", "adamw", "sophia") else 3  # θ, ∇, moments
+    # θ, ∇ and the optimiser's moments
+    copies = 4 if config.optimizer in ("adam", "adamw", "sophia", "sophia-l2") else 3
     check_budget(
         f"{model_name} with {numel:,} parameters",
         memory=numel * 4 * copies,
