@@ -61,6 +61,7 @@ def ste_matching(
     batch_size: Count = 256,
     eval_batches: Count = 4,
     variant: str = "lmckit",
+    warm_duals: bool = True,
 ) -> MatchResult:
     """Learn a permutation of B that makes the midpoint with A a low-loss model.
 
@@ -87,6 +88,9 @@ def ste_matching(
             the final proxy returned (``eval_batches`` only reports its midpoint loss).
             The default departs from the paper for speed (warm projections) and stability
             (Adam, best epoch); ``variant="paper"`` is what the reproductions use.
+        warm_duals: hand each projection the previous one's LAP duals (STE-MM Alg. 3; the
+            default). Off, every LAP starts cold: the same permutations, more LAP work —
+            STE-MM Fig. 2's comparison. The paper variant's projections are always cold.
 
     BatchNorm models are evaluated in train mode (per-batch statistics) throughout, which
     re-estimates the midpoint's statistics on each batch.
@@ -124,7 +128,8 @@ def ste_matching(
         return matcher.match(
             current,
             init=None if paper else perm,
-            duals=None if paper else duals,
+            duals=None if paper or not warm_duals else duals,
+            warm_start=warm_duals and not paper,  # cold: no duals kept within the call either
             seed=seed,
             validate=False,
             distances=False,
@@ -178,5 +183,6 @@ def ste_matching(
             "lr": lr,
             "epochs": epochs,
             "variant": variant,
+            "warm_duals": warm_duals and not paper,
         },
     )

@@ -112,9 +112,9 @@ def ste_mm(
         weights: how the mixture weights λ are drawn each step: ``"dirichlet"`` (uniform on
             the simplex, Eq. 5) or ``"normalized_uniform"`` (Alg. 1, lines 4–5) — or ``n``
             fixed non-negative numbers (normalised to sum 1), e.g. for ablations.
-        warm_duals: keep each model's LAP duals from one projection to the next (STE-MM
-            Alg. 3, the default). Off: every LAP starts cold — the same permutations,
-            more LAP work (STE-MM Fig. 2's comparison).
+        warm_duals: keep each model's LAP duals from one projection to the next and from
+            one sweep to the next (STE-MM Alg. 3, the default). Off: every LAP starts cold
+            — the same permutations, more LAP work (STE-MM Fig. 2's comparison).
         restart_from_identity: start every projection's weight matching from the identity
             (STE-MM Alg. 1 as written) instead of the previous step's permutation (the
             default: fewer sweeps). The LAP duals are still carried over when
@@ -170,6 +170,7 @@ def ste_mm(
             current,
             init=None if restart_from_identity else perms[i],
             duals=duals[i] if warm_duals else None,
+            warm_start=warm_duals,  # cold: no duals kept within the call either
             seed=seed,
             validate=False,
             distances=False,
