@@ -76,6 +76,13 @@ def cases(f):
         # options that do nothing
         ("wm-epochs", [*match, "--method", "wm", "--epochs", "5"], 2, "--epochs does not apply"),
         ("am-restarts", [*match, "--method", "am", "--restarts", "3"], 2, "--restarts does not"),
+        ("wm-variant", [*match, "--method", "wm", "--variant", "paper"], 2, "variant"),
+        (
+            "ccmm-variant",
+            ["merge", a, b, "--method", "ccmm", "--variant", "paper", "--out", m],
+            2,
+            "variant",
+        ),
         ("sinkhorn-epochs", [*match, "--method", "sinkhorn", "--epochs", "2"], 2, "takes no ep"),
         ("wm-dataset", [*match, "--method", "wm", "--dataset", "digits"], 2, "--dataset does"),
         ("model-args-alone", [*match, "--model-args", "{}"], 2, "--model-args does not apply"),

@@ -717,6 +717,7 @@ def cmd_match(args: argparse.Namespace) -> int:
             epochs=args.epochs,
             lr=args.lr,
             batch_size=args.batch_size,
+            variant=args.variant,
             restarts=args.restarts,
             max_memory=args.max_memory,
         )
@@ -792,6 +793,7 @@ def _match_with_rotations(args: argparse.Namespace, method: str, a, b, data) -> 
                 a, b, method, data, seed=args.seed, progress=bars(f"match {method}"),
                 example_inputs=example, example_kwargs=example_kwargs, restarts=args.restarts,
                 epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+                variant=args.variant,
             )  # fmt: skip
         save_transform(args.out, result, a=str(a.path), b=str(b.path))
         if args.aligned is not None:
@@ -1024,7 +1026,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
         ckpts, args.method, data, landscape=args.landscape,
         sharpness_probes=args.sharpness_probes, epochs=args.epochs, budget=_budget(args),
     )  # fmt: skip
-    options = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size}
+    options = {
+        "epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size,
+        "variant": args.variant,
+    }  # fmt: skip
     with ProgressBars(not args.quiet) as bars:
         if args.sweep_n:
             methods = args.methods or list(SWEEP_METHODS)
@@ -1101,7 +1106,10 @@ def _merge_folders(ckpts, args: argparse.Namespace) -> int:
                 f"--out {args.out} is inside the input model folder {c.path}; choose a folder "
                 "of its own"
             )
-    options = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size}
+    options = {
+        "epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size,
+        "variant": args.variant,
+    }  # fmt: skip
     with ProgressBars(not args.quiet) as bars:
         report = run_merge_folders(
             ckpts, args.method, args.out, seed=args.seed, progress=bars, **options
@@ -1579,6 +1587,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=_positive, help="STE (1e-3) / Sinkhorn (0.1) learning rate")
     p.add_argument("--batch-size", type=_int_at_least(1), help="STE / Sinkhorn-mid batch (256)")
     p.add_argument(
+        "--variant", choices=("lmckit", "paper"),
+        help="STE / Sinkhorn: lmckit's defaults (default) or the paper's procedure as "
+        "written (STE: Git Re-Basin Alg. 2; Sinkhorn: Peña et al.'s settings)",
+    )  # fmt: skip
+    p.add_argument(
         "--restarts", type=_int_at_least(1), help="weight matching: best of this many starts"
     )
     p.add_argument(
@@ -1732,6 +1745,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--lr", type=_positive, help="STE / STE-MM learning rate (1e-3)")
     p.add_argument("--batch-size", type=_int_at_least(1), help="STE / STE-MM batch (256)")
+    p.add_argument(
+        "--variant", choices=("lmckit", "paper"),
+        help="STE-MM / star-STE: lmckit's defaults (default) or the paper's procedure as "
+        "written (STE-MM Alg. 1; STE: Git Re-Basin Alg. 2)",
+    )  # fmt: skip
     p.add_argument(
         "--sharpness-probes",
         type=_int_at_least(2, zero_means_off=True),
