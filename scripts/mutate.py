@@ -1452,7 +1452,16 @@ MUTATIONS = [
 
 
 def copy_repository(target: Path) -> None:
-    for name in ("src", "tests", "experiments", "pyproject.toml", "README.md", ".ci"):
+    for name in (
+        "src",
+        "tests",
+        "experiments",
+        "pyproject.toml",
+        "README.md",
+        "docs",
+        "mkdocs.yml",
+        ".ci",
+    ):
         source = ROOT / name
         if source.is_dir():
             shutil.copytree(source, target / name, ignore=shutil.ignore_patterns("__pycache__"))

@@ -1,35 +1,64 @@
-"""The README's Python examples run as written (```python blocks; ```py blocks need files
-that a fresh clone does not have and are only illustrative)."""
+"""The README and the documentation pages: their Python examples run as written (every
+```python block of a page, in order, in one namespace per page, in a scratch folder;
+```py blocks are illustrative fragments), the README starts with the two commands and stays
+a landing page, and the reproduction page covers every reproduction file."""
 
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = sorted((ROOT / "docs").rglob("*.md"))
 
 
-def test_readme_python_blocks_run():
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    assert blocks
-    for block in blocks:
-        exec(compile(block, "README.md", "exec"), {})
+def python_blocks(path: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", path.read_text(), flags=re.S | re.M)
 
 
-def test_readme_starts_with_the_two_commands():
+@pytest.mark.parametrize(
+    "path", [README, *PAGES], ids=lambda p: str(p.relative_to(ROOT))
+)  # fmt: skip
+def test_the_python_examples_run(path, tmp_path, monkeypatch):
+    blocks = python_blocks(path)
+    if not blocks:
+        pytest.skip("no python examples")
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__docs__"}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"{path.name} block {i + 1}", "exec"), namespace)
+
+
+def test_the_readme_has_examples_and_every_guide_with_code_runs_some():
+    assert python_blocks(README)
+    guides = [p for p in PAGES if p.parent.name == "guides"]
+    assert sum(bool(python_blocks(p)) for p in guides) >= 4
+
+
+def test_readme_starts_with_the_two_commands_and_is_a_landing_page():
     text = README.read_text()
     commands = re.findall(r"```bash\n(.*?)\n```", text, flags=re.S)
     assert commands[:2] == ["make demo", "make test"]
-    ci = (README.parent / ".ci" / "run").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
     assert "\nmake test\n" in ci
+    assert len(text.splitlines()) <= 200
 
 
 def test_the_reproduction_page_links_resolve_and_covers_every_reproduction_file():
-    """docs/reproductions.md: every relative link names a file of the repository, and every
-    experiment file that reproduces a paper is on it (a new reproduction cannot be left off)."""
-    page = README.parent / "docs" / "reproductions.md"
+    """docs/reproductions.md: every relative link names a file of the site (experiment files
+    and benchmarks are copied into it from the repository), and every experiment file that
+    reproduces a paper is on it (a new reproduction cannot be left off)."""
+    page = ROOT / "docs" / "reproductions.md"
     text = page.read_text()
     links = [link for link in re.findall(r"\]\(([^)#]+)\)", text) if not link.startswith("http")]
-    assert links and [link for link in links if not (page.parent / link).exists()] == []
+
+    def exists(link: str) -> bool:
+        copied = link.startswith(("experiments/", "benchmarks/"))
+        return (ROOT / link).exists() if copied else (page.parent / link).exists()
+
+    assert links and [link for link in links if not exists(link)] == []
     not_reproductions = {"demo", "federated-fmnist", "gpt-python-stdlib", "vit-fmnist",
                          "vit-fmnist-symmetries"}  # fmt: skip
-    files = {p.stem for p in (README.parent / "experiments").glob("*.toml")} - not_reproductions
+    files = {p.stem for p in (ROOT / "experiments").glob("*.toml")} - not_reproductions
     assert sorted(f for f in files if f"{f}.toml" not in text) == []

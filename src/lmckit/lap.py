@@ -216,8 +216,8 @@ def solve_lap(
         permutation convention — and the new duals for the next warm start.
 
     Raises:
-        LapError: non-square, empty or non-finite cost; duals of the wrong length or not
-        finite.
+        LapError: non-square, empty or non-finite cost; duals of the wrong length or
+            not finite.
     """
     c = cost_array(cost)
     sign = -1.0 if maximize else 1.0  # duals refer to the minimisation form sign · c

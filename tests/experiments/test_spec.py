@@ -222,3 +222,15 @@ def test_model_options_are_typed_once_the_data_is_known(digits):
         experiment = parse_experiment({**BASE, "model": model})
         with pytest.raises(ExperimentError, match=message):
             model_configs(experiment, lambda _name: digits)
+
+
+def test_the_annotated_example_names_every_key():
+    """The module docstring's annotated file is the experiment reference of the site: every
+    key the parser accepts appears in it."""
+    from lmckit.experiments import spec
+
+    doc = spec.__doc__
+    for keys in (spec.TOP_KEYS, spec.COMPARE_KEYS, spec.MERGE_KEYS, spec.TRIPLET_KEYS,
+                 spec.PAPER_KEYS):  # fmt: skip
+        missing = [k for k in keys if not any(f in doc for f in (f"{k} =", f"[{k}", f".{k}]"))]
+        assert missing == []

@@ -11,6 +11,7 @@ An experiment is a TOML file::
 
     [[paper]]                      # a published number, shown beside ours in the report
     step = "analysis"
+    block = 0                      # optional: the [[compare]] block it belongs to
     method = "wm-fast"
     metric = "l2.after"
     value = 100.041
@@ -73,6 +74,9 @@ An experiment is a TOML file::
     methods = ["wm-fast", "ste"]   # three pairs (Ito et al. §5.3, Table 3)
     triples = "disjoint"           # (0,1,2), (3,4,5)...; or [[0, 1, 2], ...]
     gamma = 0.3
+    splits = { test = 2000 }       # as in [[compare]]
+    [triplets.options]
+    ste = { epochs = 1 }
 
 :func:`load_experiment` validates every key and type, naming the key and what it
 expected; :meth:`Experiment.cells` expands the grid.

@@ -58,7 +58,9 @@ def check_inputs(
     (if any) is a permutation of the spec's groups and ``seed`` a seed.
 
     Raises:
-        SpecError / ParamsError / PermutationError naming the offending tensor or group.
+        SpecError: not a spec, a spec without groups, or dicts that do not fit it.
+        ParamsError: a tensor is not finite or the dicts differ (naming it); a bad seed.
+        PermutationError: ``init`` is not a permutation of the spec's groups.
     """
     if not isinstance(spec, PermutationSpec):
         raise SpecError(f"spec must be a PermutationSpec, got {type(spec).__name__}")
