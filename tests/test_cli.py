@@ -801,3 +801,25 @@ def test_merge_of_models_trained_on_the_two_halves_reports_each_half(tmp_path, c
     # each input is better on the classes it saw most of
     assert a["part a"] > a["part b"] and b["part b"] > b["part a"]
     assert report["merged_accuracy_part_a"] == report["models"]["merged"]["groups"]["part a"]
+
+
+def test_every_option_of_every_command_has_a_help_text():
+    """`lmckit COMMAND --help` explains every option and positional argument (the lists of
+    models, datasets and methods in them come from the registries)."""
+    import argparse
+
+    from lmckit.cli import build_parser
+    from lmckit.models import ALIASES, MODELS
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [
+        (command, action.option_strings or action.dest)
+        for command, p in sub.choices.items()
+        for action in p._actions
+        if not isinstance(action, argparse._HelpAction)
+        and (not action.help or action.help == argparse.SUPPRESS)
+    ]
+    assert missing == []
+    train = next(a for a in sub.choices["train"]._actions if "--model" in a.option_strings)
+    assert all(name in train.help for name in [*MODELS, *ALIASES])

@@ -1433,7 +1433,10 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=_existing_dir, help="where the dataset files are")
     p.add_argument("--no-download", action="store_true", help="never download datasets")
     p.add_argument("--device", type=_device, default="cpu", help="torch device, e.g. cuda")
-    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument(
+        "--seed", type=_seed, default=0,
+        help="seeds the method's randomness (group orders, batch order, draws); default 0",
+    )  # fmt: skip
     _add_max_hours(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
@@ -1471,10 +1474,12 @@ def _methods_help(methods) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``lmckit`` argument parser (method choices come from the registries)."""
+    from lmckit.data.datasets import DATASETS
     from lmckit.data.splits import SPLIT_KINDS
     from lmckit.match import METHODS as MATCHERS
     from lmckit.merge import METHODS as MERGERS
-    from lmckit.train import OPTIMIZERS
+    from lmckit.models import ALIASES, MODELS
+    from lmckit.train import OPTIMIZERS, SCHEDULES
 
     parser = _Parser(
         prog="lmckit",
@@ -1501,18 +1506,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         required=True,
         type=_model_name,
-        help="mlp, vgg11, vgg16, resnet20, vit, transformer or gpt (a byte-level language model)",
+        help="the zoo: " + ", ".join([*MODELS, *ALIASES]) + " (gpt: a byte-level language model)",
     )
     p.add_argument(
         "--dataset",
         type=_dataset,
         default="fashion-mnist",
-        help="fashion-mnist, mnist, cifar10, cifar100, digits, synthetic or python-stdlib "
-        "(this Python's standard-library sources as bytes, for gpt; --data-dir: another tree)",
+        help=", ".join(DATASETS) + " (python-stdlib: this Python's standard-library sources "
+        "as bytes, for gpt; --data-dir: another tree)",
     )
     p.add_argument("--seeds", type=_seed, nargs="+", default=[0], help="one model per seed")
     p.add_argument("--out", required=True, type=_out_path, help="folder for the checkpoints")
-    p.add_argument("--epochs", type=_int_at_least(1))
+    p.add_argument(
+        "--epochs", type=_int_at_least(1),
+        help="passes over the training set (default: the paper's recipe for the model)",
+    )  # fmt: skip
     p.add_argument(
         "--width-multiplier", type=_positive, help="scales the model's widths (default 1)"
     )
@@ -1526,14 +1534,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="normalisation layers (default: none for MLP, batch for conv nets)",
     )
     p.add_argument("--skip", action="store_true", help="MLP with residual connections")
-    p.add_argument("--optimizer", choices=list(OPTIMIZERS))
-    p.add_argument("--lr", type=_positive)
-    p.add_argument("--momentum", type=_float_in(0.0, 1.0))
-    p.add_argument("--weight-decay", type=_float_in(0.0))
-    p.add_argument("--batch-size", type=_int_at_least(1))
-    p.add_argument("--schedule", choices=["constant", "warmup_linear"])
-    p.add_argument("--warmup-epochs", type=_float_in(0.0))
-    p.add_argument("--label-smoothing", type=_float_in(0.0, 1.0))
+    p.add_argument(
+        "--optimizer", choices=list(OPTIMIZERS),
+        help="default: the recipe's (adam for MLPs and transformers, sgd for conv nets); "
+        "sophia-l2: Sophia with the weight decay as an L2 penalty",
+    )  # fmt: skip
+    p.add_argument("--lr", type=_positive, help="peak learning rate (default: the recipe's)")
+    p.add_argument("--momentum", type=_float_in(0.0, 1.0), help="SGD momentum (default 0.9)")
+    p.add_argument(
+        "--weight-decay", type=_float_in(0.0),
+        help="L2 penalty; decoupled for adamw and sophia (default: the recipe's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--batch-size", type=_int_at_least(1), help="examples per step (default: the recipe's)"
+    )
+    p.add_argument(
+        "--schedule", choices=list(SCHEDULES),
+        help="constant, or warmup_linear: linear warm-up to --lr, then linear decay to 0",
+    )  # fmt: skip
+    p.add_argument(
+        "--warmup-epochs", type=_float_in(0.0),
+        help="warm-up length for warmup_linear (default 5, or a fifth of a shorter run)",
+    )  # fmt: skip
+    p.add_argument(
+        "--label-smoothing", type=_float_in(0.0, 1.0), help="cross-entropy label smoothing (0)"
+    )
     p.add_argument(
         "--augment",
         action=argparse.BooleanOptionalAction,
@@ -1549,12 +1574,22 @@ def build_parser() -> argparse.ArgumentParser:
         "The partition depends on --split-seed only, so every part of one partition "
         "comes from the same cut; the checkpoint records the split and its indices' hash.",
     )
-    split.add_argument("--split", choices=list(SPLIT_KINDS))
+    split.add_argument(
+        "--split", choices=list(SPLIT_KINDS), help="how the training set is partitioned"
+    )
     split.add_argument("--part", help="a or b (class-imbalanced), else 0 … clients − 1")
-    split.add_argument("--fraction", type=_float_in(0.0, 1.0), default=0.2)
-    split.add_argument("--clients", type=_int_at_least(1), default=2)
+    split.add_argument(
+        "--fraction", type=_float_in(0.0, 1.0), default=0.2,
+        help="class-imbalanced: the share of the other half's classes a part keeps (0.2)",
+    )  # fmt: skip
+    split.add_argument(
+        "--clients", type=_int_at_least(1), default=2,
+        help="dirichlet, random: the number of parts (2)",
+    )  # fmt: skip
     split.add_argument("--alpha", type=_positive, default=1.0, help="Dirichlet concentration")
-    split.add_argument("--split-seed", type=_seed, default=0)
+    split.add_argument(
+        "--split-seed", type=_seed, default=0, help="the partition's seed (0): one cut for all"
+    )
     split.add_argument(
         "--init-seed",
         type=_seed,
@@ -1562,7 +1597,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--data-dir", type=_existing_dir, help="where the dataset files are")
     p.add_argument("--no-download", action="store_true", help="never download datasets")
-    p.add_argument("--device", type=_device, default="cpu")
+    p.add_argument("--device", type=_device, default="cpu", help="torch device, e.g. cuda")
     p.add_argument("--threads", type=_int_in(1, 4096), help="torch CPU threads")
     _add_max_hours(p)
     p.add_argument(
@@ -1581,7 +1616,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("a", type=_weights, help="reference checkpoint (.safetensors)")
     p.add_argument("b", type=_weights, help="checkpoint to permute")
-    p.add_argument("--method", choices=sorted(MATCHERS), default="wm-fast")
+    p.add_argument(
+        "--method", choices=sorted(MATCHERS), default="wm-fast",
+        help="the matcher (default wm-fast); each is described above",
+    )  # fmt: skip
     p.add_argument("--out", type=_out_path, default=Path("perm.json"), help="permutation file")
     p.add_argument("--epochs", type=_int_at_least(1), help="STE / Sinkhorn-mid epochs (1)")
     p.add_argument("--lr", type=_positive, help="STE (1e-3) / Sinkhorn (0.1) learning rate")
@@ -1625,8 +1663,8 @@ def build_parser() -> argparse.ArgumentParser:
         "matching method (or a given permutation file), with barriers, ensemble reference and "
         "plots. BatchNorm statistics are re-estimated at every interior λ.",
     )
-    p.add_argument("a", type=_weights)
-    p.add_argument("b", type=_weights)
+    p.add_argument("a", type=_weights, help="checkpoint A, the path's start (λ = 0)")
+    p.add_argument("b", type=_weights, help="checkpoint B, permuted onto A; the end (λ = 1)")
     p.add_argument(
         "--perm", type=_existing_file, help="use this permutation file instead of --method"
     )
@@ -1710,16 +1748,21 @@ def build_parser() -> argparse.ArgumentParser:
         "when it is not installed), match seed 1 to seed 0 with WM, AM, STE and Sinkhorn, "
         "interpolate naive vs matched and print the table. Finished pieces are cached in --out.",
     )
-    p.add_argument("--out", type=_out_path, default=Path("demo-out"))
+    p.add_argument(
+        "--out", type=_out_path, default=Path("demo-out"),
+        help="folder for the run: store, ledger, tables, curves, figures (demo-out)",
+    )  # fmt: skip
     p.add_argument(
         "--dataset", type=_dataset, help="override the dataset (default: fashion-mnist or digits)"
     )
     p.add_argument(
         "--epochs", type=_int_at_least(1), help="default 5 (Fashion-MNIST) or 40 (digits)"
     )
-    p.add_argument("--ste-epochs", type=_int_at_least(1), default=1)
+    p.add_argument(
+        "--ste-epochs", type=_int_at_least(1), default=1, help="epochs of STE matching (1)"
+    )
     _add_max_hours(p)
-    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(
@@ -1730,8 +1773,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--sweep-n 2..N, merges the first n checkpoints for every n and method and plots "
         "metric vs n. Methods: " + _methods_help(MERGERS) + ".",
     )
-    p.add_argument("checkpoints", nargs="+", type=_weights)
-    p.add_argument("--method", default="merge-many", choices=sorted(MERGERS))
+    p.add_argument(
+        "checkpoints", nargs="+", type=_weights,
+        help="checkpoints (.safetensors) or model folders of one architecture; the last is "
+        "the reference",
+    )  # fmt: skip
+    p.add_argument(
+        "--method", default="merge-many", choices=sorted(MERGERS),
+        help="the merger (default merge-many); each is described above",
+    )  # fmt: skip
     p.add_argument("--sweep-n", type=_range, help="e.g. 2..5: sweep the number of models")
     p.add_argument(
         "--methods",
@@ -1778,7 +1828,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("experiment", type=_existing_file, help="experiment file (.toml)")
     p.add_argument("--out", type=_out_path, required=True, help="folder for the run")
-    p.add_argument("--executor", choices=EXECUTORS, default="local")
+    p.add_argument(
+        "--executor", choices=EXECUTORS, default="local",
+        help="local: --jobs processes on this machine; ray: a Ray cluster (--address)",
+    )  # fmt: skip
     p.add_argument("--jobs", type=_int_in(1, 4096), default=1, help="jobs at a time")
     p.add_argument("--address", help="Ray cluster address (with --executor ray)")
     p.add_argument("--retry-failed", action="store_true", help="rerun jobs that failed before")
@@ -1790,7 +1843,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--data-dir", type=_existing_dir, help="where the dataset files are")
     p.add_argument("--no-download", action="store_true", help="never download datasets")
-    p.add_argument("--device", type=_device, default="cpu")
+    p.add_argument("--device", type=_device, default="cpu", help="torch device, e.g. cuda")
     p.add_argument(
         "--max-hours",
         type=_positive,
