@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 $(BIN)/lmckit: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,ray,docs]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,ray,docs,parquet]'
 	# numba compiles the LAP kernels once here (~3 s) into its cache, not in the first run
 	$(BIN)/python -c "from lmckit.lap import compile_kernels; compile_kernels()"
 	touch $@

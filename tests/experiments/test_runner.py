@@ -151,8 +151,12 @@ def test_status_summarises_and_exports_the_ledger(reference, tmp_path, capsys):
         captured = capsys.readouterr()
         assert "needs pyarrow" in captured.err and not captured.out  # refused before printing
     else:
+        import pyarrow.parquet as pq
+
         assert main(["status", str(reference), "--parquet", str(tmp_path)]) == 0
-        assert (tmp_path / "metrics.parquet").exists()
+        table = pq.read_table(tmp_path / "metrics.parquet")
+        assert table.num_rows == len(metrics) - 1  # the CSV's rows without its header
+        assert table.column_names == metrics[0].split(",")
     assert main(["status", str(tmp_path)]) == 2
     assert "holds no experiment ledger" in capsys.readouterr().err
     # a user's own jobs.csv in the export folder is never replaced
