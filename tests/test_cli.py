@@ -823,3 +823,48 @@ def test_every_option_of_every_command_has_a_help_text():
     assert missing == []
     train = next(a for a in sub.choices["train"]._actions if "--model" in a.option_strings)
     assert all(name in train.help for name in [*MODELS, *ALIASES])
+
+
+def test_the_catalog_the_help_is_built_from_is_the_registries():
+    """`lmckit --help` reads src/lmckit/_catalog.py (plain data, no torch); it must say what
+    the registries hold (rewrite it with scripts/write_catalog.py after adding to them)."""
+    from lmckit import _catalog
+    from lmckit.data.datasets import DATASETS
+    from lmckit.data.splits import SPLIT_KINDS
+    from lmckit.experiments.executors import EXECUTORS
+    from lmckit.match import METHODS as MATCHERS
+    from lmckit.merge import METHODS as MERGERS
+    from lmckit.models import ALIASES, MODELS
+    from lmckit.train import OPTIMIZERS, SCHEDULES
+
+    live = {
+        "MODELS": (*MODELS, *ALIASES),
+        "DATASETS": tuple(DATASETS),
+        "OPTIMIZERS": tuple(OPTIMIZERS),
+        "SCHEDULES": tuple(SCHEDULES),
+        "SPLIT_KINDS": tuple(SPLIT_KINDS),
+        "EXECUTORS": tuple(EXECUTORS),
+        "MATCHERS": {name: m.summary for name, m in MATCHERS.items()},
+        "MERGERS": {name: m.summary for name, m in MERGERS.items()},
+    }
+    assert {name: getattr(_catalog, name) for name in live} == live
+
+
+def test_help_imports_no_torch():
+    """Asking for help is instant: building the parser and printing any command's help
+    loads no torch (3–5 s of CPU before)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import contextlib, io, sys\n"
+        "from lmckit.cli import build_parser\n"
+        "parser = build_parser()\n"
+        "for command in ('train', 'match', 'merge', 'run', 'interpolate'):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "        parser.parse_args([command, '--help'])\n"
+        "print('torch' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

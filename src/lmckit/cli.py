@@ -1468,18 +1468,23 @@ def _add_model_class_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _methods_help(methods) -> str:
-    return "; ".join(f"{name}: {m.summary}" for name, m in methods.items())
+def _methods_help(summaries: dict[str, str]) -> str:
+    return "; ".join(f"{name}: {summary}" for name, summary in summaries.items())
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``lmckit`` argument parser (method choices come from the registries)."""
-    from lmckit.data.datasets import DATASETS
-    from lmckit.data.splits import SPLIT_KINDS
-    from lmckit.match import METHODS as MATCHERS
-    from lmckit.merge import METHODS as MERGERS
-    from lmckit.models import ALIASES, MODELS
-    from lmckit.train import OPTIMIZERS, SCHEDULES
+    # plain data from the registries: help needs no torch
+    from lmckit._catalog import (
+        DATASETS,
+        EXECUTORS,
+        MATCHERS,
+        MERGERS,
+        MODELS,
+        OPTIMIZERS,
+        SCHEDULES,
+        SPLIT_KINDS,
+    )
 
     parser = _Parser(
         prog="lmckit",
@@ -1506,7 +1511,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         required=True,
         type=_model_name,
-        help="the zoo: " + ", ".join([*MODELS, *ALIASES]) + " (gpt: a byte-level language model)",
+        help="the zoo: " + ", ".join(MODELS) + " (gpt: a byte-level language model)",
     )
     p.add_argument(
         "--dataset",
@@ -1816,8 +1821,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_arguments(p)
     _add_model_class_arguments(p)
     p.set_defaults(func=cmd_merge)
-
-    from lmckit.experiments.executors import EXECUTORS
 
     p = sub.add_parser(
         "run",
