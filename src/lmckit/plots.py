@@ -208,15 +208,26 @@ def plot_spectra(
     return _save(fig, path)
 
 
-def grouped_bars(ax, groups: list[str], series: Mapping[str, list[tuple[float, float]]]) -> None:
+def grouped_bars(
+    ax,
+    groups: list[str],
+    series: Mapping[str, list[tuple[float, float]]],
+    colors: Mapping[str, str] | None = None,
+) -> None:
     """Draw on ``ax`` one bar per series within each group: ``series[label][i]`` is the
     ``(value, error)`` of group ``i`` (error 0 for none); labels go to the legend and crowded
-    group names are slanted."""
+    group names are slanted. ``colors`` fixes a series' colour by its label."""
     width = 0.8 / max(len(series), 1)
     for k, (label, points) in enumerate(series.items()):
         xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
         ax.bar(
-            xs, [m for m, _ in points], width, yerr=[e for _, e in points], capsize=3, label=label
+            xs,
+            [m for m, _ in points],
+            width,
+            yerr=[e for _, e in points],
+            capsize=3,
+            label=label,
+            color=(colors or {}).get(label),
         )
     crowded = len(groups) > 4
     ax.set_xticks(

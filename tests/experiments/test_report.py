@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lmckit.experiments.ledger import Ledger
-from lmckit.experiments.report import write_report
+from lmckit.experiments.report import _unit, write_report
 from lmckit.experiments.runner import run_experiment
 from lmckit.experiments.spec import load_experiment
 from tests.experiments.conftest import TINY
@@ -66,8 +66,14 @@ def test_the_report_renders_in_chromium_with_the_ledgers_numbers(run, tmp_path):
             "mean: Number(r.dataset.mean), count: Number(r.dataset.count), "
             "shown: r.children[4].textContent}))"
         )
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        captions = page.evaluate(
+            "Array.from(document.querySelectorAll('figcaption')).map(c => c.textContent)"
+        )
         page.screenshot(path=str(tmp_path / "report.png"))
         browser.close()
+    assert overflow <= 0  # no horizontal scrolling at 1400 px
+    assert captions and not [c for c in captions if "—" in c]  # no placeholder cells
     assert problems == []
     assert len(images) >= 4 and all(ok and w > 0 and h > 0 for ok, w, h in images)
     # every (group, metric) the page shows is the mean of the ledger's values for it
@@ -86,10 +92,24 @@ def test_the_report_renders_in_chromium_with_the_ledgers_numbers(run, tmp_path):
         expected = values[(row["metric"], row["group"])]
         assert row["count"] == len(expected) == 3
         assert row["mean"] == pytest.approx(statistics.fmean(expected), rel=1e-12)
-        assert row["shown"].startswith(f"{statistics.fmean(expected):.4g} ± ")
+        scale, _ = _unit(row["metric"])  # accuracies in % or points, as the figures
+        assert row["shown"].startswith(f"{scale * statistics.fmean(expected):.4g} ± ")
         checked += 1
     assert checked == len(values) > 0
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def test_one_colour_per_method_and_one_unit_per_quantity():
+    from lmckit.experiments.report import NAIVE_COLOUR, method_colours
+
+    rows = [{"group": {"method": m}} for m in ("wm-fast", "none", "ste", "am", "ste")]
+    colours = method_colours(rows)
+    assert colours["none"] == NAIVE_COLOUR
+    assert len({colours[m] for m in ("wm-fast", "ste", "am", "none")}) == 4
+    assert method_colours(rows[::-1]) == colours  # the same whatever order rows come in
+    assert _unit("test.accuracy.midpoint") == (100.0, " %")
+    assert _unit("test.accuracy.barrier.rebasin") == (100.0, " pp")
+    assert _unit("test.loss.barrier.rebasin") == (1.0, "")
 
 
 def test_a_paper_number_with_a_block_sits_beside_that_blocks_row_only():

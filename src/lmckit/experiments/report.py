@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import itertools
 import json
 import math
 import statistics
@@ -46,6 +47,24 @@ GROUP_BY = {
     "triplet": ("block", "cell", "method"),
     "spectra": ("cell",),
 }
+
+
+NAIVE_COLOUR = "#555555"
+PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+    "#bcbd22", "#7f7f7f", "#393b79", "#ad494a", "#637939", "#8c6d31", "#7b4173", "#3182bd",
+)  # fmt: skip
+
+
+def method_colours(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """One colour per method for every figure of a report: the naive path ("none") grey,
+    the others in a fixed palette in sorted order (so a method keeps its colour from figure
+    to figure, and two methods of one report never share one while the palette lasts)."""
+    methods = sorted({str(r["group"]["method"]) for r in rows if "method" in r["group"]})
+    colours = {"none": NAIVE_COLOUR}
+    for i, method in enumerate(m for m in methods if m != "none"):
+        colours[method] = PALETTE[i % len(PALETTE)]
+    return colours
 
 
 def _labels(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -90,15 +109,22 @@ def _png(fig) -> str:
 
 
 def _cell_label(grid: Mapping[str, Any]) -> str:
-    return (
-        ", ".join(
-            str(v) if k == VARIANT_KEY else f"{k.split('.', 1)[1]}={v}" for k, v in grid.items()
-        )
-        or "—"
+    """The grid cell's values, e.g. ``width_multiplier=2``; empty for an experiment without
+    a grid (captions then leave the cell out)."""
+    return ", ".join(
+        str(v) if k == VARIANT_KEY else f"{k.split('.', 1)[1]}={v}" for k, v in grid.items()
     )
 
 
-def _barrier_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def _with_cell(text: str, grid: Mapping[str, Any]) -> str:
+    """``text, <cell>`` — or ``text`` alone when there is no grid."""
+    label = _cell_label(grid)
+    return f"{text}, {label}" if label else text
+
+
+def _barrier_figures(
+    rows: list[dict[str, Any]], colours: Mapping[str, str]
+) -> list[tuple[str, str]]:
     return _grid_figures(
         rows,
         "curve",
@@ -106,14 +132,20 @@ def _barrier_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
             ("test.loss.barrier.rebasin", "test loss barrier"),
             ("test.accuracy.barrier.rebasin", "test accuracy barrier"),
         ),
+        colours=colours,
     )
 
 
 def _grid_figures(
-    rows: list[dict[str, Any]], kind: str, metrics: Sequence[tuple[str, str]], min_cells: int = 1
+    rows: list[dict[str, Any]],
+    kind: str,
+    metrics: Sequence[tuple[str, str]],
+    min_cells: int = 1,
+    colours: Mapping[str, str] | None = None,
 ) -> list[tuple[str, str]]:
     """One figure per metric and block: the metric against the grid cells, one line per
-    method, mean ± std over pairs."""
+    method, mean ± std over pairs; with a single cell, one bar per method."""
+    colours = colours or {}
     figures = []
     for metric, title in metrics:
         chosen = [r for r in rows if r["kind"] == kind and r["metric"] == metric]
@@ -124,22 +156,39 @@ def _grid_figures(
             cells = sorted({r["group"]["cell"] for r in part})
             labels = {r["group"]["cell"]: _cell_label(r["grid"]) for r in part}
             fig, ax = plt.subplots(figsize=(5.8, 3.4))
-            for method in sorted({r["group"]["method"] for r in part}):
-                points = {r["group"]["cell"]: r for r in part if r["group"]["method"] == method}
-                xs = [c for c in cells if c in points]
-                scale = 100 if "accuracy" in metric else 1
-                ax.errorbar(
-                    xs,
-                    [scale * points[c]["mean"] for c in xs],
-                    yerr=[scale * (points[c]["std"] or 0.0) for c in xs],
-                    marker="o",
+            scale = 100 if "accuracy" in metric else 1
+            methods = sorted({r["group"]["method"] for r in part})
+            if len(cells) == 1:  # one cell: a bar per method, the methods on the axis
+                found = {r["group"]["method"]: r for r in part}
+                ax.bar(
+                    range(len(methods)),
+                    [scale * found[m]["mean"] for m in methods],
+                    yerr=[scale * (found[m]["std"] or 0.0) for m in methods],
                     capsize=3,
-                    label="naive" if method == "none" else method,
+                    color=[colours.get(m) for m in methods],
                 )
-            ax.set_xticks(cells, [labels[c] for c in cells], rotation=20, ha="right", fontsize=8)
+                ax.set_xticks(range(len(methods)), [_method_label(m) for m in methods], fontsize=8)
+                ax.set_xlabel("method" + (f" ({labels[cells[0]]})" if labels[cells[0]] else ""))
+                ax.axhline(0, color="k", lw=0.6)
+            else:
+                for method in methods:
+                    points = {r["group"]["cell"]: r for r in part if r["group"]["method"] == method}
+                    xs = [c for c in cells if c in points]
+                    ax.errorbar(
+                        xs,
+                        [scale * points[c]["mean"] for c in xs],
+                        yerr=[scale * (points[c]["std"] or 0.0) for c in xs],
+                        marker="o",
+                        capsize=3,
+                        color=colours.get(method),
+                        label=_method_label(method),
+                    )
+                ticks = [labels[c] for c in cells]
+                ax.set_xticks(cells, ticks, rotation=20, ha="right", fontsize=8)
+                ax.set_xlabel("grid cell")
+                ax.legend(fontsize=8)
             ax.set_ylabel(title + (" (pp)" if "accuracy" in metric else ""))
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
             figures.append((f"{title}, compare block {block} (mean ± std over pairs)", _png(fig)))
     return figures
 
@@ -183,7 +232,13 @@ def _mean_line(runs: list[list[float | None]], scale: float = 1.0) -> list[float
     ]
 
 
-def _part_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
+def _method_label(method: str) -> str:
+    return "naive" if method == "none" else method
+
+
+def _part_figures(
+    out: Path, jobs: Sequence[Mapping], colours: Mapping[str, str]
+) -> list[tuple[str, str]]:
     """Pairs trained on parts of the data (Git Re-Basin Figs. 5, 10): per compare block and
     grid cell, test loss (with the logit ensemble), accuracy on each part's majority
     classes (one line style per part) and ECE along λ, one colour per method."""
@@ -204,7 +259,7 @@ def _part_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
         lam = lambdas[where]
         for index, (method, per) in enumerate(sorted(methods.items())):
             name = "naive" if method == "none" else method
-            colour = f"C{index}"
+            colour = colours.get(method, f"C{index}")
             axes[0].plot(lam, _mean_line(per["loss"]), color=colour, marker=".", label=name)
             for style, group in zip(("-", "--", ":", "-."), groups, strict=False):
                 runs = per.get(f"accuracy[{group}]")
@@ -224,12 +279,14 @@ def _part_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=6)
         fig.tight_layout()
-        cell = _cell_label(json.loads(where[1]))
-        figures.append((f"models trained on parts: block {where[0]}, {cell}", _png(fig)))
+        caption = _with_cell(f"models trained on parts: block {where[0]}", json.loads(where[1]))
+        figures.append((caption, _png(fig)))
     return figures
 
 
-def _curve_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
+def _curve_figures(
+    out: Path, jobs: Sequence[Mapping], colours: Mapping[str, str]
+) -> list[tuple[str, str]]:
     """Test accuracy, loss and (when computed) calibrated loss along λ, means over pairs:
     per compare block and method one line per grid cell (the width study's Figs. 1–2) when
     the block has several cells, else one line per method."""
@@ -246,7 +303,8 @@ def _curve_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
                 if len(cells) > 1:
                     lines[f"{name}, compare block {block}"][cell] = (where, method)
                 else:
-                    lines[f"block {block}, {cell}"][name] = (where, method)
+                    caption = _with_cell(f"compare block {block}", json.loads(where[1]))
+                    lines[caption][name] = (where, method)
         for caption, members in lines.items():
             metrics = [
                 p for p in CURVE_PANELS if any(p[0] in curves[w][m] for w, m in members.values())
@@ -259,7 +317,8 @@ def _curve_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
                     runs = curves[where][method].get(metric)
                     if runs:
                         mean = [scale * statistics.fmean(v) for v in zip(*runs, strict=True)]
-                        ax.plot(lambdas[where], mean, marker=".", label=label)
+                        colour = colours.get(method) if len(cells) == 1 else None
+                        ax.plot(lambdas[where], mean, marker=".", color=colour, label=label)
                 ax.set_xlabel("λ")
                 ax.set_ylabel(ylabel + " (mean over pairs)", fontsize=8)
                 ax.grid(alpha=0.3)
@@ -269,14 +328,15 @@ def _curve_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
     return figures
 
 
-def _merge_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def _merge_figures(rows: list[dict[str, Any]], colours: Mapping[str, str]) -> list[tuple[str, str]]:
     chosen = [r for r in rows if r["kind"] == "merge" and r["metric"] == "merged_accuracy"]
     figures = []
     for block in sorted({r["group"].get("block") for r in chosen}):
         fig, ax = plt.subplots(figsize=(5.4, 3.3))
         part = [r for r in chosen if r["group"].get("block") == block]
+        cells = sorted({r["group"]["cell"] for r in part})
         for method in sorted({r["group"]["method"] for r in part}):
-            for cell in sorted({r["group"]["cell"] for r in part}):
+            for cell, style in zip(cells, itertools.cycle(("-", "--", ":", "-.")), strict=False):
                 points = sorted(
                     (r["group"]["n"], r["mean"], r["std"] or 0.0)
                     for r in part
@@ -289,7 +349,9 @@ def _merge_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
                     yerr=[100 * e for _, _, e in points],
                     marker="o",
                     capsize=3,
-                    label=f"{method} ({_cell_label(grid)})",
+                    ls=style,
+                    color=colours.get(method),
+                    label=_with_cell(method, grid),
                 )
         ax.set_xlabel("number of models n")
         ax.set_ylabel("merged test accuracy (%)")
@@ -299,7 +361,9 @@ def _merge_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return figures
 
 
-def _analysis_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def _analysis_figures(
+    rows: list[dict[str, Any]], colours: Mapping[str, str]
+) -> list[tuple[str, str]]:
     """Ito et al. Fig. 2 (R(θ_A, π(θ_B)) per γ and method), Fig. 3 (R to the merged model)
     and Fig. 4 (R of the three pairs of a triplet), per grid cell, mean ± std."""
     figures = _grid_figures(
@@ -307,11 +371,11 @@ def _analysis_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
         "analysis",
         (("R.0", "R(θ_A, π(θ_B)) at γ = 0"), ("R.0.3", "R(θ_A, π(θ_B)) at γ = 0.3")),
         min_cells=2,
+        colours=colours,
     )
     analysis = [r for r in rows if r["kind"] == "analysis"]
     for cell in sorted({r["group"]["cell"] for r in analysis}):
         part = [r for r in analysis if r["group"]["cell"] == cell]
-        label = _cell_label(part[0]["grid"])
         methods = sorted({r["group"]["method"] for r in part})
         find = {(r["group"]["method"], r["metric"]): r for r in part}
 
@@ -326,9 +390,11 @@ def _analysis_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
                 ax,
                 [f"γ = {g}" for g in gammas],
                 {m: [point(m, f"R.{g}") for g in gammas] for m in methods},
+                colors=colours,
             )
             ax.set_ylabel("R(θ_A, π(θ_B))")
-            figures.append((f"singular-vector alignment R (Ito et al. Fig. 2), {label}", _png(fig)))
+            caption = _with_cell("singular-vector alignment R (Ito et al. Fig. 2)", part[0]["grid"])
+            figures.append((caption, _png(fig)))
             fig, ax = plt.subplots(figsize=(6.4, 3.3))
             groups = [f"{m}, γ = {g}" for m in methods for g in gammas]
             grouped_bars(
@@ -342,8 +408,11 @@ def _analysis_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
             ax.set_ylabel("R(θ_A or π(θ_B), merged)")
             figures.append(
                 (
-                    f"singular-vector alignment to the merged model (Ito et al. Fig. 3),"
-                    f" a = θ_A, b = π(θ_B), {label}",
+                    _with_cell(
+                        "singular-vector alignment to the merged model (Ito et al. Fig. 3),"
+                        " a = θ_A, b = π(θ_B)",
+                        part[0]["grid"],
+                    ),
                     _png(fig),
                 )
             )
@@ -370,8 +439,9 @@ def _analysis_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
         ax.set_ylabel("R between aligned models")
         figures.append(
             (
-                f"three models, B and C matched to A (Ito et al. Fig. 4), "
-                f"{_cell_label(part[0]['grid'])}",
+                _with_cell(
+                    "three models, B and C matched to A (Ito et al. Fig. 4)", part[0]["grid"]
+                ),
                 _png(fig),
             )
         )
@@ -390,7 +460,9 @@ LAYERWISE_FIGURE = (
 )
 
 
-def _layerwise_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def _layerwise_figures(
+    rows: list[dict[str, Any]], colours: Mapping[str, str]
+) -> list[tuple[str, str]]:
     """The width study's per-layer diagnostics at λ = ½: per compare block and method, one
     panel per metric against the layer, one line per grid cell, mean ± std over pairs
     (Thm. 5.4's Gaussian value dashed beside weak additivity; LEWC's predicted norm ratio
@@ -491,7 +563,7 @@ def _layerwise_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
                 ax.grid(alpha=0.3)
         axes[0].legend(fontsize=7)
         figures.append(("flatness proxy (width study Fig. 12), mean ± std over pairs", _png(fig)))
-    figures += _merge_score_figures(chosen, cells, labels)
+    figures += _merge_score_figures(chosen, cells, labels, colours)
     return figures
 
 
@@ -502,7 +574,7 @@ MERGE_SCORES = (
 )
 
 
-def _merge_score_figures(chosen, cells, labels) -> list[tuple[str, str]]:
+def _merge_score_figures(chosen, cells, labels, colours) -> list[tuple[str, str]]:
     """Across grid cells: the λ = ½ merge without permutation, with random permutations and
     with the found one (Table 1, Figs. 17–19), calibrated on 20 % of the test set and
     scored on the rest; mean ± std over pairs."""
@@ -531,6 +603,7 @@ def _merge_score_figures(chosen, cells, labels) -> list[tuple[str, str]]:
                     marker="o",
                     capsize=3,
                     label=label,
+                    color=colours.get(method) if prefix != "random." else "#c49c94",
                 )
         ax.set_xticks(cells, [labels[c] for c in cells], rotation=20, ha="right", fontsize=7)
         ax.set_title(title, fontsize=9)
@@ -638,6 +711,16 @@ def _number(value: float | None) -> str:
     return f"{value:.4g}"
 
 
+def _unit(metric: str) -> tuple[float, str]:
+    """How the tables show a metric, as the figures do: accuracies in %, accuracy barriers
+    and gaps in percentage points, everything else as it is."""
+    if "accuracy" not in metric or "ratio" in metric:
+        return 1.0, ""
+    if any(w in metric for w in ("barrier", "gap", "drop", "diff")):
+        return 100.0, " pp"
+    return 100.0, " %"
+
+
 def _paper_cell(r: Mapping[str, Any], paper: Sequence[Mapping[str, Any]]) -> str:
     found = [
         p
@@ -647,8 +730,10 @@ def _paper_cell(r: Mapping[str, Any], paper: Sequence[Mapping[str, Any]]) -> str
         and p.get("method", r["group"].get("method")) == r["group"].get("method")
         and p.get("block", r["group"].get("block")) == r["group"].get("block")
     ]
+    scale, unit = _unit(r["metric"])
     return "; ".join(
-        f"{_number(p['value'])}{' ± ' + _number(p['std']) if 'std' in p else ''} "
+        f"{_number(scale * p['value'])}"
+        f"{' ± ' + _number(scale * p['std']) if 'std' in p else ''}{unit} "
         f"({html.escape(p['source'])})"
         for p in found
     )
@@ -661,14 +746,15 @@ def _metrics_table(rows: list[dict[str, Any]], paper: Sequence[Mapping[str, Any]
     ]
     for r in rows:
         group = ", ".join(f"{k}={v}" for k, v in r["group"].items() if k != "cell")
-        std = "" if r["std"] is None else f" ± {_number(r['std'])}"
+        scale, unit = _unit(r["metric"])
+        std = "" if r["std"] is None else f" ± {_number(scale * r['std'])}"
         lines.append(
             f"<tr data-kind='{html.escape(r['kind'])}' data-metric='{html.escape(r['metric'])}' "
             f"data-group='{html.escape(json.dumps(r['group'], sort_keys=True))}' "
             f"data-mean='{r['mean']!r}' data-count='{len(r['values'])}'>"
             f"<td>{html.escape(r['kind'])}</td><td>{html.escape(group)}</td>"
             f"<td>{html.escape(_cell_label(r['grid']))}</td><td>{html.escape(r['metric'])}</td>"
-            f"<td class='num'>{_number(r['mean'])}{std}</td>"
+            f"<td class='num'>{_number(scale * r['mean'])}{std}{unit}</td>"
             f"<td class='num'>{len(r['values'])}</td><td>{_paper_cell(r, paper)}</td></tr>"
         )
     lines.append("</tbody></table>")
@@ -701,15 +787,20 @@ def _jobs_table(jobs: Sequence[Mapping]) -> str:
 
 
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 72rem; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 72rem; color: #222;
+       padding: 0 1rem; }
 h1 { margin-bottom: 0.2rem; } .sub { color: #666; margin-top: 0; }
-table { border-collapse: collapse; font-size: 0.85rem; margin: 0.5rem 0 1.5rem; }
-th, td { border-bottom: 1px solid #ddd; padding: 0.2rem 0.6rem; text-align: left; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
+table { border-collapse: collapse; font-size: 0.85rem; margin: 0.5rem 0 1.5rem; width: 100%;
+        table-layout: auto; }
+th, td { border-bottom: 1px solid #ddd; padding: 0.2rem 0.6rem; text-align: left;
+         overflow-wrap: anywhere; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.failed { color: #b00; } td.done { color: #070; }
-figure { display: inline-block; margin: 0.5rem 1rem 1rem 0; }
+figure { display: inline-block; margin: 0.5rem 1rem 1rem 0; max-width: 100%; }
+figure img { max-width: 100%; height: auto; }
 figcaption { font-size: 0.85rem; color: #555; }
-pre { background: #f6f6f6; padding: 0.8rem; overflow-x: auto; font-size: 0.8rem; }
+pre { background: #f6f6f6; padding: 0.8rem; white-space: pre-wrap; overflow-wrap: anywhere;
+      font-size: 0.8rem; }
 """
 
 
@@ -740,13 +831,14 @@ def write_report(out: str | Path) -> Path:
     text = (out / "experiment.toml").read_text() if (out / "experiment.toml").exists() else ""
     raw = tomllib.loads(text) if text else {}
     rows = metric_groups(jobs, metrics)
+    colours = method_colours(rows)
     figures = (
-        _barrier_figures(rows)
-        + _curve_figures(out, jobs)
-        + _part_figures(out, jobs)
-        + _merge_figures(rows)
-        + _analysis_figures(rows)
-        + _layerwise_figures(rows)
+        _barrier_figures(rows, colours)
+        + _curve_figures(out, jobs, colours)
+        + _part_figures(out, jobs, colours)
+        + _merge_figures(rows, colours)
+        + _analysis_figures(rows, colours)
+        + _layerwise_figures(rows, colours)
         + _spectra_figures(out, jobs)
         + _rank_figures(rows)
     )
