@@ -150,6 +150,17 @@ def _train_options() -> list[str]:
     return rows
 
 
+ROLE = re.compile(
+    r":(?:func|class|meth|mod|data|attr|exc|obj):<code>~?(?:lmckit\.[\w.]*\.)?([^<]+)</code>"
+)
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    """The docstrings' Sphinx roles (``:func:`x` ``), which mkdocstrings' Google parser
+    leaves as text, become plain code: ``x``."""
+    return ROLE.sub(r"<code>\1</code>", html)
+
+
 def on_config(config):
     """The API pages go into the navigation under the "API reference" entry."""
     pages = ["api/index.md", *(f"api/{name}.md" for name, _ in public_modules())]
