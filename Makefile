@@ -27,9 +27,10 @@ info: $(BIN)/lmckit
 lint: $(BIN)/lmckit
 	$(BIN)/ruff check .
 
-# The site, built offline; strict: a broken link, reference or docstring fails the build.
+# The site, built offline; strict: a broken link, reference or docstring fails the build
+# (never with --quiet: it hides the warnings that strict mode counts, and the build passes).
 docs: $(BIN)/lmckit
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 docs-serve: $(BIN)/lmckit
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
@@ -38,7 +39,7 @@ test: $(BIN)/lmckit
 	bash scripts/install-browser.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	$(BIN)/python -m pytest -q
 
 clean:
