@@ -62,3 +62,9 @@ def test_the_reproduction_page_links_resolve_and_covers_every_reproduction_file(
                          "vit-fmnist-symmetries"}  # fmt: skip
     files = {p.stem for p in (ROOT / "experiments").glob("*.toml")} - not_reproductions
     assert sorted(f for f in files if f"{f}.toml" not in text) == []
+
+
+def test_every_report_and_figure_in_docs_is_reachable_from_a_page():
+    pages = " ".join(p.read_text() for p in [README, *PAGES])
+    kept = [*(ROOT / "docs").glob("*.html"), *(ROOT / "docs").glob("*.png")]
+    assert kept and sorted(p.name for p in kept if p.name not in pages) == []

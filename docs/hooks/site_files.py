@@ -161,6 +161,28 @@ def on_page_content(html: str, page, config, files) -> str:
     return ROLE.sub(r"<code>\1</code>", html)
 
 
+def _benchmark_index() -> str:
+    """Every benchmark script with its purpose and every stored result, linked."""
+    lines = [
+        "# Benchmark scripts and results",
+        "",
+        "Every script in `benchmarks/` prints JSON with its baseline measured in the same run;",
+        "the results kept in `benchmarks/results/` are the numbers the",
+        "[Benchmarks](benchmarks.md) page quotes (the suffix names the machine where not",
+        "2 CPU cores: `_h100`, `_h200`).",
+        "",
+        "| script | what it measures |",
+        "|---|---|",
+    ]
+    for path in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        lines.append(f"| [`{path.name}`](benchmarks/{path.name}) | {_cell(summary(path))} |")
+    lines += ["", "| result | size |", "|---|---|"]
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json*")):
+        size = f"{path.stat().st_size / 1024:.1f} KiB"
+        lines.append(f"| [`{path.name}`](benchmarks/results/{path.name}) | {size} |")
+    return "\n".join(lines) + "\n"
+
+
 def on_config(config):
     """The API pages go into the navigation under the "API reference" entry."""
     pages = ["api/index.md", *(f"api/{name}.md" for name, _ in public_modules())]
@@ -176,6 +198,7 @@ def on_files(files: Files, config) -> Files:
     files.append(
         File.generated(config, "guides/experiment-reference.md", content=_experiment_reference())
     )
+    files.append(File.generated(config, "benchmark-results.md", content=_benchmark_index()))
     for name, _ in modules:
         content = f"# `{name}`\n\n::: {name}\n"
         files.append(File.generated(config, f"api/{name}.md", content=content))
