@@ -157,7 +157,7 @@ def _grid_figures(
             labels = {r["group"]["cell"]: _cell_label(r["grid"]) for r in part}
             fig, ax = plt.subplots(figsize=(5.8, 3.4))
             scale = 100 if "accuracy" in metric else 1
-            methods = sorted({r["group"]["method"] for r in part})
+            methods = sorted({r["group"]["method"] for r in part}, key=_naive_first)
             if len(cells) == 1:  # one cell: a bar per method, the methods on the axis
                 found = {r["group"]["method"]: r for r in part}
                 ax.bar(
@@ -230,6 +230,11 @@ def _mean_line(runs: list[list[float | None]], scale: float = 1.0) -> list[float
         scale * statistics.fmean(v) if all(x is not None for x in v) else math.nan
         for v in zip(*runs, strict=True)
     ]
+
+
+def _naive_first(method: str) -> tuple[bool, str]:
+    """Sort key: the naive path ("none") first, then the methods by name."""
+    return method != "none", method
 
 
 def _method_label(method: str) -> str:
