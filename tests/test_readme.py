@@ -68,3 +68,42 @@ def test_every_report_and_figure_in_docs_is_reachable_from_a_page():
     pages = " ".join(p.read_text() for p in [README, *PAGES])
     kept = [*(ROOT / "docs").glob("*.html"), *(ROOT / "docs").glob("*.png")]
     assert kept and sorted(p.name for p in kept if p.name not in pages) == []
+
+
+def _shell_commands(text: str) -> list[str]:
+    """The ``lmckit ...`` command lines of a page's bash blocks (continuations joined,
+    comments dropped)."""
+    commands = []
+    for block in re.findall(r"^```bash\n(.*?)^```", text, flags=re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #", 1)[0].strip()
+            if line.startswith("lmckit "):
+                commands.append(line)
+    return commands
+
+
+def test_every_command_line_in_the_pages_parses_with_todays_cli():
+    """The pages' ``lmckit`` command lines name options and values the command line has:
+    a renamed option or a removed method fails here (files need not exist: the arguments'
+    types, which open them, are left out)."""
+    import argparse
+    import shlex
+
+    from lmckit.cli import build_parser
+
+    parser = build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                for a in sub._actions:
+                    a.type = None
+    commands = [c for p in [README, *PAGES] for c in _shell_commands(p.read_text())]
+    assert len(commands) >= 20
+    for command in commands:
+        words = shlex.split(command)[1:]
+        if words == ["--help"]:
+            continue
+        try:
+            parser.parse_args(words)
+        except SystemExit:
+            pytest.fail(f"does not parse: {command}")
