@@ -17,9 +17,10 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", path.read_text(), flags=re.S | re.M)
 
 
-@pytest.mark.parametrize(
-    "path", [p for p in [README, *PAGES] if python_blocks(p)], ids=lambda p: str(p.relative_to(ROOT))
-)  # fmt: skip
+EXAMPLES = [p for p in [README, *PAGES] if python_blocks(p)]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_python_examples_run(path, tmp_path, monkeypatch):
     blocks = python_blocks(path)
     monkeypatch.chdir(tmp_path)
