@@ -1459,6 +1459,8 @@ def copy_repository(target: Path) -> None:
         "pyproject.toml",
         "README.md",
         "docs",
+        "scripts",
+        "Makefile",
         "mkdocs.yml",
         ".ci",
     ):

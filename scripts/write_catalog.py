@@ -17,8 +17,8 @@ from pathlib import Path
 TARGET = Path(__file__).resolve().parents[1] / "src" / "lmckit" / "_catalog.py"
 
 
-def render() -> str:
-    """The catalog module's source, from the live registries."""
+def live() -> dict:
+    """What the catalog must hold, read from the registries (imports torch)."""
     from lmckit.data.datasets import DATASETS
     from lmckit.data.splits import SPLIT_KINDS
     from lmckit.experiments.executors import EXECUTORS
@@ -27,7 +27,7 @@ def render() -> str:
     from lmckit.models import ALIASES, MODELS
     from lmckit.train import OPTIMIZERS, SCHEDULES
 
-    values = {
+    return {
         "MODELS": (*MODELS, *ALIASES),
         "DATASETS": tuple(DATASETS),
         "OPTIMIZERS": tuple(OPTIMIZERS),
@@ -37,6 +37,11 @@ def render() -> str:
         "MATCHERS": {name: m.summary for name, m in MATCHERS.items()},
         "MERGERS": {name: m.summary for name, m in MERGERS.items()},
     }
+
+
+def render() -> str:
+    """The catalog module's source, from the live registries."""
+    values = live()
     lines = [
         '"""What the command line lists, as plain data (written by scripts/write_catalog.py',
         "from the registries; tests/test_cli.py checks it against them). The parser reads",
