@@ -107,11 +107,11 @@ def test_the_pages_render_navigate_and_search_in_chromium(site, tmp_path):
                 page.goto(base + path)
                 assert page.locator("article h1").first.is_visible(), name
                 page.screenshot(path=str(shots / f"site-{name}.png"))
-            # navigation: from the home page to the benchmarks through the side bar
+            # navigation: from the home page to the errors through the side bar
             page.goto(base + "index.html")
-            page.locator("nav.md-nav--primary a.md-nav__link", has_text="Benchmarks").first.click()
-            page.wait_for_url("**/benchmarks.html")
-            assert "Benchmarks" in page.locator("article h1").first.inner_text()
+            page.locator("nav.md-nav--primary a.md-nav__link", has_text="Errors").first.click()
+            page.wait_for_url("**/errors.html")
+            assert "Errors" in page.locator("article h1").first.inner_text()
             # search: the index is built offline and answers a query
             page.keyboard.press("/")  # Material's shortcut to the search box
             page.locator("input.md-search__input").type("weight matching", delay=20)
