@@ -532,7 +532,8 @@ def _layerwise_figures(
             ax.set_xticks(range(0, len(layers), step), layers[::step], fontsize=6, rotation=45)
             ax.set_title(title, fontsize=8)
             ax.grid(alpha=0.3)
-        axes.flat[0].legend(fontsize=6)
+        if len(cells) > 1:  # one line per grid cell: name them
+            axes.flat[0].legend(fontsize=6)
         fig.tight_layout()
         name = "no permutation" if method == "none" else method
         figures.append(
@@ -566,7 +567,8 @@ def _layerwise_figures(
                 ax.set_xlabel("λ  (θ_A + λ·d·u/‖u‖)")
                 ax.set_ylabel(f"test {what}" + (" (%)" if scale == 100 else ""))
                 ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=7)
+        if len(cells) > 1:
+            axes[0].legend(fontsize=7)
         figures.append(("flatness proxy (width study Fig. 12), mean ± std over pairs", _png(fig)))
     figures += _merge_score_figures(chosen, cells, labels, colours)
     return figures
