@@ -4,8 +4,12 @@
   whose dotted name has no part starting with ``_``), each rendered by mkdocstrings from
   the docstrings, and an index listing them with each module's first docstring line —
   generated at build time, so a new module is in the reference without anyone writing a page.
+* The experiment file reference (from :mod:`lmckit.experiments.spec`'s annotated example
+  and key sets, ``TrainConfig`` and the method registries) and an index of the benchmark
+  scripts and results — generated the same way, so neither can fall behind the code.
 * The experiment files, the benchmark scripts and their JSON results, copied into the site
   at ``experiments/`` and ``benchmarks/`` so the pages can link to them.
+* The docstrings' Sphinx roles rendered as code, and the API pages in the navigation.
 """
 
 from __future__ import annotations
@@ -51,8 +55,7 @@ def _api_index(modules: list[tuple[str, Path]]) -> str:
         "|---|---|",
     ]
     for name, path in modules:
-        text = summary(path).replace("|", "\\|")
-        lines.append(f"| [`{name}`]({name}.md) | {text} |")
+        lines.append(f"| [`{name}`]({name}.md) | {_cell(summary(path))} |")
     return "\n".join(lines) + "\n"
 
 
