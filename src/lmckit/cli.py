@@ -1484,6 +1484,7 @@ def build_parser() -> argparse.ArgumentParser:
         OPTIMIZERS,
         SCHEDULES,
         SPLIT_KINDS,
+        VARIANTS,
     )
 
     parser = _Parser(
@@ -1630,7 +1631,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=_positive, help="STE (1e-3) / Sinkhorn (0.1) learning rate")
     p.add_argument("--batch-size", type=_int_at_least(1), help="STE / Sinkhorn-mid batch (256)")
     p.add_argument(
-        "--variant", choices=("lmckit", "paper"),
+        "--variant", choices=VARIANTS,
         help="STE / Sinkhorn: lmckit's defaults (default) or the paper's procedure as "
         "written (STE: Git Re-Basin Alg. 2; Sinkhorn: Peña et al.'s settings)",
     )  # fmt: skip
@@ -1801,7 +1802,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=_positive, help="STE / STE-MM learning rate (1e-3)")
     p.add_argument("--batch-size", type=_int_at_least(1), help="STE / STE-MM batch (256)")
     p.add_argument(
-        "--variant", choices=("lmckit", "paper"),
+        "--variant", choices=VARIANTS,
         help="STE-MM / star-STE: lmckit's defaults (default) or the paper's procedure as "
         "written (STE-MM Alg. 1; STE: Git Re-Basin Alg. 2)",
     )  # fmt: skip

@@ -26,6 +26,22 @@ def require_model_and_data(method: str, model: nn.Module | None, data: object) -
     return model
 
 
+VARIANTS = ("lmckit", "paper")
+"""``variant=`` of the methods with a paper-exact version: lmckit's defaults, or the paper's
+procedure as written."""
+
+
+def is_paper_variant(variant: str, init: object = None, why: str = "") -> bool:
+    """Check ``variant`` (one of :data:`VARIANTS`); ``True`` for ``"paper"``. The paper's
+    procedure fixes its own start, so an ``init`` is refused with ``why``."""
+    if variant not in VARIANTS:
+        raise ParamsError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    paper = variant == "paper"
+    if paper and init is not None:
+        raise ParamsError(f'variant="paper" {why}; init does not apply')
+    return paper
+
+
 def check_training_options(method: str, **options: float) -> None:
     """``lr`` a positive number; every other option (``epochs``, ``batch_size``, ``steps``
     ...) an integer ≥ 1."""

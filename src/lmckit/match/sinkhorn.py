@@ -28,6 +28,7 @@ from lmckit.match._functional import (
     batch_loss,
     batches_per_pass,
     check_training_options,
+    is_paper_variant,
     optimise,
     require_model_and_data,
 )
@@ -38,7 +39,6 @@ from lmckit.perm import Permutation, PermutationSpec, axis_groups, group_rows, p
 from lmckit.progress import ProgressCallback, notify
 
 OBJECTIVES = ("l2", "mid")
-VARIANTS = ("lmckit", "paper")
 
 
 def log_sinkhorn(logits: Tensor, n_iter: int) -> Tensor:
@@ -118,13 +118,7 @@ def sinkhorn_matching(
     gradient.
     """
     start = time.perf_counter()
-    if variant not in VARIANTS:
-        raise ParamsError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    paper = variant == "paper"
-    if paper and init is not None:
-        raise ParamsError(
-            'variant="paper" starts from identity-biased logits (Peña et al.); init does not apply'
-        )
+    paper = is_paper_variant(variant, init, "starts from identity-biased logits (Peña et al.)")
     if objective not in OBJECTIVES:
         raise ParamsError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     if objective == "mid":

@@ -23,6 +23,7 @@ from lmckit.match._functional import (
     batch_loss,
     batches_per_pass,
     check_training_options,
+    is_paper_variant,
     optimise,
     parameter_names,
     require_model_and_data,
@@ -34,8 +35,6 @@ from lmckit.options import Count, Positive, checked
 from lmckit.params import Params, detached, lerp_params, params_distance
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
-
-VARIANTS = ("lmckit", "paper")
 
 
 @torch.no_grad()
@@ -96,14 +95,7 @@ def ste_matching(
     re-estimates the midpoint's statistics on each batch.
     """
     start = time.perf_counter()
-    if variant not in VARIANTS:
-        raise ParamsError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    paper = variant == "paper"
-    if paper and init is not None:
-        raise ParamsError(
-            'variant="paper" starts every projection from the identity (Alg. 2); init does '
-            "not apply"
-        )
+    paper = is_paper_variant(variant, init, "starts every projection from the identity (Alg. 2)")
     model = require_model_and_data("ste_matching", model, data)
     check_inputs(spec, params_a, params_b, init, seed)
     check_model_fits(model, params_a, "params_a")

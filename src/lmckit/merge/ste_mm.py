@@ -23,6 +23,7 @@ from lmckit.match._functional import (
     batch_loss,
     batches_per_pass,
     check_training_options,
+    is_paper_variant,
     optimise,
     parameter_names,
     require_model_and_data,
@@ -36,7 +37,6 @@ from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
 
 WEIGHT_SCHEMES = ("dirichlet", "normalized_uniform")
-VARIANTS = ("lmckit", "paper")
 
 
 def simplex_weights(n: int, generator: torch.Generator, scheme: str = "dirichlet") -> Tensor:
@@ -134,9 +134,7 @@ def ste_mm(
     ``history`` holds the mean loss per epoch.
     """
     start = time.perf_counter()
-    if variant not in VARIANTS:
-        raise ParamsError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if variant == "paper":
+    if is_paper_variant(variant):
         if not isinstance(weights, str) or weights not in WEIGHT_SCHEMES:
             raise ParamsError(
                 'variant="paper" draws normalised uniform weights (Alg. 1 lines 4-5); fixed '
