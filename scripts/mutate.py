@@ -157,6 +157,63 @@ MUTATIONS = [
         "    r = torch.linalg.matrix_exp(k)\n",
         ("tests/match/test_transform_ste.py",),
     ),
+    # -- resumable training jobs (issue 30: runs that span sessions) --
+    M(
+        "resume-restarts-the-scheduler",
+        "a resumed run rebuilds the learning-rate schedule from step 0",
+        "src/lmckit/train.py",
+        '    scheduler.load_state_dict({**info["scheduler"], "lr_lambdas": lambdas})',
+        "    pass",
+        ("tests/test_train_resume.py",),
+    ),
+    M(
+        "resume-fresh-optimizer",
+        "a resumed run keeps its weights but starts Adam's moments afresh",
+        "src/lmckit/train.py",
+        '    restore_optimizer(optimizer, tensors, info["optimizer"])',
+        "    pass",
+        ("tests/test_train_resume.py",),
+    ),
+    M(
+        "resume-forgets-the-last-good-state",
+        "a resumed run takes the state it resumed from as its last good state",
+        "src/lmckit/train.py",
+        '            else prefixed(tensors, "last_good/")',
+        "            else _state_copy(model)",
+        ("tests/test_train_resume.py",),
+    ),
+    M(
+        "resume-ignores-the-starting-weights",
+        "a resume file of a run from other starting weights is accepted",
+        "src/lmckit/train.py",
+        '        "initial_weights": tensors_digest(state),',
+        '        "initial_weights": "",',
+        ("tests/test_train_resume.py",),
+    ),
+    M(
+        "stemm-resume-identity-permutations",
+        "a resumed STE-MM restarts lmckit's warm projections from the identity",
+        "src/lmckit/merge/ste_mm.py",
+        '        perms = {i: Permutation(spec, prefixed(tensors, f"perm/{i}/")) for i in others}',
+        "        pass",
+        ("tests/merge/test_ste_mm.py",),
+    ),
+    M(
+        "stemm-resume-redraws-weights",
+        "a resumed STE-MM draws the mixture weights from the seed's start again",
+        "src/lmckit/merge/ste_mm.py",
+        '        generator.set_state(tensors["rng/weights"])',
+        "        pass",
+        ("tests/merge/test_ste_mm.py",),
+    ),
+    M(
+        "stemm-resume-first-epoch-order",
+        "a resumed STE-MM visits the data in the first epoch's order",
+        "src/lmckit/merge/ste_mm.py",
+        "            batches.set_epoch(first_epoch)",
+        "            batches.set_epoch(0)",
+        ("tests/merge/test_ste_mm.py",),
+    ),
     # -- the papers' own settings (issue 30) --
     M(
         "ste-paper-steps-with-adam",
@@ -373,9 +430,9 @@ MUTATIONS = [
         "ste-mm-skips-final-projection",
         "STE-MM returns the projections made before its last step (Alg. 1 line 12 skipped)",
         "src/lmckit/merge/ste_mm.py",
-        "            history.append(loss_sum / count)\n"
+        "                last_save = time.perf_counter()\n"
         "        for i in others:\n            project(i)\n",
-        "            history.append(loss_sum / count)\n",
+        "                last_save = time.perf_counter()\n",
         ("tests/merge/test_ste_mm.py",),
     ),
     M(

@@ -59,6 +59,7 @@ class Method:
         # the model: a model folder's own inputs, say), are not options
         common = {"model", "data", "init", "seed", "progress", "reference"}
         common |= {"example_inputs", "example_kwargs"}
+        common |= {"resume", "resume_every"}  # where a run saves its state: not a result option
         if self.needs_sizes:
             common.add("sizes")  # supplied by the caller from the models, not an option
         return tuple(

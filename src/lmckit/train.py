@@ -9,6 +9,7 @@ augmentation draws) give bit-identical weights.
 from __future__ import annotations
 
 import math
+import os
 import time
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,15 @@ from lmckit.models import build_model
 from lmckit.optim import HESSIAN_INTERVAL, SophiaG
 from lmckit.options import Count, NonNegative, Positive, Range, check_value
 from lmckit.progress import ProgressCallback, notify
+from lmckit.resume import (
+    load_resume_state,
+    optimizer_state,
+    prefixed,
+    restore_optimizer,
+    save_interval,
+    save_resume_state,
+    tensors_digest,
+)
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "sophia", "sophia-l2")
 NONFINITE_CHECK_EVERY = 16  # batches between checks of the loss (each check syncs a GPU)
@@ -366,6 +376,8 @@ def train(
     snapshots: Sequence[int] = (),
     on_snapshot: Callable[[int, TrainResult], None] | None = None,
     keep_diverged: bool = False,
+    resume: str | os.PathLike | None = None,
+    resume_every: NonNegative | None = None,
 ) -> TrainResult:
     """Train ``model`` in place on ``data.train_*``; returns history and final metrics.
 
@@ -385,6 +397,17 @@ def train(
     changes nothing in the run. With the ``"constant"`` schedule the model at a snapshot
     equals a run of that many epochs (the data order of an epoch depends only on the seed
     and the epoch); with a schedule that depends on the run's length it does not.
+
+    ``resume``: a file (:mod:`lmckit.resume`) where the run's state — weights, optimiser
+    and scheduler state, random-number-generator state, history — is saved at the end of
+    an epoch once ``resume_every`` seconds have passed since the last save (default: the
+    environment variable ``LMCKIT_RESUME_EVERY``, else 60; the last epoch saves none: the
+    run is over). A run given a file that exists goes on from the epoch
+    saved there, with the same result as a run never interrupted (the data order of an
+    epoch depends only on the seed and the epoch); the file must come from this run — the
+    same configuration, data, parameter shapes and *starting* weights — or
+    :class:`~lmckit.resume.ResumeError` names what differs. The caller deletes the file
+    once the result is kept.
 
     ``progress`` receives a :class:`~lmckit.progress.Progress` after every step (``metrics``:
     ``epoch``, ``loss``, ``accuracy``, ``lr``) and, at the end of each epoch, one with
@@ -425,6 +448,24 @@ def train(
     last_good, last_good_epoch = _state_copy(model), 0
     start_loss: float | None = None
     diverged: dict[str, Any] | None = None
+    first_epoch = 0
+    fingerprint = None if resume is None else _resume_fingerprint(model, data, config)
+    loaded = None if resume is None else load_resume_state(resume, fingerprint)
+    if loaded is not None:
+        tensors, info = loaded
+        _restore_training(model, optimizer, scheduler, tensors, info)
+        first_epoch, start_loss, diverged = info["epoch"], info["start_loss"], info["diverged"]
+        history = [EpochStats(**e) for e in info["history"]]
+        start -= info["seconds"]
+        last_good_epoch = info["last_good_epoch"]
+        last_good = (
+            _state_copy(model)
+            if last_good_epoch == first_epoch
+            else prefixed(tensors, "last_good/")
+        )
+    last_save = time.perf_counter()
+    if resume is not None:
+        resume_every = save_interval(resume_every)
 
     def stop(epoch: int, loss: float) -> TrainingDiverged:
         model.load_state_dict(last_good)
@@ -439,7 +480,7 @@ def train(
             history=list(history),
         )
 
-    for epoch in range(config.epochs):
+    for epoch in range(first_epoch, config.epochs):
         model.train()
         loader.set_epoch(epoch)
         t0 = time.perf_counter()
@@ -504,10 +545,62 @@ def train(
         notify(progress, (epoch + 1) * steps, config.epochs * steps, epoch_done=True, **summary)
         if epoch + 1 in snapshots:
             on_snapshot(epoch + 1, _final_result(model, data, history, start, eval_batch_size))
+        if (
+            resume is not None
+            and epoch + 1 < config.epochs
+            and time.perf_counter() - last_save >= resume_every
+        ):
+            state = {
+                "epoch": epoch + 1,
+                "start_loss": start_loss,
+                "diverged": diverged,
+                "history": [vars(e) for e in history],
+                "seconds": time.perf_counter() - start,
+                "last_good_epoch": last_good_epoch,
+            }
+            _save_training(resume, fingerprint, model, optimizer, scheduler, last_good, state)
+            last_save = time.perf_counter()
     result = _final_result(model, data, history, start, eval_batch_size)
     if diverged is not None:
         result.extra["diverged"] = diverged
     return result
+
+
+def _resume_fingerprint(model: nn.Module, data: Dataset, config: TrainConfig) -> dict[str, Any]:
+    """What makes a training run this run: its options, data, tensors and starting weights."""
+    state = model.state_dict()
+    return {
+        "train": config.to_dict(),
+        "dataset": data.fingerprint,
+        "tensors": {k: [str(v.dtype), list(v.shape)] for k, v in state.items()},
+        "initial_weights": tensors_digest(state),
+    }
+
+
+def _save_training(path, fingerprint, model, optimizer, scheduler, last_good, state) -> None:
+    """The state after ``state["epoch"]`` epochs, into the resume file ``path``."""
+    tensors = {f"model/{k}": v for k, v in model.state_dict().items()}
+    optimizer_tensors, optimizer_rest = optimizer_state(optimizer)
+    tensors.update(optimizer_tensors)
+    tensors["rng/cpu"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        tensors["rng/cuda"] = torch.cuda.get_rng_state()
+    if state["last_good_epoch"] != state["epoch"]:  # else it is the model itself
+        tensors.update({f"last_good/{k}": v for k, v in last_good.items()})
+    scheduler_state = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+    info = {**state, "optimizer": optimizer_rest, "scheduler": scheduler_state}
+    save_resume_state(path, tensors, info, fingerprint)
+
+
+def _restore_training(model, optimizer, scheduler, tensors, info) -> None:
+    """Put the state :func:`_save_training` saved back into a freshly built run."""
+    model.load_state_dict(prefixed(tensors, "model/"))
+    restore_optimizer(optimizer, tensors, info["optimizer"])
+    lambdas = [None] * len(scheduler.lr_lambdas)  # functions are not saved; ours is rebuilt
+    scheduler.load_state_dict({**info["scheduler"], "lr_lambdas": lambdas})
+    torch.set_rng_state(tensors["rng/cpu"])
+    if "rng/cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng/cuda"])
 
 
 def _final_result(model, data, history, start: float, eval_batch_size: int) -> TrainResult:

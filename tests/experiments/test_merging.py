@@ -63,3 +63,42 @@ def test_a_sweep_over_other_checkpoints_in_the_same_folder_recomputes(tmp_path, 
     assert strip(second) != strip(first)
     again = sweep(ckpts[2:], ["star-wm"], [2], digits, tmp_path / "out", **quiet)
     assert again == second  # the same inputs again: the stored result, seconds included
+
+
+def test_a_killed_ste_mm_merge_goes_on_from_its_store_resume_file(tmp_path, digits, monkeypatch):
+    """The store hands STE-MM a resume file under ``partial/`` keyed like the merge: killed
+    in its second epoch and called again, the merge trains the remaining epochs only, ends
+    with the metrics of a merge never interrupted, and the file is gone."""
+    from lmckit.experiments.merging import stored_merge_metrics
+    from lmckit.experiments.store import Store
+    from tests.zoo import train_mlp
+
+    monkeypatch.setenv("LMCKIT_RESUME_EVERY", "0")
+    ckpts = []
+    for seed in range(3):
+        save_checkpoint(tmp_path / f"m{seed}", train_mlp(digits, seed, hidden=(16,), epochs=2),
+                        {"dataset": "digits"})  # fmt: skip
+        ckpts.append(load_checkpoint(tmp_path / f"m{seed}"))
+    options = {"epochs": 3, "lr": 1e-2, "batch_size": 256}
+
+    class Killed(Exception):
+        pass
+
+    def kill_in_epoch_2(event):
+        if event.metrics["epoch"] == 2:
+            raise Killed
+
+    store = Store(tmp_path / "store")
+    with pytest.raises(Killed):
+        stored_merge_metrics(store, ckpts, "ste-mm", digits, progress=kill_in_epoch_2, **options)
+    [saved] = (tmp_path / "store" / "partial").glob("*.resume")
+    epochs = []
+    record = lambda event: epochs.append(event.metrics["epoch"])  # noqa: E731
+    resumed, reused = stored_merge_metrics(store, ckpts, "ste-mm", digits, progress=record,
+                                           **options)  # fmt: skip
+    assert not reused and set(epochs) == {2, 3} and not saved.exists()
+    fresh, _ = stored_merge_metrics(Store(tmp_path / "fresh"), ckpts, "ste-mm", digits, **options)
+    drop = {"seconds"}
+    assert {k: v for k, v in resumed.items() if k not in drop} == {
+        k: v for k, v in fresh.items() if k not in drop
+    }

@@ -62,3 +62,32 @@ def test_bad_settings_fail_before_any_training(tmp_path, digits):
         with pytest.raises(ModelConfigError, match="width_multiplier must be a positive"):
             model_config_for("mlp", digits, width_multiplier=bad)
     assert trained == []
+
+
+def test_an_interrupted_seed_goes_on_from_its_last_epoch(tmp_path, digits, monkeypatch):
+    monkeypatch.setenv("LMCKIT_RESUME_EVERY", "0")
+    cfg = TrainConfig(epochs=3, batch_size=256)
+    model_cfg = model_config_for("mlp", digits, hidden=[32, 32])
+    epochs_seen = []
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_in_epoch_3(seed):
+        def cb(event):
+            epochs_seen.append(event.metrics["epoch"])
+            if event.metrics["epoch"] == 3:
+                raise Interrupt
+
+        return cb
+
+    with pytest.raises(Interrupt):
+        train_seeds("mlp", model_cfg, digits, cfg, [1], tmp_path / "a", progress=stop_in_epoch_3)
+    resume = tmp_path / "a" / "mlp-digits-seed1.resume"
+    assert resume.exists() and not (tmp_path / "a" / "mlp-digits-seed1.safetensors").exists()
+    epochs_seen.clear()
+    record = lambda seed: lambda event: epochs_seen.append(event.metrics["epoch"])  # noqa: E731
+    [resumed] = train_seeds("mlp", model_cfg, digits, cfg, [1], tmp_path / "a", progress=record)
+    assert set(epochs_seen) == {3} and not resume.exists()
+    [straight] = train_seeds("mlp", model_cfg, digits, cfg, [1], tmp_path / "b")
+    assert resumed.path.read_bytes() == straight.path.read_bytes()

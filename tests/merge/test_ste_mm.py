@@ -8,6 +8,7 @@ from lmckit.merge import star, ste_mm
 from lmckit.merge.ste_mm import simplex_weights
 from lmckit.metrics import evaluate
 from lmckit.models import permutation_spec
+from lmckit.resume import ResumeError
 from tests.merge.common import random_models
 from tests.zoo import train_mlp
 
@@ -146,3 +147,42 @@ def test_the_paper_variant_is_stemm_alg_1_written_out(trained, digits):
         ste_mm(spec, params, model=model, data=batches, variant="alg1")
     with pytest.raises(ParamsError, match="fixed weights do not apply"):
         ste_mm(spec, params, model=model, data=batches, variant="paper", weights=[1, 1, 1])
+
+
+class Killed(Exception):
+    """Stands for the process being killed in the middle of an epoch."""
+
+
+@pytest.mark.parametrize("variant", ["lmckit", "paper"])
+def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_merge(
+    trained, digits, tmp_path, variant
+):
+    """Killed in its third of four epochs and run again, STE-MM goes on from the end of the
+    second (its proxies, Adam, permutations, duals, the λ generator, the batch order) to
+    the permutations and weights of a run never interrupted. lmckit's variant starts each
+    projection at the previous permutation, so the permutations must be restored too; λ
+    draws and the data order differ per epoch, so must the generator and the epoch."""
+    model, spec, params = trained
+    options = {"epochs": 4, "lr": 1e-2, "batch_size": 256, "variant": variant, "seed": 3}
+    straight = ste_mm(spec, params, model=model, data=digits, **options)
+
+    def kill_in_epoch_3(event):
+        if event.metrics["epoch"] == 3:
+            raise Killed
+
+    path = tmp_path / "m.resume"
+    with pytest.raises(Killed):
+        ste_mm(spec, params, model=model, data=digits, resume=path, resume_every=0,
+               progress=kill_in_epoch_3, **options)  # fmt: skip
+    epochs = []
+    resumed = ste_mm(spec, params, model=model, data=digits, resume=path,
+                     progress=lambda e: epochs.append(e.metrics["epoch"]), **options)  # fmt: skip
+    assert set(epochs) == {3, 4}
+    assert resumed.perms == straight.perms
+    assert resumed.history == straight.history and resumed.iterations == straight.iterations
+    assert all(torch.equal(resumed.merged[k], v) for k, v in straight.merged.items())
+    other_seed = {**options, "seed": 4}
+    with pytest.raises(ResumeError, match="another run"):
+        ste_mm(spec, params, model=model, data=digits, resume=path, **other_seed)
+    with pytest.raises(ResumeError, match="models"):  # another set of models, same options
+        ste_mm(spec, params[::-1], model=model, data=digits, resume=path, **options)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -53,13 +54,16 @@ def merge_checkpoints(
     seed: int = 0,
     progress: ProgressCallback | None = None,
     sizes: Sequence[int] | None = None,
+    resume: Path | None = None,
     **options: Any,
 ) -> MergeResult:
     """Merge checkpoints (the last one is the reference) with the merger ``method`` of
     :data:`lmckit.merge.METHODS` and its keyword ``options`` (``None``: its default; an
     option it does not take is a :class:`UsageError`). The merged model is BN-reset on
     ``data`` when it has BatchNorm. ``sizes``: the models' training-set sizes for FedAvg
-    (default: :func:`training_examples` of each, with ``data``)."""
+    (default: :func:`training_examples` of each, with ``data``). ``resume``: the resume
+    file of a merger that saves its state between epochs (:func:`~lmckit.merge.ste_mm`);
+    ignored by the others."""
     if method not in METHODS:
         raise UsageError(f"unknown merging method {method!r}; choose from {sorted(METHODS)}")
     merger = METHODS[method]
@@ -72,6 +76,8 @@ def merge_checkpoints(
         raise UsageError(str(exc)) from None
     if merger.needs_sizes:
         kwargs["sizes"] = list(sizes or [training_examples(c, data) for c in ckpts])
+    if resume is not None and "resume" in inspect.signature(merger.fn).parameters:
+        kwargs["resume"] = resume
     first = ckpts[0]
     return merger(
         first.spec,
@@ -420,8 +426,9 @@ def stored_merge_metrics(
     def write(folder: Path) -> tuple[str, dict[str, Any]]:
         sizes = [training_examples(c, data) for c in ckpts] if METHODS[method].needs_sizes else None
         result = merge_checkpoints(
-            ckpts, method, server, seed=seed, progress=progress, sizes=sizes, **used
-        )
+            ckpts, method, server, seed=seed, progress=progress, sizes=sizes, resume=resume,
+            **used,
+        )  # fmt: skip
         metrics = multi_model_metrics(
             ckpts[0].model,
             [c.params for c in ckpts],
@@ -440,7 +447,10 @@ def stored_merge_metrics(
         atomic_write_json(folder / "permutations.json", [p.to_dict() for p in result.perms])
         return content_hash(entry), {}
 
+    # A merge killed half-way (STE-MM's epochs) goes on from its last save.
+    resume = store.root / "partial" / f"{key}.resume"
     artifact, reused = store.get_or_put("merge-metrics", key, document, write)
+    resume.unlink(missing_ok=True)
     return json.loads(artifact.file("metrics.json").read_text()), reused
 
 

@@ -307,7 +307,10 @@ def train_checkpoint(
     budget: Budget | None = None,
 ) -> SeedOutcome:
     """Train one model into the checkpoint ``stem`` — or reuse the checkpoint there if it
-    records exactly this training's key (and its weights verify).
+    records exactly this training's key (and its weights verify). While it trains, its
+    state is saved to ``<stem>.resume`` at epoch ends (at most once a minute): a run killed
+    half-way and started again goes on from there (:func:`~lmckit.train.train`'s
+    ``resume``); the file is deleted once the checkpoint is written.
 
     A run that diverges (:class:`~lmckit.train.TrainingDiverged`) writes no checkpoint at
     ``stem``: its last good state is saved as ``<stem>-last-good`` (recording the
@@ -340,8 +343,11 @@ def train_checkpoint(
     model = init_model(model_name, model_config, config.model_seed).to(device)
     if budget is not None:
         check_training_time(model, data, config, f"training {model_name}", budget)
+    resume = stem.with_name(f"{stem.name}.resume")  # a killed run goes on from its last save
     try:
-        result = train(model, data, config, progress=progress, keep_diverged=keep_diverged)
+        result = train(
+            model, data, config, progress=progress, keep_diverged=keep_diverged, resume=resume
+        )
     except TrainingDiverged as exc:
         kept = stem.with_name(f"{stem.name}-last-good")
         record = {"epoch": exc.epoch, "loss": exc.loss, "start_loss": exc.start_loss}
@@ -384,6 +390,7 @@ def train_checkpoint(
         **({"diverged": diverged} if diverged else {}),
     }
     save_checkpoint(stem, model, meta)
+    resume.unlink(missing_ok=True)
     return SeedOutcome(config.seed, weights, False, result.metrics_dict(), result.seconds, diverged)
 
 

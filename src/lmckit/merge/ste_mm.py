@@ -10,15 +10,18 @@ After training, a final projection gives the permutations (line 12).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from lmckit.data import DataSource, as_batches
+from lmckit.data import Dataset, DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
+from lmckit.lap import LapDuals
 from lmckit.match._functional import (
     batch_loss,
     batches_per_pass,
@@ -35,6 +38,15 @@ from lmckit.options import Count, Positive, checked
 from lmckit.params import Params, average_params, detached
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
+from lmckit.resume import (
+    load_resume_state,
+    optimizer_state,
+    prefixed,
+    restore_optimizer,
+    save_interval,
+    save_resume_state,
+    tensors_digest,
+)
 
 WEIGHT_SCHEMES = ("dirichlet", "normalized_uniform")
 
@@ -48,6 +60,49 @@ def simplex_weights(n: int, generator: torch.Generator, scheme: str = "dirichlet
     if scheme == "dirichlet":
         u = -torch.log1p(-u)  # Exp(1) draws, normalised: Dirichlet(1, …, 1)
     return u / u.sum()
+
+
+def _fingerprint(params_list, data, per_pass, options) -> dict[str, Any]:
+    """What makes an STE-MM run this run (:mod:`lmckit.resume`)."""
+    return {
+        "method": "ste-mm",
+        "options": options,
+        "models": [tensors_digest(p) for p in params_list],
+        "data": data.fingerprint if isinstance(data, Dataset) else f"{per_pass} batches",
+    }
+
+
+def _duals_into(tensors: dict[str, Tensor], duals, i: int) -> dict[str, Any] | None:
+    """Model ``i``'s LAP duals (per group) into ``tensors``; their flags for the info."""
+    if duals is None:
+        return None
+    flags = {}
+    for g, d in duals.items():
+        tensors[f"duals/{i}/{g}/u"] = torch.from_numpy(d.u)
+        tensors[f"duals/{i}/{g}/v"] = torch.from_numpy(d.v)
+        if d.assignment is not None:
+            tensors[f"duals/{i}/{g}/assignment"] = torch.from_numpy(d.assignment)
+        flags[g] = d.exact
+    return flags
+
+
+def _duals_from(tensors: dict[str, Tensor], flags, i: int):
+    """The duals :func:`_duals_into` saved for model ``i`` (``None`` if it had none)."""
+    if flags is None:
+        return None
+    return {
+        g: LapDuals(
+            u=tensors[f"duals/{i}/{g}/u"].numpy(),
+            v=tensors[f"duals/{i}/{g}/v"].numpy(),
+            exact=exact,
+            assignment=(
+                tensors[f"duals/{i}/{g}/assignment"].numpy()
+                if f"duals/{i}/{g}/assignment" in tensors
+                else None
+            ),
+        )
+        for g, exact in flags.items()
+    }
 
 
 def _fixed_weights(weights: str | Sequence[float], n: int) -> Tensor | None:
@@ -94,6 +149,8 @@ def ste_mm(
     warm_duals: bool = True,
     restart_from_identity: bool = False,
     variant: str = "lmckit",
+    resume: str | os.PathLike | None = None,
+    resume_every: float | None = None,
 ) -> MergeResult:
     """Gather ``n`` models into one basin with STE-MM.
 
@@ -132,6 +189,15 @@ def ste_mm(
             has not moved) and draws λ uniformly on the simplex, the distribution Eq. 5
             states; the reproductions use ``variant="paper"`` and measure the default beside
             it.
+        resume: a file (:mod:`lmckit.resume`) where the run's state — proxies, Adam's
+            state, permutations, LAP duals, the weights' random generator, history — is
+            saved at the end of an epoch once ``resume_every`` seconds (default:
+            ``$LMCKIT_RESUME_EVERY``, else 60) have passed since the last save. A run given
+            a file that exists goes on from the epoch saved there, to the result a run never
+            interrupted gives when ``data`` is a ``Dataset`` or a fixed list of batches (an
+            epoch's order depends only on the seed and the epoch); the file must come from
+            this run (models, options, data) or :class:`~lmckit.resume.ResumeError` names
+            what differs. The caller deletes it once the result is kept.
 
     ``history`` holds the mean loss per epoch.
     """
@@ -163,6 +229,48 @@ def ste_mm(
     duals: dict[int, object] = dict.fromkeys(others)
     matchers = {i: WeightMatcher(spec, params_list[i]) for i in others}
     generator = torch.Generator().manual_seed(seed)
+    options = {
+        "epochs": epochs, "lr": lr, "batch_size": batch_size, "warm_duals": warm_duals,
+        "weights": weights if fixed_weights is None else fixed_weights.tolist(),
+        "restart_from_identity": restart_from_identity, "seed": seed, "reference": ref,
+    }  # fmt: skip
+    fingerprint = None if resume is None else _fingerprint(params_list, data, per_pass, options)
+    loaded = None if resume is None else load_resume_state(resume, fingerprint)
+    first_epoch, history, steps, lap_work = 0, [], 0, [0]
+    if loaded is not None:
+        tensors, info = loaded
+        with torch.no_grad():
+            for i in others:
+                for k, t in proxies[i].items():
+                    t.copy_(tensors[f"proxy/{i}/{k}"])
+        restore_optimizer(optimizer, tensors, info["optimizer"])
+        perms = {i: Permutation(spec, prefixed(tensors, f"perm/{i}/")) for i in others}
+        duals = {i: _duals_from(tensors, info["duals"][str(i)], i) for i in others}
+        generator.set_state(tensors["rng/weights"])
+        first_epoch, history, steps = info["epoch"], info["history"], info["steps"]
+        lap_work = [info["lap_solves"]]
+        start -= info["seconds"]
+        if hasattr(batches, "set_epoch"):  # an lmckit loader: epoch e's order from (seed, e)
+            batches.set_epoch(first_epoch)
+    if resume is not None:
+        resume_every = save_interval(resume_every)
+    last_save = time.perf_counter()
+
+    def save(epoch: int) -> None:
+        tensors = {f"proxy/{i}/{k}": t for i in others for k, t in proxies[i].items()}
+        optimizer_tensors, optimizer_rest = optimizer_state(optimizer)
+        tensors.update(optimizer_tensors)
+        tensors.update({f"perm/{i}/{g}": p for i in others for g, p in perms[i].items()})
+        dual_flags = {}
+        for i in others:
+            dual_flags[str(i)] = _duals_into(tensors, duals[i], i)
+        tensors["rng/weights"] = generator.get_state()
+        info = {
+            "epoch": epoch, "history": history, "steps": steps, "lap_solves": lap_work[0],
+            "seconds": time.perf_counter() - start, "optimizer": optimizer_rest,
+            "duals": dual_flags,
+        }  # fmt: skip
+        save_resume_state(resume, tensors, info, fingerprint)
 
     def project(i: int) -> None:
         current = {**base, **{k: v.detach() for k, v in proxies[i].items()}}
@@ -179,10 +287,8 @@ def ste_mm(
         perms[i], duals[i] = r.perm, r.duals
         lap_work[0] += r.info.get("lap_solves", 0)
 
-    lap_work = [0]
-    history, steps = [], 0
     with module_mode(model, True):
-        for epoch in range(epochs):
+        for epoch in range(first_epoch, epochs):
             loss_sum, count = 0.0, 0
             for x, y in batches:
                 for i in others:
@@ -206,6 +312,13 @@ def ste_mm(
             if count == 0:
                 raise ParamsError("ste_mm got no batches")
             history.append(loss_sum / count)
+            if (
+                resume is not None
+                and epoch + 1 < epochs
+                and time.perf_counter() - last_save >= resume_every
+            ):
+                save(epoch + 1)
+                last_save = time.perf_counter()
         for i in others:
             project(i)
     all_perms = [Permutation.identity(spec) if i == ref else perms[i] for i in range(n)]

@@ -1,0 +1,89 @@
+"""A training job killed half-way goes on from its last epoch save when the run is
+started again (the store's resume files), and ends where an uninterrupted run ends."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from lmckit.experiments.runner import run_experiment
+from lmckit.experiments.spec import load_experiment
+from tests.experiments.conftest import read_ledger
+
+ROOT = Path(__file__).resolve().parents[2]
+QUIET = {"log": lambda _: None}
+STEPS_PER_EPOCH = 1437 // 128  # digits' training set, full batches only
+
+
+class CountedMLP(torch.nn.Module):
+    """A user's MLP that appends a line to ``$LMCKIT_TEST_STEPS`` for every training step
+    and kills its own process (SIGKILL: nothing gets to clean up) at the step numbered
+    ``$LMCKIT_TEST_KILL_AT`` (counted in that file)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 32)
+        self.out = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        log = os.environ.get("LMCKIT_TEST_STEPS")
+        if log and self.training and torch.is_grad_enabled():
+            with open(log, "a") as fh:
+                fh.write("step\n")
+            kill_at = os.environ.get("LMCKIT_TEST_KILL_AT")
+            if kill_at and len(Path(log).read_text().splitlines()) == int(kill_at):
+                os.kill(os.getpid(), signal.SIGKILL)
+        return self.out(torch.relu(self.fc(x.flatten(1))))
+
+
+EXPERIMENT = (
+    'seeds = [0]\nthreads = 1\n[data]\ndataset = "digits"\n[model]\nname = "custom"\n'
+    'class = "tests.experiments.test_resume_jobs:CountedMLP"\n'
+    "[train]\nepochs = 4\nbatch_size = 128\n"
+)
+
+
+def steps_logged(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_a_killed_training_job_resumes_from_its_last_epoch(tmp_path, monkeypatch):
+    (tmp_path / "e.toml").write_text(EXPERIMENT)
+    experiment = load_experiment(tmp_path / "e.toml")
+    log = tmp_path / "steps.log"
+    monkeypatch.setenv("LMCKIT_TEST_STEPS", str(log))
+    monkeypatch.setenv("LMCKIT_RESUME_EVERY", "0")
+
+    reference = tmp_path / "reference"
+    run_experiment(experiment, reference, **QUIET)
+    assert steps_logged(log) == 4 * STEPS_PER_EPOCH
+    log.unlink()
+
+    out = tmp_path / "run"
+    kill_at = 2 * STEPS_PER_EPOCH + 3  # in the third epoch: two epochs saved
+    env = {**os.environ, "LMCKIT_TEST_KILL_AT": str(kill_at), "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "lmckit.cli", "run", str(tmp_path / "e.toml")]
+    killed = subprocess.run(
+        [*command, "--out", str(out), "-q"], env=env, cwd=ROOT, capture_output=True
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    saved = list((out / "store" / "partial").glob("*.resume"))
+    assert len(saved) == 1
+
+    log.unlink()
+    summary = run_experiment(experiment, out, **QUIET)
+    assert summary.complete
+    assert steps_logged(log) == 2 * STEPS_PER_EPOCH  # epochs 3 and 4 only
+    assert not saved[0].exists()  # the resume file goes once the checkpoint is stored
+    jobs, metrics = read_ledger(out)
+    ref_jobs, ref_metrics = read_ledger(reference)
+    job = "train/c0/seed0"
+    assert jobs[job]["key"] == ref_jobs[job]["key"]
+    assert metrics[(job, "test_accuracy")] == ref_metrics[(job, "test_accuracy")]
+    assert metrics[(job, "test_loss")] == ref_metrics[(job, "test_loss")]
+    key = jobs[job]["key"]
+    weights = f"checkpoint/{key[:2]}/{key}/model.safetensors"
+    assert (out / "store" / weights).read_bytes() == (reference / "store" / weights).read_bytes()

@@ -1,0 +1,191 @@
+"""Resuming an interrupted training run from its resume file (lmckit.resume)."""
+
+import pytest
+import torch
+
+from lmckit.resume import ResumeError, load_resume_state
+from lmckit.train import TrainConfig, TrainingDiverged, init_model, train
+
+MLP = ("mlp", {"in_dim": 64, "hidden": [32, 32], "out_dim": 10})
+MLP_BN = ("mlp", {"in_dim": 64, "hidden": [32, 32], "out_dim": 10, "norm": "batch"})
+
+
+class Killed(Exception):
+    """Stands for the process being killed in the middle of an epoch."""
+
+
+def kill_in_epoch(epoch):
+    def progress(event):
+        if event.metrics.get("epoch") == epoch and not event.metrics.get("epoch_done"):
+            raise Killed
+
+    return progress
+
+
+def weights(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize(
+    ("model_def", "options"),
+    [
+        # the warm-up schedule depends on the step count: a scheduler restarted from 0
+        # gives other learning rates; Adam's moments and step counts are state too
+        (MLP, {"optimizer": "adam", "lr": 3e-3, "schedule": "warmup_linear"}),
+        # Sophia's Hessian EMA, SGD-style decay, BatchNorm buffers
+        (MLP_BN, {"optimizer": "sophia", "lr": 1e-3, "weight_decay": 0.1}),
+        (MLP_BN, {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "augment": False}),
+    ],
+)
+def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_result(
+    digits, tmp_path, model_def, options
+):
+    name, config = model_def
+    cfg = TrainConfig(epochs=5, batch_size=128, seed=2, **options)
+    straight = init_model(name, config, seed=2)
+    expected = train(straight, digits, cfg)
+
+    path = tmp_path / "run.resume.safetensors"
+    killed = init_model(name, config, seed=2)
+    with pytest.raises(Killed):
+        train(killed, digits, cfg, resume=path, resume_every=0, progress=kill_in_epoch(4))
+    _, info = load_resume_state(path, _fingerprint_of(path))
+    assert info["epoch"] == 3  # epochs 1-3 were kept; the 4th was lost with the kill
+
+    resumed_model = init_model(name, config, seed=2)
+    seen_epochs = []
+    resumed = train(
+        resumed_model,
+        digits,
+        cfg,
+        resume=path,
+        resume_every=0,
+        progress=lambda e: seen_epochs.append(e.metrics["epoch"]),
+    )
+    assert set(seen_epochs) == {4, 5}  # epochs 1-3 were not trained again
+    assert all(torch.equal(v, straight.state_dict()[k]) for k, v in weights(resumed_model).items())
+    assert resumed.metrics_dict() == expected.metrics_dict()
+    assert [(h.epoch, h.train_loss, h.test_loss) for h in resumed.history] == [
+        (h.epoch, h.train_loss, h.test_loss) for h in expected.history
+    ]
+
+
+def _fingerprint_of(path):
+    """The fingerprint stored in a resume file (read raw, to inspect the saved state)."""
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return json.loads(f.metadata()["fingerprint"])
+
+
+def test_resuming_without_the_optimizer_state_would_differ(digits, tmp_path):
+    """The check above can fail: a resume that rebuilt Adam afresh gives other weights."""
+    name, config = MLP
+    cfg = TrainConfig(epochs=4, batch_size=128, seed=1)
+    straight = init_model(name, config, seed=1)
+    train(straight, digits, cfg)
+    path = tmp_path / "r.safetensors"
+    with pytest.raises(Killed):
+        train(init_model(name, config, seed=1), digits, cfg, resume=path, resume_every=0,
+              progress=kill_in_epoch(3))  # fmt: skip
+    tensors, _ = load_resume_state(path, _fingerprint_of(path))
+    naive = init_model(name, config, seed=1)
+    naive.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model/")})
+    train(naive, digits, TrainConfig(epochs=2, batch_size=128, seed=1))  # fresh Adam
+    assert not all(torch.equal(v, straight.state_dict()[k]) for k, v in naive.state_dict().items())
+
+
+def test_a_resume_file_of_another_run_is_refused(digits, tmp_path):
+    name, config = MLP
+    path = tmp_path / "r.safetensors"
+    cfg = TrainConfig(epochs=3, batch_size=128, seed=0)
+    with pytest.raises(Killed):
+        train(init_model(name, config, seed=0), digits, cfg, resume=path, resume_every=0,
+              progress=kill_in_epoch(3))  # fmt: skip
+    before = path.read_bytes()
+    longer = TrainConfig(epochs=4, batch_size=128, seed=0)
+    with pytest.raises(ResumeError, match=r"another run \(train: .*epochs.*3.*→.*4"):
+        train(init_model(name, config, seed=0), digits, longer, resume=path)
+    with pytest.raises(ResumeError, match="initial_weights"):  # another start, same options
+        train(init_model(name, config, seed=7), digits, cfg, resume=path)
+    wider = {**config, "hidden": [48, 32]}
+    with pytest.raises(ResumeError, match="tensors"):
+        train(init_model(name, wider, seed=0), digits, cfg, resume=path)
+    assert path.read_bytes() == before  # a refused file is left for its own run
+
+
+def test_a_damaged_resume_file_is_an_error_naming_it(digits, tmp_path):
+    path = tmp_path / "r.safetensors"
+    path.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}")
+    name, config = MLP
+    with pytest.raises(ResumeError, match=r"r\.safetensors is unreadable.*delete it"):
+        train(init_model(name, config, seed=0), digits, TrainConfig(epochs=2), resume=path)
+
+
+def test_saves_are_spaced_by_resume_every_and_the_last_epoch_saves_none(digits, tmp_path):
+    name, config = MLP
+    cfg = TrainConfig(epochs=3, batch_size=128, seed=0)
+    path = tmp_path / "r.safetensors"
+    train(init_model(name, config, seed=0), digits, cfg, resume=path, resume_every=3600)
+    assert not path.exists()  # no save due within an hour
+    train(init_model(name, config, seed=0), digits, cfg, resume=path, resume_every=0)
+    _, info = load_resume_state(path, _fingerprint_of(path))
+    assert info["epoch"] == 2  # saved after epochs 1 and 2, not after the last
+
+
+def test_a_resumed_run_keeps_the_last_good_state_of_before_the_kill(digits, tmp_path):
+    """SGD warmed up to lr 20 (kept past its rise in epoch 3): the last good state is the
+    model after epoch 2. Killed in epoch 5 and resumed, a run whose loss then turns
+    non-finite (its weights poisoned in epoch 6) must hand back that epoch-2 state — not
+    the state it resumed from."""
+    config = {"in_dim": 64, "hidden": [32], "out_dim": 10}
+    recipe = TrainConfig(
+        epochs=6, lr=20.0, optimizer="sgd", batch_size=64,
+        schedule="warmup_linear", warmup_epochs=2.9,
+    )  # fmt: skip
+    epoch2 = {}
+
+    def poison_in_epoch_6(model, also=None):
+        def progress(event):
+            if also is not None:
+                also(event)
+            if event.metrics.get("epoch") == 6 and not event.metrics.get("epoch_done"):
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.fill_(float("nan"))
+
+        return progress
+
+    model = init_model("mlp", config, seed=0)
+    with pytest.raises(TrainingDiverged) as straight:
+        train(model, digits, recipe, keep_diverged=True, progress=poison_in_epoch_6(model),
+              snapshots=[2], on_snapshot=lambda e, r: epoch2.update(weights(model)))  # fmt: skip
+    assert straight.value.last_good_epoch == 2
+
+    path = tmp_path / "r.safetensors"
+    with pytest.raises(Killed):
+        train(init_model("mlp", config, seed=0), digits, recipe, keep_diverged=True,
+              resume=path, resume_every=0, progress=kill_in_epoch(5))  # fmt: skip
+    resumed = init_model("mlp", config, seed=0)
+    with pytest.raises(TrainingDiverged) as again:
+        train(resumed, digits, recipe, keep_diverged=True, resume=path,
+              progress=poison_in_epoch_6(resumed))  # fmt: skip
+    assert again.value.last_good_epoch == 2 and again.value.epoch == 6
+    for k, v in epoch2.items():
+        assert torch.equal(again.value.last_good[k], v), k
+
+
+def test_the_save_interval_comes_from_the_environment_and_is_checked(digits, tmp_path, monkeypatch):
+    name, config = MLP
+    cfg = TrainConfig(epochs=2, batch_size=128, seed=0)
+    path = tmp_path / "r.safetensors"
+    monkeypatch.setenv("LMCKIT_RESUME_EVERY", "0")
+    train(init_model(name, config, seed=0), digits, cfg, resume=path)
+    assert path.exists()
+    for bad in ("soon", "-1", "nan"):
+        monkeypatch.setenv("LMCKIT_RESUME_EVERY", bad)
+        with pytest.raises(ResumeError, match="LMCKIT_RESUME_EVERY must be a number"):
+            train(init_model(name, config, seed=0), digits, cfg, resume=tmp_path / "x")
+    train(init_model(name, config, seed=0), digits, cfg)  # read only for a run that saves
