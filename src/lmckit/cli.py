@@ -1221,6 +1221,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 lines = (job["error"] or "").strip().splitlines()
                 reason = lines[-1] if lines else ""
                 print(f"{job['status']}: {job['name']} ({job['attempts']} attempt(s)): {reason}")
+        _print_resumable(args.out, ledger.jobs())
         # the tables go into folders lmckit guards: a user's own jobs.csv is never replaced
         for folder, export in (
             (args.csv, ledger.export_csv),
@@ -1233,6 +1234,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     finally:
         ledger.close()
     return 0
+
+
+def _print_resumable(out: Path, jobs: list[dict[str, Any]]) -> None:
+    """One line per unfinished job whose state a resume file holds: how far it got."""
+    partial = out / "store" / "partial"
+    if not partial.is_dir():
+        return
+    from lmckit.resume import saved_progress
+
+    for job in jobs:
+        if job["status"] == "done" or not job["key"]:
+            continue
+        progress = saved_progress(partial / f"{job['key']}.resume")
+        if progress is not None:
+            minutes = (progress["seconds"] or 0) / 60
+            print(
+                f"resumable: {job['name']} saved after epoch {progress['epoch']} of "
+                f"{progress['epochs']} ({minutes:.0f} min of work kept)"
+            )
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -38,6 +38,7 @@ __all__ = [
     "restore_optimizer",
     "save_interval",
     "save_resume_state",
+    "saved_progress",
     "tensors_digest",
 ]
 
@@ -132,6 +133,18 @@ def load_resume_state(
             "delete it to start afresh, or give this run another resume path"
         )
     return tensors, info
+
+
+def saved_progress(path: str | os.PathLike) -> dict[str, Any] | None:
+    """What a resume file says of its run's progress — ``epoch`` (done), ``epochs`` (in
+    all), ``seconds`` (spent so far) — read from its metadata alone; ``None`` for a file
+    that is missing or unreadable."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            info = json.loads((f.metadata() or {})["info"])
+    except (SafetensorError, OSError, KeyError, ValueError):
+        return None
+    return {k: info.get(k) for k in ("epoch", "epochs", "seconds")}
 
 
 def _difference(saved: Mapping[str, Any], expected: Mapping[str, Any]) -> str:

@@ -552,6 +552,7 @@ def train(
         ):
             state = {
                 "epoch": epoch + 1,
+                "epochs": config.epochs,
                 "start_loss": start_loss,
                 "diverged": diverged,
                 "history": [vars(e) for e in history],

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from lmckit.cli import main
 from lmckit.experiments.runner import run_experiment
 from lmckit.experiments.spec import load_experiment
 from tests.experiments.conftest import read_ledger
@@ -50,7 +51,7 @@ def steps_logged(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def test_a_killed_training_job_resumes_from_its_last_epoch(tmp_path, monkeypatch):
+def test_a_killed_training_job_resumes_from_its_last_epoch(tmp_path, monkeypatch, capsys):
     (tmp_path / "e.toml").write_text(EXPERIMENT)
     experiment = load_experiment(tmp_path / "e.toml")
     log = tmp_path / "steps.log"
@@ -72,6 +73,8 @@ def test_a_killed_training_job_resumes_from_its_last_epoch(tmp_path, monkeypatch
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
     saved = list((out / "store" / "partial").glob("*.resume"))
     assert len(saved) == 1
+    assert main(["status", str(out)]) == 0
+    assert "resumable: train/c0/seed0 saved after epoch 2 of 4" in capsys.readouterr().out
 
     log.unlink()
     summary = run_experiment(experiment, out, **QUIET)

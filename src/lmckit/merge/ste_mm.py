@@ -266,9 +266,9 @@ def ste_mm(
             dual_flags[str(i)] = _duals_into(tensors, duals[i], i)
         tensors["rng/weights"] = generator.get_state()
         info = {
-            "epoch": epoch, "history": history, "steps": steps, "lap_solves": lap_work[0],
-            "seconds": time.perf_counter() - start, "optimizer": optimizer_rest,
-            "duals": dual_flags,
+            "epoch": epoch, "epochs": epochs, "history": history, "steps": steps,
+            "lap_solves": lap_work[0], "seconds": time.perf_counter() - start,
+            "optimizer": optimizer_rest, "duals": dual_flags,
         }  # fmt: skip
         save_resume_state(resume, tensors, info, fingerprint)
 
