@@ -102,3 +102,41 @@ def test_a_killed_ste_mm_merge_goes_on_from_its_store_resume_file(tmp_path, digi
     assert {k: v for k, v in resumed.items() if k not in drop} == {
         k: v for k, v in fresh.items() if k not in drop
     }
+
+
+def test_a_killed_merge_command_goes_on_from_its_resume_file(tmp_path, digits, monkeypatch):
+    """``lmckit merge --method ste-mm`` keeps its state in ``OUT/ste-mm.resume``: killed in
+    its second epoch, the same call trains the rest and writes the merged checkpoint of an
+    uninterrupted call, bit for bit; the file is gone afterwards."""
+    from lmckit.experiments.merging import run_merge
+    from tests.zoo import train_mlp
+
+    monkeypatch.setenv("LMCKIT_RESUME_EVERY", "0")
+    ckpts = []
+    for seed in range(3):
+        save_checkpoint(tmp_path / f"m{seed}", train_mlp(digits, seed, hidden=(16,), epochs=2),
+                        {"dataset": "digits"})  # fmt: skip
+        ckpts.append(load_checkpoint(tmp_path / f"m{seed}"))
+    options = {"epochs": 3, "lr": 1e-2, "batch_size": 256}
+
+    class Killed(Exception):
+        pass
+
+    def kill_in_epoch_2(name):
+        def progress(event):
+            if event.metrics["epoch"] == 2:
+                raise Killed
+
+        return progress
+
+    with pytest.raises(Killed):
+        run_merge(ckpts, "ste-mm", digits, tmp_path / "out", progress=kill_in_epoch_2, **options)
+    assert (tmp_path / "out" / "ste-mm.resume").exists()
+    epochs = []
+    record = lambda name: lambda event: epochs.append(event.metrics["epoch"])  # noqa: E731
+    run_merge(ckpts, "ste-mm", digits, tmp_path / "out", progress=record, **options)
+    assert set(epochs) == {2, 3}  # the first epoch was not trained again
+    run_merge(ckpts, "ste-mm", digits, tmp_path / "fresh", **options)
+    merged = (tmp_path / "out" / "merged.safetensors").read_bytes()
+    assert merged == (tmp_path / "fresh" / "merged.safetensors").read_bytes()
+    assert not (tmp_path / "out" / "ste-mm.resume").exists()

@@ -137,10 +137,14 @@ def run_merge(
     """``lmckit merge``: merge, evaluate and write the merged checkpoint, ``permutations.json``,
     ``metrics.json`` (multi-model metrics, optional sharpness) and plots into ``out``.
 
+    A merger that saves its state between epochs (STE-MM) keeps it in ``out/<method>.resume``
+    until the merged checkpoint is written: the same command after a kill goes on from there.
+
     Returns the report written to ``metrics.json``.
     """
     check_checkpoints(ckpts, data)
     names = ("merged.safetensors", "merged.json", "permutations.json", "metrics.json")
+    names += (f"{method}.resume",)
     names += ("geometry.png", "landscape.json", "landscape.png")
     check_outputs([Path(out) / n for n in names], [f for c in ckpts for f in c.files])
     if sharpness_probes and sharpness_probes < 2:
@@ -158,6 +162,7 @@ def run_merge(
         data,
         seed=seed,
         progress=progress(method) if progress else None,
+        resume=out / f"{method}.resume",
         **options,
     )
     model = ckpts[0].model
@@ -202,6 +207,7 @@ def run_merge(
         {"groups": dict(ckpts[0].spec.groups), "perms": [p.to_dict() for p in result.perms]},
     )
     atomic_write_json(out / "metrics.json", report)
+    (out / f"{method}.resume").unlink(missing_ok=True)
     plot_geometry(
         metrics.distance_ratios,
         metrics.triplet_angles,
