@@ -90,3 +90,8 @@ def test_a_killed_training_job_resumes_from_its_last_epoch(tmp_path, monkeypatch
     key = jobs[job]["key"]
     weights = f"checkpoint/{key[:2]}/{key}/model.safetensors"
     assert (out / "store" / weights).read_bytes() == (reference / "store" / weights).read_bytes()
+    # a resume file no job of the file owns (an edited file, a copied run folder) goes
+    # once the run is complete
+    stale = out / "store" / "partial" / ("0" * 64 + ".resume")
+    stale.write_bytes(b"left over")
+    assert run_experiment(experiment, out, **QUIET).complete and not stale.exists()

@@ -277,5 +277,8 @@ def run_experiment(
     finally:
         pool.close()
         ledger.close()
+    if summary.complete:  # resume files of jobs no longer in the file (edited, copied runs)
+        for stale in (out / "store" / "partial").glob("*.resume"):
+            stale.unlink(missing_ok=True)
     summary.seconds = time.perf_counter() - start
     return summary
