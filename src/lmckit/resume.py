@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -147,15 +147,21 @@ def saved_progress(path: str | os.PathLike) -> dict[str, Any] | None:
     return {k: info.get(k) for k in ("epoch", "epochs", "seconds")}
 
 
-def _difference(saved: Mapping[str, Any], expected: Mapping[str, Any]) -> str:
-    """The entries of two fingerprints that differ, as ``key: saved → now`` (at most 3)."""
-    keys = sorted(set(saved) | set(expected))
-    diffs = [
-        f"{k}: {_short(saved.get(k, '(absent)'))} → {_short(expected.get(k, '(absent)'))}"
-        for k in keys
-        if saved.get(k) != expected.get(k)
-    ]
+def _difference(saved: Any, expected: Any, path: str = "") -> str:
+    """The entries of two fingerprints that differ, as ``key.path: saved → now`` (at most
+    3), nested tables compared entry by entry."""
+    diffs = list(_differences(saved, expected, path))
     return "; ".join(diffs[:3]) + (f"; {len(diffs) - 3} more" if len(diffs) > 3 else "")
+
+
+def _differences(saved: Any, expected: Any, path: str) -> Iterator[str]:
+    if isinstance(saved, dict) and isinstance(expected, dict):
+        for k in sorted(set(saved) | set(expected)):
+            yield from _differences(
+                saved.get(k, "(absent)"), expected.get(k, "(absent)"), f"{path}.{k}" if path else k
+            )
+    elif saved != expected:
+        yield f"{path}: {_short(saved)} → {_short(expected)}"
 
 
 def _short(value: Any, limit: int = 60) -> str:

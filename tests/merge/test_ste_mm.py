@@ -182,7 +182,7 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_merge(
     assert resumed.history == straight.history and resumed.iterations == straight.iterations
     assert all(torch.equal(resumed.merged[k], v) for k, v in straight.merged.items())
     other_seed = {**options, "seed": 4}
-    with pytest.raises(ResumeError, match="another run"):
+    with pytest.raises(ResumeError, match=r"another run \(options\.seed: 3 → 4\)"):
         ste_mm(spec, params, model=model, data=digits, resume=path, **other_seed)
     with pytest.raises(ResumeError, match="models"):  # another set of models, same options
         ste_mm(spec, params[::-1], model=model, data=digits, resume=path, **options)
