@@ -86,7 +86,12 @@ def ste_matching(
             gradient step ``θ̃ ← θ̃ − lr ∇`` (no momentum, no Adam), and the projection of
             the final proxy returned (``eval_batches`` only reports its midpoint loss).
             The default departs from the paper for speed (warm projections) and stability
-            (Adam, best epoch); ``variant="paper"`` is what the reproductions use.
+            (Adam, best epoch); ``variant="paper"`` is what the reproductions use. Measured
+            side by side (``experiments/rebasin-split-fmnist.toml``: 3×512 MLPs on
+            class-imbalanced halves of Fashion-MNIST, 30 epochs, one STE epoch, three
+            pairs): midpoint test loss 0.357 ± 0.010 with the default against 0.410 ± 0.017
+            with the paper's (whose plain step at lr 1e-3 barely leaves weight matching's
+            permutation, 0.408), 6 s against 48 s per pair.
         warm_duals: hand each projection the previous one's LAP duals (STE-MM Alg. 3; the
             default). Off, every LAP starts cold: the same permutations, more LAP work —
             STE-MM Fig. 2's comparison. The paper variant's projections are always cold.
