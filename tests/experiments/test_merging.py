@@ -65,29 +65,41 @@ def test_a_sweep_over_other_checkpoints_in_the_same_folder_recomputes(tmp_path, 
     assert again == second  # the same inputs again: the stored result, seconds included
 
 
-def test_a_killed_ste_mm_merge_goes_on_from_its_store_resume_file(tmp_path, digits, monkeypatch):
+class Killed(Exception):
+    """Stands for the process being killed in the middle of an epoch."""
+
+
+def kill_in_epoch_2(event):
+    if event.metrics["epoch"] == 2:
+        raise Killed
+
+
+STE_MM_OPTIONS = {"epochs": 3, "lr": 1e-2, "batch_size": 256}
+
+
+@pytest.fixture(scope="module")
+def three_checkpoints(digits, tmp_path_factory):
+    """Three small MLPs trained 2 epochs on digits, saved and loaded as checkpoints."""
+    from tests.zoo import train_mlp
+
+    folder = tmp_path_factory.mktemp("three")
+    for seed in range(3):
+        save_checkpoint(folder / f"m{seed}", train_mlp(digits, seed, hidden=(16,), epochs=2),
+                        {"dataset": "digits"})  # fmt: skip
+    return [load_checkpoint(folder / f"m{seed}") for seed in range(3)]
+
+
+def test_a_killed_ste_mm_merge_goes_on_from_its_store_resume_file(
+    tmp_path, digits, monkeypatch, three_checkpoints
+):
     """The store hands STE-MM a resume file under ``partial/`` keyed like the merge: killed
     in its second epoch and called again, the merge trains the remaining epochs only, ends
     with the metrics of a merge never interrupted, and the file is gone."""
     from lmckit.experiments.merging import stored_merge_metrics
     from lmckit.experiments.store import Store
-    from tests.zoo import train_mlp
 
     monkeypatch.setenv("LMCKIT_RESUME_EVERY", "0")
-    ckpts = []
-    for seed in range(3):
-        save_checkpoint(tmp_path / f"m{seed}", train_mlp(digits, seed, hidden=(16,), epochs=2),
-                        {"dataset": "digits"})  # fmt: skip
-        ckpts.append(load_checkpoint(tmp_path / f"m{seed}"))
-    options = {"epochs": 3, "lr": 1e-2, "batch_size": 256}
-
-    class Killed(Exception):
-        pass
-
-    def kill_in_epoch_2(event):
-        if event.metrics["epoch"] == 2:
-            raise Killed
-
+    ckpts, options = three_checkpoints, STE_MM_OPTIONS
     store = Store(tmp_path / "store")
     with pytest.raises(Killed):
         stored_merge_metrics(store, ckpts, "ste-mm", digits, progress=kill_in_epoch_2, **options)
@@ -104,33 +116,19 @@ def test_a_killed_ste_mm_merge_goes_on_from_its_store_resume_file(tmp_path, digi
     }
 
 
-def test_a_killed_merge_command_goes_on_from_its_resume_file(tmp_path, digits, monkeypatch):
+def test_a_killed_merge_command_goes_on_from_its_resume_file(
+    tmp_path, digits, monkeypatch, three_checkpoints
+):
     """``lmckit merge --method ste-mm`` keeps its state in ``OUT/ste-mm.resume``: killed in
     its second epoch, the same call trains the rest and writes the merged checkpoint of an
     uninterrupted call, bit for bit; the file is gone afterwards."""
     from lmckit.experiments.merging import run_merge
-    from tests.zoo import train_mlp
 
     monkeypatch.setenv("LMCKIT_RESUME_EVERY", "0")
-    ckpts = []
-    for seed in range(3):
-        save_checkpoint(tmp_path / f"m{seed}", train_mlp(digits, seed, hidden=(16,), epochs=2),
-                        {"dataset": "digits"})  # fmt: skip
-        ckpts.append(load_checkpoint(tmp_path / f"m{seed}"))
-    options = {"epochs": 3, "lr": 1e-2, "batch_size": 256}
-
-    class Killed(Exception):
-        pass
-
-    def kill_in_epoch_2(name):
-        def progress(event):
-            if event.metrics["epoch"] == 2:
-                raise Killed
-
-        return progress
-
+    ckpts, options = three_checkpoints, STE_MM_OPTIONS
     with pytest.raises(Killed):
-        run_merge(ckpts, "ste-mm", digits, tmp_path / "out", progress=kill_in_epoch_2, **options)
+        run_merge(ckpts, "ste-mm", digits, tmp_path / "out",
+                  progress=lambda name: kill_in_epoch_2, **options)  # fmt: skip
     assert (tmp_path / "out" / "ste-mm.resume").exists()
     epochs = []
     record = lambda name: lambda event: epochs.append(event.metrics["epoch"])  # noqa: E731
