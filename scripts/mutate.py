@@ -214,6 +214,22 @@ MUTATIONS = [
         "            batches.set_epoch(0)",
         ("tests/merge/test_ste_mm.py",),
     ),
+    M(
+        "stemm-resume-repeats-the-epoch-start",
+        "a STE-MM resumed from a save within an epoch trains that epoch's first batches again",
+        "src/lmckit/merge/ste_mm.py",
+        "            for x, y in itertools.islice(batches, done, None):",
+        "            for x, y in itertools.islice(batches, 0, None):",
+        ("tests/merge/test_ste_mm.py",),
+    ),
+    M(
+        "stemm-resume-forgets-the-epoch-loss",
+        "a STE-MM resumed within an epoch averages that epoch's loss over the later batches only",
+        "src/lmckit/merge/ste_mm.py",
+        "            loss_sum, count = (epoch_loss, epoch_count) if resumed else (0.0, 0)",
+        "            loss_sum, count = 0.0, 0",
+        ("tests/merge/test_ste_mm.py",),
+    ),
     # -- the papers' own settings (issue 30) --
     M(
         "ste-paper-steps-with-adam",

@@ -1249,9 +1249,12 @@ def _print_resumable(out: Path, jobs: list[dict[str, Any]]) -> None:
         progress = saved_progress(partial / f"{job['key']}.resume")
         if progress is not None:
             minutes = (progress["seconds"] or 0) / 60
+            where = f"after epoch {progress['epoch']}"
+            if progress["step_in_epoch"]:
+                where = f"at step {progress['step_in_epoch']} of epoch {progress['epoch'] + 1}"
             print(
-                f"resumable: {job['name']} saved after epoch {progress['epoch']} of "
-                f"{progress['epochs']} ({minutes:.0f} min of work kept)"
+                f"resumable: {job['name']} saved {where} of {progress['epochs']} "
+                f"({minutes:.0f} min of work kept)"
             )
 
 

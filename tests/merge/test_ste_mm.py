@@ -8,7 +8,7 @@ from lmckit.merge import star, ste_mm
 from lmckit.merge.ste_mm import simplex_weights
 from lmckit.metrics import evaluate
 from lmckit.models import permutation_spec
-from lmckit.resume import ResumeError
+from lmckit.resume import ResumeError, saved_progress
 from tests.merge.common import random_models
 from tests.zoo import train_mlp
 
@@ -153,34 +153,47 @@ class Killed(Exception):
     """Stands for the process being killed in the middle of an epoch."""
 
 
-@pytest.mark.parametrize("variant", ["lmckit", "paper"])
+@pytest.mark.parametrize(
+    ("variant", "kill_at_step"),
+    [("lmckit", 1), ("paper", 1), ("lmckit", 3)],  # 1: the save at the epoch's end; 3: within
+)
 def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_merge(
-    trained, digits, tmp_path, variant
+    trained, digits, tmp_path, variant, kill_at_step
 ):
-    """Killed in its third of four epochs and run again, STE-MM goes on from the end of the
-    second (its proxies, Adam, permutations, duals, the λ generator, the batch order) to
-    the permutations and weights of a run never interrupted. lmckit's variant starts each
-    projection at the previous permutation, so the permutations must be restored too; λ
-    draws and the data order differ per epoch, so must the generator and the epoch."""
+    """Killed in its third of four epochs and run again, STE-MM goes on from its last save
+    (the end of the second epoch, or two steps into the third) — its proxies, Adam,
+    permutations, duals, the λ generator, the batch order and the epoch's running loss —
+    to the permutations and weights of a run never interrupted. lmckit's variant starts
+    each projection at the previous permutation, so the permutations must be restored
+    too; λ draws and the data order differ per step and epoch, so must the generator and
+    the position in the epoch."""
     model, spec, params = trained
     options = {"epochs": 4, "lr": 1e-2, "batch_size": 256, "variant": variant, "seed": 3}
     straight = ste_mm(spec, params, model=model, data=digits, **options)
+    per_epoch = len(digits.loader("train", batch_size=256))
+    seen = []
 
     def kill_in_epoch_3(event):
-        if event.metrics["epoch"] == 3:
+        seen.append(event.metrics["epoch"])
+        if seen.count(3) == kill_at_step:
             raise Killed
 
     path = tmp_path / "m.resume"
     with pytest.raises(Killed):
         ste_mm(spec, params, model=model, data=digits, resume=path, resume_every=0,
                progress=kill_in_epoch_3, **options)  # fmt: skip
+    saved = saved_progress(path)
+    assert (saved["epoch"], saved["step_in_epoch"]) == (2, kill_at_step - 1)
     epochs = []
     resumed = ste_mm(spec, params, model=model, data=digits, resume=path,
                      progress=lambda e: epochs.append(e.metrics["epoch"]), **options)  # fmt: skip
-    assert set(epochs) == {3, 4}
+    # the killed step is trained again, the ones saved before it are not
+    assert epochs == [3] * (per_epoch - kill_at_step + 1) + [4] * per_epoch
     assert resumed.perms == straight.perms
     assert resumed.history == straight.history and resumed.iterations == straight.iterations
     assert all(torch.equal(resumed.merged[k], v) for k, v in straight.merged.items())
+    if kill_at_step > 1:
+        return
     other_seed = {**options, "seed": 4}
     with pytest.raises(ResumeError, match=r"another run \(options\.seed: 3 → 4\)"):
         ste_mm(spec, params, model=model, data=digits, resume=path, **other_seed)

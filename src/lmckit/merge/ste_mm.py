@@ -10,6 +10,7 @@ After training, a final projection gives the permutations (line 12).
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Sequence
@@ -192,8 +193,10 @@ def ste_mm(
         resume: a file (:mod:`lmckit.resume`) where the run's state — proxies, Adam's
             state, permutations, LAP duals, the weights' random generator, history — is
             saved at the end of an epoch once ``resume_every`` seconds (default:
-            ``$LMCKIT_RESUME_EVERY``, else 60) have passed since the last save. A run given
-            a file that exists goes on from the epoch saved there, to the result a run never
+            ``$LMCKIT_RESUME_EVERY``, else 60) have passed since the last save, and within
+            an epoch once ten times that has passed (an epoch of many wide models can take
+            an hour; their state hundreds of MB). A run given
+            a file that exists goes on from where it was saved, to the result a run never
             interrupted gives when ``data`` is a ``Dataset`` or a fixed list of batches (an
             epoch's order depends only on the seed and the epoch); the file must come from
             this run (models, options, data) or :class:`~lmckit.resume.ResumeError` names
@@ -237,6 +240,7 @@ def ste_mm(
     fingerprint = None if resume is None else _fingerprint(params_list, data, per_pass, options)
     loaded = None if resume is None else load_resume_state(resume, fingerprint)
     first_epoch, history, steps, lap_work = 0, [], 0, [0]
+    skip, epoch_loss, epoch_count = 0, 0.0, 0  # a save made within an epoch: how far it got
     if loaded is not None:
         tensors, info = loaded
         with torch.no_grad():
@@ -248,6 +252,7 @@ def ste_mm(
         duals = {i: _duals_from(tensors, info["duals"][str(i)], i) for i in others}
         generator.set_state(tensors["rng/weights"])
         first_epoch, history, steps = info["epoch"], info["history"], info["steps"]
+        skip, epoch_loss, epoch_count = info["step_in_epoch"], info["loss_sum"], info["count"]
         lap_work = [info["lap_solves"]]
         start -= info["seconds"]
         if hasattr(batches, "set_epoch"):  # an lmckit loader: epoch e's order from (seed, e)
@@ -256,7 +261,7 @@ def ste_mm(
         resume_every = save_interval(resume_every)
     last_save = time.perf_counter()
 
-    def save(epoch: int) -> None:
+    def save(epoch: int, step_in_epoch: int = 0, loss_sum: float = 0.0, count: int = 0) -> None:
         tensors = {f"proxy/{i}/{k}": t for i in others for k, t in proxies[i].items()}
         optimizer_tensors, optimizer_rest = optimizer_state(optimizer)
         tensors.update(optimizer_tensors)
@@ -267,6 +272,7 @@ def ste_mm(
         tensors["rng/weights"] = generator.get_state()
         info = {
             "epoch": epoch, "epochs": epochs, "history": history, "steps": steps,
+            "step_in_epoch": step_in_epoch, "loss_sum": loss_sum, "count": count,
             "lap_solves": lap_work[0], "seconds": time.perf_counter() - start,
             "optimizer": optimizer_rest, "duals": dual_flags,
         }  # fmt: skip
@@ -289,8 +295,10 @@ def ste_mm(
 
     with module_mode(model, True):
         for epoch in range(first_epoch, epochs):
-            loss_sum, count = 0.0, 0
-            for x, y in batches:
+            resumed = epoch == first_epoch
+            loss_sum, count = (epoch_loss, epoch_count) if resumed else (0.0, 0)
+            done = skip if resumed else 0  # batches of this epoch already trained
+            for x, y in itertools.islice(batches, done, None):
                 for i in others:
                     project(i)
                 lam = (
@@ -308,7 +316,12 @@ def ste_mm(
                 steps += 1
                 loss_sum += value
                 count += 1
+                done += 1
                 notify(progress, steps, per_pass and per_pass * epochs, loss=value, epoch=epoch + 1)
+                # within an epoch, saves are rarer: a wide n-model state is hundreds of MB
+                if resume is not None and time.perf_counter() - last_save >= 10 * resume_every:
+                    save(epoch, done, loss_sum, count)
+                    last_save = time.perf_counter()
             if count == 0:
                 raise ParamsError("ste_mm got no batches")
             history.append(loss_sum / count)
