@@ -252,7 +252,9 @@ def ste_mm(
         duals = {i: _duals_from(tensors, info["duals"][str(i)], i) for i in others}
         generator.set_state(tensors["rng/weights"])
         first_epoch, history, steps = info["epoch"], info["history"], info["steps"]
-        skip, epoch_loss, epoch_count = info["step_in_epoch"], info["loss_sum"], info["count"]
+        # (files saved at an epoch's end by an lmckit without saves within epochs lack them)
+        skip = info.get("step_in_epoch", 0)
+        epoch_loss, epoch_count = info.get("loss_sum", 0.0), info.get("count", 0)
         lap_work = [info["lap_solves"]]
         start -= info["seconds"]
         if hasattr(batches, "set_epoch"):  # an lmckit loader: epoch e's order from (seed, e)
