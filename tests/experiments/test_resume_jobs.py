@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from lmckit.cli import main
@@ -95,3 +96,13 @@ def test_a_killed_training_job_resumes_from_its_last_epoch(tmp_path, monkeypatch
     stale = out / "store" / "partial" / ("0" * 64 + ".resume")
     stale.write_bytes(b"left over")
     assert run_experiment(experiment, out, **QUIET).complete and not stale.exists()
+
+
+def test_a_bad_save_interval_fails_the_run_before_any_job(tmp_path, monkeypatch):
+    from lmckit.resume import ResumeError
+
+    (tmp_path / "e.toml").write_text(EXPERIMENT)
+    monkeypatch.setenv("LMCKIT_RESUME_EVERY", "often")
+    with pytest.raises(ResumeError, match="LMCKIT_RESUME_EVERY must be a number"):
+        run_experiment(load_experiment(tmp_path / "e.toml"), tmp_path / "run", **QUIET)
+    assert not (tmp_path / "run" / "ledger.sqlite").exists()

@@ -38,6 +38,7 @@ from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.spec import Experiment, model_configs
 from lmckit.experiments.steps import ARTIFACT_KIND, STEPS, Job, dataset_for, job_key
 from lmckit.progress import Progress, ProgressCallback
+from lmckit.resume import save_interval
 
 __all__ = ["RunSummary", "run_experiment"]
 
@@ -155,6 +156,7 @@ def run_experiment(
     """
     start = time.perf_counter()
     out = Path(out)
+    save_interval()  # a bad $LMCKIT_RESUME_EVERY fails here, not in every job
     threads = experiment.threads or max(1, usable_cores() // max(1, jobs))
     data_key = str(data_dir) if data_dir is not None else None
 

@@ -28,6 +28,7 @@ from lmckit.models import model_config as config_of
 from lmckit.models.norms import scaled_width
 from lmckit.options import Count, Positive, check_value
 from lmckit.progress import ProgressCallback
+from lmckit.resume import save_interval
 from lmckit.train import (
     TrainConfig,
     TrainingDiverged,
@@ -424,6 +425,7 @@ def train_seeds(
     """
     out = prepare_output_dir(out, "--out")
     training_key(model_name, model_config, config, data)  # a bad configuration fails first
+    save_interval()  # and a bad $LMCKIT_RESUME_EVERY
     outcomes = []
     for seed in seeds:
         outcome = train_checkpoint(
