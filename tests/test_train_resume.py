@@ -189,3 +189,14 @@ def test_the_save_interval_comes_from_the_environment_and_is_checked(digits, tmp
         with pytest.raises(ResumeError, match="LMCKIT_RESUME_EVERY must be a number"):
             train(init_model(name, config, seed=0), digits, cfg, resume=tmp_path / "x")
     train(init_model(name, config, seed=0), digits, cfg)  # read only for a run that saves
+
+
+def test_the_tensor_digest_tells_names_values_and_dtypes_apart():
+    from lmckit.resume import tensors_digest
+
+    t = torch.arange(6.0)
+    base = tensors_digest({"w": t.reshape(2, 3)})
+    assert tensors_digest({"w": t.reshape(2, 3).clone()}) == base
+    assert tensors_digest({"w": t.reshape(2, 3) + 1}) != base
+    assert tensors_digest({"v": t.reshape(2, 3)}) != base
+    assert tensors_digest({"w": t.reshape(2, 3).double()}) != base

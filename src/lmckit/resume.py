@@ -69,8 +69,10 @@ def save_interval(seconds: float | None = None) -> float:
 
 
 def tensors_digest(tensors: Mapping[str, Tensor]) -> str:
-    """SHA-256 over the names, dtypes, shapes and bytes of ``tensors`` (sorted by name):
-    equal for equal state, whatever the device."""
+    """SHA-256 over the names, dtypes, element counts and bytes of ``tensors`` (sorted by
+    name): equal for equal state, whatever the device. Shapes are not in it (callers that
+    need them fingerprint them beside it); changing what it covers would orphan every
+    resume file saved before."""
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name].detach().to("cpu").contiguous().reshape(-1)  # 0-d views fail
