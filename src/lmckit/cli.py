@@ -1238,15 +1238,17 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _print_resumable(out: Path, jobs: list[dict[str, Any]]) -> None:
     """One line per unfinished job whose state a resume file holds: how far it got."""
-    partial = out / "store" / "partial"
-    if not partial.is_dir():
-        return
+    from lmckit.experiments.store import Store
     from lmckit.resume import saved_progress
+
+    store = Store(out / "store")
+    if not store.resume_files():
+        return
 
     for job in jobs:
         if job["status"] == "done" or not job["key"]:
             continue
-        progress = saved_progress(partial / f"{job['key']}.resume")
+        progress = saved_progress(store.resume_file(job["key"]))
         if progress is not None:
             minutes = (progress["seconds"] or 0) / 60
             where = f"after epoch {progress['epoch']}"

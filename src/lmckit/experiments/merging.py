@@ -454,7 +454,7 @@ def stored_merge_metrics(
         return content_hash(entry), {}
 
     # A merge killed half-way (STE-MM's epochs) goes on from its last save.
-    resume = store.root / "partial" / f"{key}.resume"
+    resume = store.resume_file(key)
     artifact, reused = store.get_or_put("merge-metrics", key, document, write)
     resume.unlink(missing_ok=True)
     return json.loads(artifact.file("metrics.json").read_text()), reused

@@ -37,6 +37,7 @@ from lmckit.experiments.executors import make_executor, usable_cores
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.spec import Experiment, model_configs
 from lmckit.experiments.steps import ARTIFACT_KIND, STEPS, Job, dataset_for, job_key
+from lmckit.experiments.store import Store
 from lmckit.progress import Progress, ProgressCallback
 from lmckit.resume import save_interval
 
@@ -280,7 +281,7 @@ def run_experiment(
         pool.close()
         ledger.close()
     if summary.complete:  # resume files of jobs no longer in the file (edited, copied runs)
-        for stale in (out / "store" / "partial").glob("*.resume"):
+        for stale in Store(out / "store").resume_files():
             stale.unlink(missing_ok=True)
     summary.seconds = time.perf_counter() - start
     return summary

@@ -180,7 +180,7 @@ def _train_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
         return saver(model, config, result, key, document)(folder)
 
     # A job killed half-way (a session's end, a crash) goes on from its last epoch save.
-    resume = store.root / "partial" / f"{key}.resume"
+    resume = store.resume_file(key)
     artifact, reused = store.get_or_put("checkpoint", key, document, write)
     resume.unlink(missing_ok=True)
     return {"content": artifact.content, "record": artifact.record, "reused": reused}

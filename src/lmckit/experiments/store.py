@@ -18,7 +18,8 @@ naming the artifact, never a result. Artifacts are written
 into a scratch folder and renamed into place, so an interrupted run leaves none half
 written.
 
-Layout: ``<root>/<kind>/<key[:2]>/<key>/`` with ``meta.json`` and the artifact's files.
+Layout: ``<root>/<kind>/<key[:2]>/<key>/`` with ``meta.json`` and the artifact's files;
+``<root>/partial/<key>.resume`` while a long job computing ``key`` is under way.
 """
 
 from __future__ import annotations
@@ -167,6 +168,15 @@ class Store:
     def folder(self, kind: str, key: str) -> Path:
         """Where the artifact of ``kind`` with ``key`` lives (whether or not it exists)."""
         return self.root / kind / key[:2] / key
+
+    def resume_file(self, key: str) -> Path:
+        """Where the job computing the artifact with ``key`` keeps its resume file
+        (:mod:`lmckit.resume`) until the artifact is stored: ``<root>/partial/<key>.resume``."""
+        return self.root / "partial" / f"{key}.resume"
+
+    def resume_files(self) -> list[Path]:
+        """Every resume file in the store."""
+        return sorted((self.root / "partial").glob("*.resume"))
 
     def get(self, kind: str, key: str, *, verify: bool = True) -> Artifact | None:
         """The artifact with exactly this key, or ``None`` if there is none.
