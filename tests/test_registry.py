@@ -100,6 +100,35 @@ def test_options_that_do_nothing_are_refused_and_typed_ones_checked():
     assert MERGERS["ste-mm"].check_options({"epochs": 2, "weights": [0.5, 0.5]})
 
 
+@pytest.mark.parametrize(
+    ("family", "name", "options", "message"),
+    [
+        ("match", "ste", {"variant": "Paper"}, "variant must be one of 'lmckit', 'paper'"),
+        ("match", "sinkhorn-mid", {"variant": "alg1"}, "variant must be one of"),
+        ("merge", "ste-mm", {"variant": "Paper"}, "variant must be one of"),
+        ("merge", "ste-mm", {"weights": "uniform"}, "weights must be one of 'dirichlet'"),
+        ("merge", "ste-mm", {"variant": "paper", "weights": [1, 2]}, "fixed weights=.1, 2. do"),
+    ],
+)
+def test_choices_and_combinations_are_refused_before_a_run(family, name, options, message):
+    """An option's misspelt choice, or two options that exclude each other, are refused by
+    ``check_options`` — what experiment files and the command line call before any job —
+    not first by the function when a job reaches it hours later."""
+    registry = MATCHERS if family == "match" else MERGERS
+    with pytest.raises(ParamsError, match=message):
+        registry[name].check_options(options)
+    fixed = {k: ("paper" if k == "variant" else "normalized_uniform") for k in options}
+    assert registry[name].check_options(fixed) == fixed
+
+
+def test_the_symmetry_matchers_choices_are_typed():
+    """``symmetry_matching``'s ``symmetries`` and ``start`` are checked as choices at the
+    call, before any matching."""
+    _, spec, _, copies = planted_copies(2)
+    with pytest.raises(ParamsError, match="symmetries must be one of 'orth', 'full', got 'all'"):
+        lmckit.match.symmetry_matching(spec, copies[0], copies[1], symmetries="all")
+
+
 def test_options_are_the_methods_own_keywords():
     assert "restarts" in MATCHERS["wm"].options() and "warm_start" not in MATCHERS["wm"].options()
     assert "epochs" in MATCHERS["ste"].options() and "seed" not in MATCHERS["ste"].options()

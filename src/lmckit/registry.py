@@ -37,6 +37,9 @@ class Method:
             its options are this method's too.
         needs_sizes: ``sizes=`` must be given — how many examples each model trained on
             (FedAvg's weights); callers that hold checkpoints read them from the sidecars.
+        check_combination: refuses options that are valid alone but not together (a
+            :class:`~lmckit.errors.ParamsError`), so that :meth:`check_options` catches them
+            before a run starts rather than when the job reaches ``fn``.
     """
 
     name: str
@@ -48,6 +51,7 @@ class Method:
     unused: tuple[str, ...] = ()
     passes_to: Method | None = None
     needs_sizes: bool = False
+    check_combination: Callable[[Mapping[str, Any]], None] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fixed", MappingProxyType(dict(self.fixed)))
@@ -97,6 +101,11 @@ class Method:
             self.passes_to.check_options(
                 {k: v for k, v in options.items() if k not in own}, where=where
             )
+        if self.check_combination is not None:
+            try:
+                self.check_combination(options)
+            except ParamsError as exc:
+                raise ParamsError(f"{where}{exc}") from None
         return dict(options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -4,6 +4,7 @@ midpoint objective, STE-MM): argument checks, the batch loss, straight-through g
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +27,11 @@ def require_model_and_data(method: str, model: nn.Module | None, data: object) -
     return model
 
 
-VARIANTS = ("lmckit", "paper")
+Variant = Literal["lmckit", "paper"]
 """``variant=`` of the methods with a paper-exact version: lmckit's defaults, or the paper's
-procedure as written."""
+procedure as written (a ``Literal``, so that option checks refuse any other spelling before
+a run starts)."""
+VARIANTS: tuple[str, ...] = get_args(Variant)
 
 
 def is_paper_variant(variant: str, init: object = None, why: str = "") -> bool:

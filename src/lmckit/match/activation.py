@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from itertools import islice
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -36,7 +37,8 @@ from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
 from lmckit.spec import GraphTaps
 
-METHODS = ("correlation", "cross_moment")
+ActivationStatistic = Literal["correlation", "cross_moment"]
+METHODS: tuple[str, ...] = get_args(ActivationStatistic)
 
 
 class _Moments:
@@ -148,7 +150,7 @@ def activation_matching(
     init: Permutation | None = None,
     seed: int = 0,
     progress: ProgressCallback | None = None,
-    method: str = "correlation",
+    method: ActivationStatistic = "correlation",
     n_batches: Count | None = None,
     taps: Mapping[str, list[str]] | GraphTaps | None = None,
     batch_size: Count = 1000,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -25,6 +26,7 @@ from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
 from lmckit.lap import assign_groups
 from lmckit.match._functional import (
+    Variant,
     batch_loss,
     batches_per_pass,
     check_training_options,
@@ -38,7 +40,8 @@ from lmckit.params import Params, detached, is_running_stat, lerp_params, params
 from lmckit.perm import Permutation, PermutationSpec, axis_groups, group_rows, put_group_rows
 from lmckit.progress import ProgressCallback, notify
 
-OBJECTIVES = ("l2", "mid")
+Objective = Literal["l2", "mid"]
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
 
 
 def log_sinkhorn(logits: Tensor, n_iter: int) -> Tensor:
@@ -74,14 +77,14 @@ def sinkhorn_matching(
     init: Permutation | None = None,
     seed: int = 0,
     progress: ProgressCallback | None = None,
-    objective: str = "l2",
+    objective: Objective = "l2",
     tau: Positive = 1.0,
     sinkhorn_iters: Count = 20,
     steps: Count = 200,
     epochs: Count = 1,
     lr: Positive = 0.1,
     batch_size: Count = 256,
-    variant: str = "lmckit",
+    variant: Variant = "lmckit",
 ) -> MatchResult:
     """Learn soft permutations of B towards A and round them to a :class:`Permutation`.
 

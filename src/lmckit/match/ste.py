@@ -20,6 +20,7 @@ from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
 from lmckit.match._functional import (
+    Variant,
     batch_loss,
     batches_per_pass,
     check_training_options,
@@ -59,7 +60,7 @@ def ste_matching(
     lr: Positive = 1e-3,
     batch_size: Count = 256,
     eval_batches: Count = 4,
-    variant: str = "lmckit",
+    variant: Variant = "lmckit",
     warm_duals: bool = True,
 ) -> MatchResult:
     """Learn a permutation of B that makes the midpoint with A a low-loss model.

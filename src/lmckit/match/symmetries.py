@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 from torch import Tensor, nn
 
@@ -47,11 +47,13 @@ from lmckit.transform import fold_norms, orthogonal_subgroup
 
 __all__ = ["SYMMETRIES", "symmetry_matching"]
 
-SYMMETRIES = ("orth", "full")
+Symmetries = Literal["orth", "full"]
+SYMMETRIES: tuple[str, ...] = get_args(Symmetries)
 """``"orth"``: permutations and orthogonal maps; ``"full"``: every kind the graph admits
 (invertible maps per head, positive scalings of ReLU units too)."""
 
-STARTS = ("wm", "am", "ste")
+Start = Literal["wm", "am", "ste"]
+STARTS: tuple[str, ...] = get_args(Start)
 
 
 @checked
@@ -65,8 +67,8 @@ def symmetry_matching(
     init: Permutation | None = None,
     seed: int = 0,
     progress: ProgressCallback | None = None,
-    symmetries: str = "orth",
-    start: str = "wm",
+    symmetries: Symmetries = "orth",
+    start: Start = "wm",
     example_inputs: Tensor | Sequence[Any] | None = None,
     example_kwargs: Mapping[str, Any] | None = None,
     n_batches: Count | None = None,

@@ -13,8 +13,8 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +24,7 @@ from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
 from lmckit.lap import LapDuals
 from lmckit.match._functional import (
+    Variant,
     batch_loss,
     batches_per_pass,
     check_training_options,
@@ -49,7 +50,8 @@ from lmckit.resume import (
     tensors_digest,
 )
 
-WEIGHT_SCHEMES = ("dirichlet", "normalized_uniform")
+WeightScheme = Literal["dirichlet", "normalized_uniform"]
+WEIGHT_SCHEMES: tuple[str, ...] = get_args(WeightScheme)
 
 
 def simplex_weights(n: int, generator: torch.Generator, scheme: str = "dirichlet") -> Tensor:
@@ -106,6 +108,23 @@ def _duals_from(tensors: dict[str, Tensor], flags, i: int):
     }
 
 
+def check_option_combination(options: Mapping[str, Any]) -> None:
+    """Options that cannot go together (each valid alone), checked before a run starts:
+    ``variant="paper"`` with fixed ``weights`` — Alg. 1 draws its own (lines 4–5).
+
+    Raises:
+        ParamsError: naming the two options.
+    """
+    weights = options.get("weights", "dirichlet")
+    if options.get("variant") == "paper" and not (
+        isinstance(weights, str) and weights in WEIGHT_SCHEMES
+    ):
+        raise ParamsError(
+            f'variant="paper" draws normalised uniform weights (Alg. 1 lines 4-5); fixed '
+            f"weights={weights!r} do not apply"
+        )
+
+
 def _fixed_weights(weights: str | Sequence[float], n: int) -> Tensor | None:
     """``None`` for a drawing scheme, else the given weights checked and normalised."""
     if isinstance(weights, str):
@@ -146,10 +165,10 @@ def ste_mm(
     epochs: Count = 10,
     lr: Positive = 1e-3,
     batch_size: Count = 256,
-    weights: str | Sequence[float] = "dirichlet",
+    weights: WeightScheme | Sequence[float] = "dirichlet",
     warm_duals: bool = True,
     restart_from_identity: bool = False,
-    variant: str = "lmckit",
+    variant: Variant = "lmckit",
     resume: str | os.PathLike | None = None,
     resume_every: float | None = None,
 ) -> MergeResult:
@@ -206,11 +225,7 @@ def ste_mm(
     """
     start = time.perf_counter()
     if is_paper_variant(variant):
-        if not isinstance(weights, str) or weights not in WEIGHT_SCHEMES:
-            raise ParamsError(
-                'variant="paper" draws normalised uniform weights (Alg. 1 lines 4-5); fixed '
-                "weights do not apply"
-            )
+        check_option_combination({"variant": variant, "weights": weights})
         weights, restart_from_identity = "normalized_uniform", True
     model = require_model_and_data("ste_mm", model, data)
     ref = check_models(spec, params_list, reference, seed=seed)
