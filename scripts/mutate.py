@@ -1521,6 +1521,22 @@ MUTATIONS = [
         "        pass  # readable like the files it lists",
         ("tests/test_io.py",),
     ),
+    M(
+        "omp-num-threads-ignored",
+        "experiment jobs take cores / jobs threads whatever $OMP_NUM_THREADS asks",
+        "src/lmckit/experiments/executors.py",
+        "    return threads if requested is None else min(threads, requested)",
+        "    return threads",
+        ("tests/experiments/test_runner.py",),
+    ),
+    M(
+        "combination-unchecked",
+        "STE-MM's variant=\"paper\" with fixed weights passes check_options (fails in the job)",
+        "src/lmckit/registry.py",
+        "        if self.check_combination is not None:",
+        "        if False:",
+        ("tests/test_registry.py",),
+    ),
 ]
 
 

@@ -215,6 +215,41 @@ def test_default_threads_follow_the_cpu_affinity_not_the_machine(monkeypatch):
     assert executors.usable_cores() == 1
 
 
+def test_default_threads_are_capped_by_omp_num_threads(tmp_path, monkeypatch):
+    """``OMP_NUM_THREADS=1`` is how a user runs several experiments side by side; the
+    runner used to override it with cores / jobs, and each run's second OpenMP thread spun
+    in barriers on cores the other runs needed. The run records what its jobs used."""
+    from lmckit.experiments import executors
+
+    monkeypatch.setattr(executors, "usable_cores", lambda: 4)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert executors.default_threads(1) == 4 and executors.default_threads(3) == 1
+    for value, expected in [("1", 1), ("2", 2), ("8", 4), ("3,1", 3), ("0", 4), ("many", 4)]:
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+        assert executors.default_threads(1) == expected, value
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    seen = []
+    set_threads = torch.set_num_threads
+
+    def spy(n):
+        seen.append(n)
+        set_threads(n)
+
+    monkeypatch.setattr(torch, "set_num_threads", spy)
+    experiment = tmp_path / "e.toml"
+    experiment.write_text(
+        'name = "t"\nseeds = [0]\n[data]\ndataset = "digits"\n[model]\nname = "mlp"\n'
+        '"hidden" = [8]\n[train]\nepochs = 1\n'
+    )
+    run_experiment(load_experiment(experiment), tmp_path / "out", **QUIET)
+    ledger = Ledger(tmp_path / "out" / "ledger.sqlite")
+    try:
+        assert ledger.runs()[-1]["environment"]["threads_per_job"] == 1
+    finally:
+        ledger.close()
+    assert seen[0] == 1  # set for the job (and the caller's count restored after it)
+
+
 class KilledInTraining(torch.nn.Module):
     """A user's MLP whose worker dies (SIGKILL, as the kernel's OOM killer does) when it
     trains while the file ``$LMCKIT_TEST_KILL`` exists; tracing and evaluation survive."""

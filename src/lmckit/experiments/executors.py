@@ -35,6 +35,24 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def requested_threads() -> int | None:
+    """The thread count ``$OMP_NUM_THREADS`` asks for (its first entry, as OpenMP reads a
+    nested list), or ``None`` where it is unset or not a positive integer (OpenMP then
+    ignores it too)."""
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(first) if first.isdigit() and int(first) >= 1 else None
+
+
+def default_threads(jobs: int) -> int:
+    """Torch threads per job when an experiment sets none: the usable cores shared among
+    ``jobs``, at most ``$OMP_NUM_THREADS`` where it is set — how a user asks for one
+    thread when several runs share a machine. (Ignoring it used to start two OpenMP threads
+    per run on two cores: three such runs spent half their time in spinning barriers.)"""
+    threads = max(1, usable_cores() // max(1, jobs))
+    requested = requested_threads()
+    return threads if requested is None else min(threads, requested)
+
+
 class Executor:
     """Runs payloads; ``capacity`` jobs at a time."""
 

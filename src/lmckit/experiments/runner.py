@@ -33,7 +33,7 @@ from lmckit._io import atomic_write_bytes, check_outputs, writes_folder
 from lmckit.budget import Budget
 from lmckit.errors import LmcError
 from lmckit.experiments.dag import build_jobs
-from lmckit.experiments.executors import make_executor, usable_cores
+from lmckit.experiments.executors import default_threads, make_executor, usable_cores
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.spec import Experiment, model_configs
 from lmckit.experiments.steps import ARTIFACT_KIND, STEPS, Job, dataset_for, job_key
@@ -106,8 +106,9 @@ class RunSummary:
         return not self.failed and not self.waiting
 
 
-def environment() -> dict[str, Any]:
-    """Versions and machine facts recorded with every run."""
+def environment(threads: int | None = None) -> dict[str, Any]:
+    """Versions and machine facts recorded with every run (``threads``: each job's torch
+    threads, which its timings depend on)."""
     import numpy
     import scipy
 
@@ -121,6 +122,7 @@ def environment() -> dict[str, Any]:
         "system": platform.system(),
         "cpus": usable_cores(),
         "cuda": torch.cuda.is_available(),
+        **({"threads_per_job": threads} if threads is not None else {}),
     }
 
 
@@ -147,7 +149,8 @@ def run_experiment(
         executor: ``"local"`` (``jobs`` worker processes; 1 runs in this process) or
             ``"ray"`` (tasks on the Ray cluster at ``address``, or a local Ray instance).
         jobs: jobs at a time; each uses ``experiment.threads`` torch threads, by default
-            the cores this process may use (its CPU affinity) divided by ``jobs``.
+            the cores this process may use (its CPU affinity) divided by ``jobs``, at most
+            ``$OMP_NUM_THREADS`` (:func:`~lmckit.experiments.executors.default_threads`).
         retry_failed: run again the jobs the ledger records as failed.
         data_dir, download: where the dataset is (see :func:`lmckit.data.load_dataset`).
         overall: a :class:`~lmckit.progress.Progress` after every job (step of total).
@@ -158,7 +161,7 @@ def run_experiment(
     start = time.perf_counter()
     out = Path(out)
     save_interval()  # a bad $LMCKIT_RESUME_EVERY fails here, not in every job
-    threads = experiment.threads or max(1, usable_cores() // max(1, jobs))
+    threads = experiment.threads or default_threads(jobs)
     data_key = str(data_dir) if data_dir is not None else None
 
     def data_for(model_name: str):
@@ -174,7 +177,7 @@ def run_experiment(
     as_run = experiment.as_run()
     atomic_write_bytes(out / "experiment.toml", as_run.encode())
     ledger = Ledger(out / "ledger.sqlite")
-    ledger.start_run(as_run, environment(), experiment.overrides)
+    ledger.start_run(as_run, environment(threads), experiment.overrides)
     summary = RunSummary(out)
     bars: dict[str, ProgressCallback | None] = {}
 

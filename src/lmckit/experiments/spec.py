@@ -6,7 +6,7 @@ An experiment is a TOML file::
     description = "Git Re-Basin Fig. 4 at CPU scale"
     expected_runtime = "about 40 min on 2 CPU cores"
     seeds = [0, 1, 2]              # one trained model per seed and grid cell
-    threads = 1                    # torch threads per job (default: cores / --jobs)
+    threads = 1                    # torch threads per job (default cores/jobs, ≤ $OMP_NUM_THREADS)
     spectra = true                 # singular values of every model, per cell (Fig. 1)
 
     [[paper]]                      # a published number, shown beside ours in the report
