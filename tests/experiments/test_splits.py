@@ -202,6 +202,14 @@ def test_train_metrics_measure_the_merge_on_the_training_set(tmp_path, digits):
     assert merged["merged_train_accuracy"] == pytest.approx(direct.accuracy)
     assert merged["merged_train_loss"] == pytest.approx(direct.loss, rel=1e-5)
     assert {"mean_train_ece", "ensemble_train_accuracy"} <= set(merged)
+    # the inputs' test ECE beside the merge's (Fig. 12 compares them), from a direct count
+    from lmckit.evaluate.calibration import calibration_metrics
+    from lmckit.metrics import predict
+
+    test = digits.loader("test", batch_size=500)
+    eces = [calibration_metrics(*predict(c.model, c.params, test))["ece"] for c in ckpts]
+    assert merged["mean_ece"] == pytest.approx(sum(eces) / 2, rel=1e-5)
+    assert merged["max_input_ece"] == pytest.approx(max(eces), rel=1e-5)
 
 
 def _ledger_keys(path):

@@ -457,7 +457,17 @@ def stored_merge_metrics(
     resume = store.resume_file(key)
     artifact, reused = store.get_or_put("merge-metrics", key, document, write)
     resume.unlink(missing_ok=True)
-    return json.loads(artifact.file("metrics.json").read_text()), reused
+    return with_input_calibration(json.loads(artifact.file("metrics.json").read_text())), reused
+
+
+def with_input_calibration(entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` with ``mean_ece`` and ``max_input_ece``: the inputs' test-set ECE (mean and
+    worst), beside ``merged_ece`` — Git Re-Basin Fig. 12's comparison. Derived from the
+    per-model report on reading, so results stored before these were listed show them too."""
+    inputs = [m["ece"] for name, m in entry.get("models", {}).items() if name.startswith("input ")]
+    if inputs and "mean_ece" not in entry:
+        entry = {**entry, "mean_ece": sum(inputs) / len(inputs), "max_input_ece": max(inputs)}
+    return entry
 
 
 MAX_MODELS = 10_000
