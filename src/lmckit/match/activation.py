@@ -166,8 +166,12 @@ def activation_matching(
         init, seed: accepted for the matchers' common signature and unused: each group's
             LAP is solved exactly and independently, with no randomness.
         progress: a :class:`~lmckit.progress.Progress` after every batch.
-        method: ``"correlation"`` (Pearson correlation of unit pairs, the Git Re-Basin
-            choice) or ``"cross_moment"`` (``E[z_A z_Bᵀ]``, the least-squares criterion).
+        method: ``"correlation"`` (Pearson correlation of unit pairs, Git Re-Basin's
+            code) or ``"cross_moment"`` (``E[z_A z_Bᵀ]``: the least-squares criterion its
+            §3.1 eq. 1 states). Measured side by side (``experiments/width-fmnist.toml``,
+            3×(128…2048)-unit MLPs on Fashion-MNIST, three pairs per width): correlation
+            gives the lower midpoint test loss at every width — 0.448 vs 0.465 at ¼ × 512
+            units, 0.353 vs 0.360 at ×1, 0.335 vs 0.343 at ×4 — so it stays the default.
         n_batches: use only the first ``n_batches`` batches (all by default).
         taps: group -> module names whose outputs carry the group's units on axis 1, or a
             :class:`~lmckit.spec.GraphTaps`. Default: ``model.activation_taps()`` (the
