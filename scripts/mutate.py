@@ -1531,7 +1531,7 @@ MUTATIONS = [
     ),
     M(
         "combination-unchecked",
-        "STE-MM's variant=\"paper\" with fixed weights passes check_options (fails in the job)",
+        "STE-MM's paper variant with fixed weights passes check_options (fails in the job)",
         "src/lmckit/registry.py",
         "        if self.check_combination is not None:",
         "        if False:",
