@@ -40,6 +40,9 @@ class Method:
         check_combination: refuses options that are valid alone but not together (a
             :class:`~lmckit.errors.ParamsError`), so that :meth:`check_options` catches them
             before a run starts rather than when the job reaches ``fn``.
+        check_count: refuses options that do not fit a merge of ``n`` models (STE-MM's
+            fixed ``weights`` must be ``n`` numbers): an experiment checks each of its
+            blocks' counts with it before a run starts.
     """
 
     name: str
@@ -52,6 +55,7 @@ class Method:
     passes_to: Method | None = None
     needs_sizes: bool = False
     check_combination: Callable[[Mapping[str, Any]], None] | None = None
+    check_count: Callable[[Mapping[str, Any], int], None] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fixed", MappingProxyType(dict(self.fixed)))
@@ -107,6 +111,16 @@ class Method:
             except ParamsError as exc:
                 raise ParamsError(f"{where}{exc}") from None
         return dict(options)
+
+    def check_count_options(self, options: Mapping[str, Any], n: int, where: str = "") -> None:
+        """Refuse ``options`` that cannot merge ``n`` models (a
+        :class:`~lmckit.errors.ParamsError` prefixed with ``where``); nothing to check for a
+        method without ``check_count``."""
+        if self.check_count is not None:
+            try:
+                self.check_count(options, n)
+            except ParamsError as exc:
+                raise ParamsError(f"{where}{exc}") from None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call ``fn`` with the fixed options; a fixed or unused option passed again is an

@@ -234,3 +234,19 @@ def test_the_annotated_example_names_every_key():
                  spec.PAPER_KEYS):  # fmt: skip
         missing = [k for k in keys if not any(f in doc for f in (f"{k} =", f"[{k}", f".{k}]"))]
         assert missing == []
+
+
+def test_fixed_merge_weights_must_fit_every_count_of_their_block():
+    """STE-MM's fixed ``weights`` are one number per model: a block that also merges
+    another count (or ``"parts"`` resolving to another count) is refused when the file is
+    read, naming the count — not when that merge job is reached after all training."""
+    block = {"methods": ["ste-mm"], "options": {"ste-mm": {"weights": [0.5, 0.5]}}}
+    fits = parse_experiment({**BASE, "seeds": [0, 1, 2], "merge": [{**block, "n": [2]}]})
+    assert fits.merge[0].options["ste-mm"]["weights"] == [0.5, 0.5]
+    with pytest.raises(ExperimentError, match=r"ste-mm \(n = 3\): fixed weights must be 3 "):
+        parse_experiment({**BASE, "seeds": [0, 1, 2], "merge": [{**block, "n": [2, 3]}]})
+    split = {"epochs": 1, "split": {"kind": "random", "clients": 3}}
+    with pytest.raises(ExperimentError, match=r"\(n = 3\): fixed weights must be 3 "):
+        parse_experiment(
+            {**BASE, "seeds": [0, 1, 2], "train": split, "merge": [{**block, "n": ["parts"]}]}
+        )

@@ -719,8 +719,9 @@ MODEL_KEYS = {"name", "width_multiplier", "hidden", "norm", "skip", "class", "ar
 def _check_configurations(experiment: Experiment) -> None:
     """Every cell names a zoo model with known options and valid training options (the
     model itself is built once the dataset is known: :func:`model_configs`)."""
-    from lmckit.errors import LmcError
+    from lmckit.errors import LmcError, ParamsError
     from lmckit.experiments.training import model_name_key
+    from lmckit.merge import METHODS as MERGERS
     from lmckit.train import TrainConfig
 
     for cell in experiment.cells():
@@ -754,6 +755,14 @@ def _check_configurations(experiment: Experiment) -> None:
                     + (f" in each of {block.seed_sets} seed sets" if block.seed_sets > 1 else "")
                     + f"; {len(experiment.seeds)} seeds"
                 )
+            for method, options in block.options.items():
+                for n in counts:
+                    try:
+                        MERGERS[method].check_count_options(
+                            options, n, where=f"{where}: merge[{i}].options.{method} (n = {n}): "
+                        )
+                    except ParamsError as exc:
+                        raise ExperimentError(str(exc)) from None
 
 
 def train_options(train: Mapping[str, Any], index: int) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from lmckit.merge.many import merge_many
 from lmckit.merge.many_orth import merge_many_orthogonal
 from lmckit.merge.result import MergeResult, merge_with
 from lmckit.merge.star import star
-from lmckit.merge.ste_mm import check_option_combination, ste_mm
+from lmckit.merge.ste_mm import check_option_combination, check_options_for_count, ste_mm
 from lmckit.registry import Method
 
 METHODS: dict[str, Method] = {
@@ -97,6 +97,7 @@ METHODS: dict[str, Method] = {
             needs_data=True,
             summary="multi-model straight-through estimator (STE-MM Alg. 1)",
             check_combination=check_option_combination,
+            check_count=check_options_for_count,
         ),
         Method(
             "ccmm",

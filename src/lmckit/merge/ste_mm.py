@@ -125,6 +125,16 @@ def check_option_combination(options: Mapping[str, Any]) -> None:
         )
 
 
+def check_options_for_count(options: Mapping[str, Any], n: int) -> None:
+    """Refuse fixed ``weights`` that are not ``n`` numbers, before a merge of ``n`` models
+    starts (an experiment's block lists several ``n``; fixed weights fit at most one).
+
+    Raises:
+        ParamsError: naming the weights and ``n``.
+    """
+    _fixed_weights(options.get("weights", "dirichlet"), n)
+
+
 def _fixed_weights(weights: str | Sequence[float], n: int) -> Tensor | None:
     """``None`` for a drawing scheme, else the given weights checked and normalised."""
     if isinstance(weights, str):
