@@ -218,7 +218,11 @@ def ste_mm(
             projection starts at the previous permutation, one confirming sweep when it
             has not moved) and draws λ uniformly on the simplex, the distribution Eq. 5
             states; the reproductions use ``variant="paper"`` and measure the default beside
-            it.
+            it. Measured (``experiments/stemm-variants-fmnist.toml``: n = 2, 3×512 MLPs
+            trained 30 epochs on Fashion-MNIST, three pairs): merged test loss 0.355 ±
+            0.006 for both, accuracy 89.1 ± 0.3 % (paper) vs 88.8 ± 0.0 % (default), the
+            paper variant 12–15 min per merge against 2 min — the default is kept for its
+            speed, not its result.
         resume: a file (:mod:`lmckit.resume`) where the run's state — proxies, Adam's
             state, permutations, LAP duals, the weights' random generator, history — is
             saved at the end of an epoch once ``resume_every`` seconds (default:
