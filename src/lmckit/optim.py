@@ -20,10 +20,10 @@ The width study gave Sophia its Adam recipe's weight decay 3e-3; read as Sophia'
 decoupled decay at η = 1e-3 that is ``ηλ = 3e-6`` per step (almost none), read as Adam's
 coupled L2 it is the recipe's regularisation — the two readings are separate optimisers
 (``"sophia"`` and ``"sophia-l2"`` in :class:`lmckit.train.TrainConfig`). Measured side by
-side (``experiments/lewc-ablations-fmnist.toml``, 3×MLP at ½ × and 2 × 512 on
-Fashion-MNIST, 10 epochs, three pairs): decoupled (ηλ = 3e-6, or 3e-3) models merge
-without permutation at chance (calibrated barrier 1.8–1.9); coupled L2 ones connect
-(0.347 → 0.206 with width) at 2–3 points less accuracy. Neither is a default: the paper
+side (``experiments/lewc-ablations-fmnist.toml``, MLPs of three hidden layers of 256
+and 1,024 units on Fashion-MNIST, 10 epochs, three pairs): decoupled (ηλ = 3e-6, or
+3e-3) models merge without permutation at chance (calibrated barrier 1.8–1.9); coupled L2
+ones connect (0.347 → 0.206 with width) at 2–3 points less accuracy. Neither is a default: the paper
 does not say which it used.
 
 Defaults are those of the authors' released optimiser: ``β = (0.965, 0.99)``, ``γ = 0.04``,
