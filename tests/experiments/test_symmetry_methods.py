@@ -25,8 +25,21 @@ TINY = {
     "compare.0.lambdas": 3,
     "compare.0.splits": {"test": 40},
     "compare.0.methods": METHODS,
-    "compare.0.options": {"wm-full": {"n_batches": 2}, "am-full": {"n_batches": 2}},
-    "merge": [{"methods": ["merge-many", "merge-many-orth"], "n": [2], "server_examples": 64}],
+    # a few sweeps and rounds: the ends are B's whatever the maps (the descents' own tests
+    # check convergence; run to it, they took most of this file's 30-40 s)
+    "compare.0.options": {
+        "wm-orth": {"max_iter": 5},
+        "wm-full": {"n_batches": 2, "max_iter": 5},
+        "am-full": {"n_batches": 2},
+    },
+    "merge": [
+        {
+            "methods": ["merge-many", "merge-many-orth"],
+            "n": [2],
+            "server_examples": 64,
+            "options": {"merge-many-orth": {"max_rounds": 2}},
+        }
+    ],
 }
 
 

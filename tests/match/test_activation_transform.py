@@ -267,3 +267,34 @@ def test_the_fitted_maps_report_their_conditioning(setting):
             for i, j in enumerate(m.reshape(heads, d, heads, d).abs().sum((1, 3)).argmax(1))
         ]
         assert value == pytest.approx(max(float(torch.linalg.cond(b)) for b in blocks), rel=1e-6)
+
+
+def test_symmetry_matching_caps_the_orthogonal_descent_at_max_iter():
+    """``max_iter`` reaches the orthogonal descent: two sweeps from weight matching's
+    permutation give exactly the descent's own two-sweep transform, which aligns less than
+    six sweeps and more than none."""
+    from lmckit.match import symmetry_matching, weight_matching
+    from lmckit.match.orthogonal import orthogonal_weight_matching
+    from lmckit.transform import orthogonal_subgroup
+
+    model, spec, data = _zoo_gpt()
+    a = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(1)
+    other = randomized_norms(
+        build_model("gpt", vocab_size=20, context=8, dim=16, depth=2, heads=4, mlp_dim=32)
+        .double()
+        .eval()
+    )
+    b = {k: v.detach().clone() for k, v in other.state_dict().items()}
+    x = data[0][0][:4]
+    capped = symmetry_matching(spec, a, b, model=model, example_inputs=x, max_iter=2)
+    kinds = orthogonal_subgroup(symmetry_kinds(model, x, spec).spec)
+    fa, fb = fold_norms(kinds, a), fold_norms(kinds, b)
+    start = weight_matching(kinds, fa, fb, seed=0)
+    direct = orthogonal_weight_matching(kinds, fa, fb, init=start.perm, max_iter=2)
+    more = orthogonal_weight_matching(kinds, fa, fb, init=start.perm, max_iter=6)
+    assert capped.iterations == 2 == direct.iterations < more.iterations
+    assert capped.distance_after == pytest.approx(direct.distance_after, rel=1e-12)
+    assert more.distance_after < capped.distance_after < start.distance_after
+    with pytest.raises(ParamsError, match="max_iter"):
+        symmetry_matching(spec, a, b, model=model, example_inputs=x, max_iter=0)

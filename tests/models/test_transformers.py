@@ -57,13 +57,35 @@ def test_a_random_permutation_leaves_the_outputs_unchanged(zoo_transformer):
     assert not torch.allclose(params["blocks.0.attn.q.weight"], permuted["blocks.0.attn.q.weight"])
 
 
-def test_a_float64_model_traces_to_the_same_spec(zoo_transformer):
+def test_a_float64_model_traces_to_the_same_spec(zoo_transformer, monkeypatch):
     """The tracer's example batch is float32; a model converted to float64 is traced from
     it cast to the model's dtype (it used to fail with a dtype mismatch inside export)."""
+    import lmckit.models.transformer as transformer
+
+    monkeypatch.setattr(transformer, "_TRACED_SPECS", {})  # trace, not recall
     model, config, _, spec = zoo_transformer
     twin = build_model(model.config["name"], **config)
     twin.load_state_dict(model.state_dict())
     assert permutation_spec(twin.double()) == spec
+
+
+def test_specs_are_traced_once_per_architecture(monkeypatch):
+    """A second model of one architecture gets the first one's spec without a trace; one
+    that differs only in its head count (which no layer's shape shows) is traced anew."""
+    import lmckit.models.transformer as transformer
+    import lmckit.spec
+
+    traced = []
+    real = lmckit.spec.trace
+    monkeypatch.setattr(transformer, "_TRACED_SPECS", {})
+    monkeypatch.setattr(lmckit.spec, "trace", lambda *a, **k: traced.append(1) or real(*a, **k))
+    config = {"vocab_size": 20, "context": 8, "dim": 16, "depth": 1, "mlp_dim": 24}
+    first = permutation_spec(build_model("gpt", heads=4, **config))
+    assert permutation_spec(build_model("gpt", heads=4, **config)) is first
+    assert len(traced) == 1
+    other = permutation_spec(build_model("gpt", heads=2, **config))
+    assert len(traced) == 2 and other.heads != first.heads
+    assert {h for _, h in other.heads.values()} == {2}
 
 
 def test_weight_matching_recovers_a_planted_permutation(zoo_transformer):

@@ -73,6 +73,7 @@ def symmetry_matching(
     example_kwargs: Mapping[str, Any] | None = None,
     n_batches: Count | None = None,
     restarts: Count = 1,
+    max_iter: Count = 100,
     epochs: Count = 1,
     lr: Positive = 1e-3,
     batch_size: Count = 256,
@@ -97,6 +98,9 @@ def symmetry_matching(
         example_kwargs: keyword inputs of the example call (a Hugging Face model's).
         n_batches: activations from only the first ``n_batches`` batches.
         restarts: weight matching's restarts.
+        max_iter: the orthogonal descent's sweeps at most (``start`` ``"wm"`` or
+            ``"ste"``; :func:`~lmckit.match.orthogonal.orthogonal_weight_matching`): each
+            sweep raises the objective, so fewer give a valid but less aligned transform.
         epochs, lr, batch_size: ``"ste"``'s descent on the midpoint loss
             (:func:`~lmckit.match.transform_ste.transform_ste_matching`).
 
@@ -147,7 +151,7 @@ def symmetry_matching(
     else:
         wm = weight_matching(kinds, folded_a, folded_b, seed=seed, restarts=restarts)
         orth = orthogonal_weight_matching(
-            kinds, folded_a, folded_b, init=wm.perm, seed=seed,
+            kinds, folded_a, folded_b, init=wm.perm, seed=seed, max_iter=max_iter,
             progress=progress if start == "wm" else None,  # one stream: the long stage's
         )  # fmt: skip
         stages = [wm, orth]

@@ -28,6 +28,15 @@ from lmckit.errors import ModelConfigError, ParamsError
 from lmckit.options import check_arguments
 from lmckit.perm import PermutationSpec
 
+_TRACED_SPECS: dict[tuple[str, str, tuple[int, ...]], PermutationSpec] = {}
+_TRACED_SPECS_KEPT = 16
+
+
+def _plain(value: object) -> bool:
+    return isinstance(value, (bool, int, float, str)) or (
+        isinstance(value, tuple) and all(isinstance(v, (bool, int, float, str)) for v in value)
+    )
+
 
 class Attention(nn.Module):
     """Multi-head self-attention with separate ``q``, ``k``, ``v`` and output ``o``;
@@ -88,11 +97,26 @@ class _Transformer(nn.Module):
         self.head = nn.Linear(dim, num_classes)
 
     def permutation_spec(self) -> PermutationSpec:
-        """Traced from the model's own graph (and verified): see :mod:`lmckit.spec`."""
+        """Traced from the model's own graph (and verified): see :mod:`lmckit.spec`. A
+        trace takes about half a second and an experiment asks for the spec of every model
+        it loads, so specs are kept per architecture: the module tree as ``repr`` prints it
+        (every layer's type and shape), every module's plain settings (heads, causal) and
+        the example input's shape."""
         from lmckit.spec import trace
 
-        device = next(self.parameters()).device
-        return trace(self, self.example_input().to(device))
+        settings = tuple(
+            (name, tuple(sorted((k, repr(v)) for k, v in vars(m).items() if _plain(v))))
+            for name, m in self.named_modules()
+        )
+        key = (repr(self), repr(settings), tuple(self.example_shape))
+        spec = _TRACED_SPECS.get(key)
+        if spec is None:
+            device = next(self.parameters()).device
+            spec = trace(self, self.example_input().to(device))
+            if len(_TRACED_SPECS) >= _TRACED_SPECS_KEPT:
+                _TRACED_SPECS.pop(next(iter(_TRACED_SPECS)))
+            _TRACED_SPECS[key] = spec
+        return spec
 
     def example_input(self) -> Tensor:
         """Two seeded example inputs, as the model takes them."""
