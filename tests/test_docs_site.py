@@ -73,15 +73,13 @@ def test_a_broken_link_fails_the_test_commands_build(tmp_path):
     command = [*_make_test_docs_command(), "-f", str(config), "--site-dir", str(tmp_path / "s")]
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
 
-    def build():
-        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
-
-    assert build().returncode == 0  # the copy builds as it is: the link alone breaks it
     page = docs / "guides" / "gpu.md"
     page.write_text(page.read_text() + "\nSee [the missing page](no-such-page.md).\n")
-    result = build()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     assert result.returncode != 0
-    assert "no-such-page.md" in result.stderr
+    # the link alone breaks it: the copy is sound, its one complaint is the missing page
+    complaints = [x for x in result.stderr.splitlines() if x.startswith(("WARNING", "ERROR"))]
+    assert len(complaints) == 1 and "no-such-page.md" in complaints[0], result.stderr[-2000:]
 
 
 @pytest.mark.skipif(
