@@ -1164,6 +1164,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             overall=overall,
             job_progress=None if args.jobs > 1 and args.executor == "ray" else _JobBars(bars),
             budget=_budget(args),
+            reuse_from=args.reuse_from or (),
         )
     print(
         f"{len(summary.done)} jobs run, {len(summary.reused)} reused from the store, "
@@ -1864,6 +1865,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=_int_in(1, 4096), default=1, help="jobs at a time")
     p.add_argument("--address", help="Ray cluster address (with --executor ray)")
     p.add_argument("--retry-failed", action="store_true", help="rerun jobs that failed before")
+    p.add_argument(
+        "--reuse-from",
+        action="append",
+        type=_existing_dir,
+        metavar="FOLDER",
+        help="an earlier run's folder (any experiment) whose finished results this run "
+        "copies instead of recomputing; only read (repeatable)",
+    )
     p.add_argument(
         "--set",
         action="append",

@@ -291,3 +291,89 @@ def test_a_killed_worker_interrupts_the_run_cleanly_and_a_rerun_finishes(tmp_pat
     marker.unlink()
     summary = run_experiment(experiment, out, jobs=2, **QUIET)
     assert summary.complete and len(summary.done) + len(summary.reused) == 3
+
+
+def _files(folder):
+    """Every file under ``folder`` with its bytes."""
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _renamed(tmp_path, name):
+    """TINY under another experiment name: the same jobs and store keys."""
+    path = tmp_path / f"{name}.toml"
+    path.write_text(TINY.read_text().replace('name = "tiny"', f'name = "{name}"', 1))
+    return path
+
+
+def test_a_run_of_another_experiment_into_a_run_folder_is_refused(reference, tmp_path, capsys):
+    from lmckit.cli import main
+    from lmckit.experiments.runner import RunFolderError, earlier_experiment
+
+    other = _renamed(tmp_path, "tiny-other")
+    before = _files(reference)
+    with pytest.raises(RunFolderError, match="holds a run of experiment 'tiny', not 'tiny-other'"):
+        run_experiment(load_experiment(other), reference, **QUIET)
+    assert main(["run", str(other), "--out", str(reference), "-q"]) == 2
+    assert f"--reuse-from {reference}" in capsys.readouterr().err
+    assert _files(reference) == before  # no file of the earlier run touched
+    assert earlier_experiment(reference) == "tiny"
+    assert earlier_experiment(tmp_path) is None
+    # the experiment file gone, the ledger still names the experiment
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "ledger.sqlite").write_bytes((reference / "ledger.sqlite").read_bytes())
+    assert earlier_experiment(copy) == "tiny"
+    (copy / "experiment.toml").write_text("not = [toml")
+    with pytest.raises(RunFolderError, match="is not an experiment file"):
+        earlier_experiment(copy)
+
+
+def test_reuse_from_copies_another_runs_results_and_only_reads_it(reference, tmp_path, capsys):
+    from lmckit.cli import main
+    from lmckit.experiments.runner import RunFolderError
+
+    other = _renamed(tmp_path, "tiny-other")
+    before = _files(reference)
+    out = tmp_path / "new"
+    summary = run_experiment(load_experiment(other), out, reuse_from=[reference], **QUIET)
+    assert len(summary.reused) == 44 and not summary.done and summary.complete
+    assert contents(out) == contents(reference)  # the same keys, statuses and metrics
+    assert _files(reference) == before
+
+    def stored(folder):
+        return {p.relative_to(folder) for p in (folder / "store").rglob("meta.json")}
+
+    assert stored(out) == stored(reference)
+    # the copies stand alone: a rerun without --reuse-from reuses them from this store
+    assert len(run_experiment(load_experiment(other), out, **QUIET).reused) == 44
+    ledger = Ledger(out / "ledger.sqlite")
+    assert ledger.runs()[0]["environment"]["reuse_from"] == [str(reference)]
+    ledger.close()
+    # the command line
+    out2 = tmp_path / "new2"
+    assert main(["run", str(other), "--out", str(out2), "-q", "--reuse-from", str(reference)]) == 0
+    assert "0 jobs run, 44 reused" in capsys.readouterr().out
+    with pytest.raises(RunFolderError, match="holds no run"):
+        run_experiment(load_experiment(other), tmp_path / "x", reuse_from=[tmp_path], **QUIET)
+    with pytest.raises(RunFolderError, match="is --out itself"):
+        run_experiment(load_experiment(other), out, reuse_from=[out], **QUIET)
+
+
+def test_a_damaged_artifact_in_a_reused_run_is_an_error_not_a_result(reference, tmp_path):
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(reference, old)
+    weights = sorted((old / "store" / "checkpoint").rglob("model.safetensors"))
+    for path in weights:  # every model damaged: whichever a job reads first is caught
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+    out = tmp_path / "new"
+    summary = run_experiment(load_experiment(TINY), out, reuse_from=[old], **QUIET)
+    assert summary.failed and not summary.reused
+    ledger = Ledger(out / "ledger.sqlite")
+    errors = {j["name"]: j["error"] for j in ledger.jobs()}
+    ledger.close()
+    assert all("missing or damaged" in errors[name] for name in summary.failed)
+    assert not list((out / "store").rglob("model.safetensors"))  # nothing damaged copied

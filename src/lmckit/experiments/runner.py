@@ -8,7 +8,10 @@ finished job is never redone) or computes and stores it. The driver alone writes
 ledger (``out/ledger.sqlite``): per run, one row per job with its store key, status,
 whether it was reused, attempts, times, host, error text and metrics
 (:mod:`lmckit.experiments.ledger`). ``out/experiment.toml`` is the experiment as it ran,
-overrides applied.
+overrides applied. A folder holds the runs of one experiment: a run of another one into it
+is refused. ``reuse_from`` names other runs' folders whose stores are read (never written)
+for the artifacts this run needs (:class:`~lmckit.experiments.store.Store`): how one
+experiment takes another's finished models and matchings.
 
 Killing a run at any moment loses nothing finished: artifacts are written atomically and
 keyed by content, so the next run reuses them; a job that was running starts again.
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,17 +34,17 @@ import torch
 from lmckit import __version__
 from lmckit._io import atomic_write_bytes, check_outputs, writes_folder
 from lmckit.budget import Budget
-from lmckit.errors import LmcError
+from lmckit.errors import LmcError, UsageError
 from lmckit.experiments.dag import build_jobs
 from lmckit.experiments.executors import default_threads, make_executor, usable_cores
 from lmckit.experiments.ledger import Ledger
-from lmckit.experiments.spec import Experiment, model_configs
+from lmckit.experiments.spec import DEFAULT_NAME, Experiment, model_configs
 from lmckit.experiments.steps import ARTIFACT_KIND, STEPS, Job, dataset_for, job_key
 from lmckit.experiments.store import Store
 from lmckit.progress import Progress, ProgressCallback
 from lmckit.resume import save_interval
 
-__all__ = ["RunSummary", "run_experiment"]
+__all__ = ["RunFolderError", "RunSummary", "earlier_experiment", "run_experiment"]
 
 
 def check_training_jobs(jobs: list[Job], data_for, budget: Budget) -> None:
@@ -106,6 +109,60 @@ class RunSummary:
         return not self.failed and not self.waiting
 
 
+class RunFolderError(UsageError):
+    """``--out`` holds another experiment's run, or ``--reuse-from`` names no run."""
+
+
+def earlier_experiment(out: Path) -> str | None:
+    """The name of the experiment run into ``out`` before (from ``out/experiment.toml``,
+    or the ledger's latest run when that file is gone), ``None`` for a fresh folder.
+
+    Raises:
+        RunFolderError: ``out/experiment.toml`` exists but is not an experiment file.
+    """
+    import tomllib
+
+    toml = out / "experiment.toml"
+    text = None
+    if toml.is_file():
+        try:
+            text = toml.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RunFolderError(f"{toml} is unreadable: {exc}") from None
+    elif (out / "ledger.sqlite").is_file():
+        ledger = Ledger(out / "ledger.sqlite", create=False)
+        try:
+            runs = ledger.runs()
+        finally:
+            ledger.close()
+        text = runs[-1]["experiment"] if runs else None
+    if text is None:
+        return None
+    try:
+        name = tomllib.loads(text).get("name", DEFAULT_NAME)
+    except tomllib.TOMLDecodeError as exc:
+        raise RunFolderError(f"{toml} is not an experiment file ({exc})") from None
+    if not isinstance(name, str):
+        raise RunFolderError(f'{toml} names no experiment (no name = "...")')
+    return name
+
+
+def _check_run_folders(experiment: Experiment, out: Path, reuse_from: list[Path]) -> None:
+    earlier = earlier_experiment(out)
+    if earlier is not None and earlier != experiment.name:
+        raise RunFolderError(
+            f"--out {out} holds a run of experiment {earlier!r}, not {experiment.name!r}; "
+            f"choose a new folder (lmckit run --reuse-from {out} reuses its finished results)"
+        )
+    for folder in reuse_from:
+        if not (folder / "store").is_dir():
+            raise RunFolderError(f"--reuse-from {folder} holds no run (no {folder / 'store'})")
+        if folder.resolve() == out.resolve():
+            raise RunFolderError(
+                f"--reuse-from {folder} is --out itself; its results are reused anyway"
+            )
+
+
 def environment(threads: int | None = None) -> dict[str, Any]:
     """Versions and machine facts recorded with every run (``threads``: each job's torch
     threads, which its timings depend on)."""
@@ -142,6 +199,7 @@ def run_experiment(
     overall: ProgressCallback | None = None,
     job_progress: Callable[[str], ProgressCallback | None] | None = None,
     budget: Budget | None = None,
+    reuse_from: Sequence[str | Path] = (),
 ) -> RunSummary:
     """Run ``experiment`` into ``out`` (see the module docstring).
 
@@ -157,6 +215,12 @@ def run_experiment(
         job_progress: ``job name -> callback`` for the events within a job.
         budget: what one training job may take (default 24 h and the memory available);
             the largest is estimated before anything runs (:func:`check_training_jobs`).
+        reuse_from: folders of earlier runs (of any experiment) whose stored results this
+            run copies instead of computing them again; they are only read.
+
+    Raises:
+        RunFolderError: ``out`` holds a run of another experiment, or a ``reuse_from``
+            folder holds no run.
     """
     start = time.perf_counter()
     out = Path(out)
@@ -167,6 +231,8 @@ def run_experiment(
     def data_for(model_name: str):
         return dataset_for(model_name, experiment.dataset, data_key, download)
 
+    reuse = [Path(r) for r in reuse_from]
+    _check_run_folders(experiment, out, reuse)
     check_outputs(
         [out / n for n in ("experiment.toml", "ledger.sqlite", "store")],
         [experiment.source] if experiment.source is not None else [],
@@ -177,7 +243,10 @@ def run_experiment(
     as_run = experiment.as_run()
     atomic_write_bytes(out / "experiment.toml", as_run.encode())
     ledger = Ledger(out / "ledger.sqlite")
-    ledger.start_run(as_run, environment(threads), experiment.overrides)
+    facts = environment(threads)
+    if reuse:
+        facts["reuse_from"] = [str(r) for r in reuse]
+    ledger.start_run(as_run, facts, experiment.overrides)
     summary = RunSummary(out)
     bars: dict[str, ProgressCallback | None] = {}
 
@@ -228,6 +297,7 @@ def run_experiment(
                     "deps": deps,
                     "dep_order": list(job.deps),
                     "store": str(out / "store"),
+                    "reuse_from": [str(r / "store") for r in reuse],
                     "dataset": experiment.dataset,
                     "data_dir": data_key,
                     "download": download,

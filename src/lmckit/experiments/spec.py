@@ -314,6 +314,9 @@ def _plain_toml(value: Any) -> Any:
 VARIANT_KEY = "variant.name"
 """The key of a cell's variant name in ``cell["values"]`` (and the jobs' labels)."""
 
+DEFAULT_NAME = "experiment"
+"""The name of an experiment file without ``name = ...``."""
+
 
 def _parse_variant(entry: Any, where: str) -> dict[str, Any]:
     table = _table(entry, where)
@@ -625,7 +628,7 @@ def parse_experiment(
     unknown = sorted(set(raw) - TOP_KEYS)
     if unknown:
         raise ExperimentError(f"unknown top-level key(s) {unknown}; known: {sorted(TOP_KEYS)}")
-    name = _label(raw.get("name", "experiment"), "name")
+    name = _label(raw.get("name", DEFAULT_NAME), "name")
     seeds = tuple(
         _expect(s, int, "seeds[]") for s in _expect(raw.get("seeds", [0, 1]), list, "seeds")
     )

@@ -95,9 +95,14 @@ def _data(payload: Mapping[str, Any]) -> Dataset:
     )
 
 
+def _store(payload: Mapping[str, Any]) -> Store:
+    """The run's store, reading missing artifacts from the stores of ``--reuse-from``."""
+    return Store(payload["store"], reuse_from=payload.get("reuse_from", ()))
+
+
 def _checkpoint(payload: Mapping[str, Any], dep: str):
     info = payload["deps"][dep]
-    store = Store(payload["store"])
+    store = _store(payload)
     folder = store.folder(info["kind"], info["key"])
     return load_checkpoint(
         folder / "model", device=payload.get("device", "cpu"), classes=_user_classes(payload)
@@ -124,7 +129,7 @@ def _train_key(job: Job, deps, data: Dataset) -> tuple[str, dict[str, Any]]:
 def _train_run(payload: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
     settings = payload["settings"]
     data = _data(payload)
-    store = Store(payload["store"])
+    store = _store(payload)
     key, document = make_key(
         "checkpoint",
         {"model": settings["model_config_full"], "train": settings["train_config"]},
@@ -211,7 +216,7 @@ def _zoo_spec_digest(model_name: str, config: str) -> str:
 def _match_run(payload: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
     s = payload["settings"]
     a, b = (_checkpoint(payload, name) for name in payload["dep_order"])
-    store = Store(payload["store"])
+    store = _store(payload)
     data = _server_data(_data(payload), s)
     _, artifact, reused = stored_match(
         store, a, b, s["method"], data, seed=s["seed"], progress=progress, **s["options"]
@@ -267,7 +272,7 @@ def _curve_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
     a, b = (_checkpoint(payload, name) for name in order[:2])
     if len(order) > 2:
         info = payload["deps"][order[2]]
-        folder = Store(payload["store"]).folder(info["kind"], info["key"])
+        folder = _store(payload).folder(info["kind"], info["key"])
         perm = load_alignment(folder / "perm.json", a.spec)
     else:
         perm = Permutation.identity(a.spec)
@@ -275,7 +280,7 @@ def _curve_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
     options = _curve_options(s, data)
     bn_batches = options.pop("bn_reset_batches")
     curve, artifact, reused = stored_curve(
-        Store(payload["store"]),
+        _store(payload),
         a,
         b,
         perm,
@@ -322,7 +327,7 @@ def _merge_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
     s = payload["settings"]
     ckpts = [_checkpoint(payload, name) for name in payload["dep_order"]]
     entry, reused = stored_merge_metrics(
-        Store(payload["store"]),
+        _store(payload),
         ckpts,
         s["method"],
         _data(payload),
@@ -339,7 +344,7 @@ def _merge_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
 # -- analysis (Ito et al.: L2, R(γ), R to the merge, Taylor barrier) ----------------------------
 def _perm_of(payload: Mapping[str, Any], name: str, spec) -> Permutation:
     info = payload["deps"][name]
-    folder = Store(payload["store"]).folder(info["kind"], info["key"])
+    folder = _store(payload).folder(info["kind"], info["key"])
     return load_permutation(folder / "perm.json", spec)
 
 
@@ -484,7 +489,7 @@ def _analysis_run(payload: dict[str, Any], progress: ProgressCallback | None) ->
         record["seconds"] = time.perf_counter() - started
         return content_hash(result), record
 
-    artifact, reused = Store(payload["store"]).get_or_put("analysis", key, document, write)
+    artifact, reused = _store(payload).get_or_put("analysis", key, document, write)
     return {"content": artifact.content, "record": artifact.record, "reused": reused}
 
 
@@ -533,7 +538,7 @@ def _triplet_run(payload: dict[str, Any], progress: ProgressCallback | None) -> 
         record["seconds"] = time.perf_counter() - started
         return content_hash(r.to_dict()), record
 
-    artifact, reused = Store(payload["store"]).get_or_put("triplet", key, document, write)
+    artifact, reused = _store(payload).get_or_put("triplet", key, document, write)
     return {"content": artifact.content, "record": artifact.record, "reused": reused}
 
 
@@ -580,7 +585,7 @@ def _spectra_run(payload: dict[str, Any], progress: ProgressCallback | None) -> 
         record["seconds"] = time.perf_counter() - started
         return content_hash(result), record
 
-    artifact, reused = Store(payload["store"]).get_or_put("spectra", key, document, write)
+    artifact, reused = _store(payload).get_or_put("spectra", key, document, write)
     return {"content": artifact.content, "record": artifact.record, "reused": reused}
 
 
@@ -628,9 +633,7 @@ def execute(payload: dict[str, Any], progress: ProgressCallback | None = None) -
     try:
         result = STEPS[payload["kind"]].run(payload, progress)
         result["seconds"] = time.perf_counter() - start
-        stored = Store(payload["store"]).get(
-            ARTIFACT_KIND[payload["kind"]], payload["key"], verify=False
-        )
+        stored = _store(payload).get(ARTIFACT_KIND[payload["kind"]], payload["key"], verify=False)
         if stored is not None:
             result["created"] = datetime.fromisoformat(stored.meta["created"]).timestamp()
         return result

@@ -29,7 +29,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -160,10 +160,19 @@ def _meta_problem(meta: Any, kind: str, key: str) -> str | None:
 
 
 class Store:
-    """Keyed artifacts under ``root`` (see the module docstring)."""
+    """Keyed artifacts under ``root`` (see the module docstring).
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    ``reuse_from``: other stores, only ever read: an artifact missing under ``root`` but
+    stored in one of them (checked as :meth:`get` checks its own) is copied under ``root``
+    and reused — how a run takes the finished results of another experiment's run without
+    writing into that run's folder.
+    """
+
+    def __init__(
+        self, root: str | os.PathLike, reuse_from: Iterable[str | os.PathLike] = ()
+    ) -> None:
         self.root = Path(root)
+        self.reuse_from = tuple(Path(r) for r in reuse_from)
 
     def folder(self, kind: str, key: str) -> Path:
         """Where the artifact of ``kind`` with ``key`` lives (whether or not it exists)."""
@@ -194,7 +203,7 @@ class Store:
         folder = self.folder(kind, key)
         meta_path = folder / "meta.json"
         if not meta_path.is_file():
-            return None
+            return self._copy_in(kind, key)
         try:
             meta = json.loads(meta_path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -223,6 +232,37 @@ class Store:
                         "not match meta.json); delete the folder to recompute it"
                     )
         return Artifact(folder, meta)
+
+    def _copy_in(self, kind: str, key: str) -> Artifact | None:
+        """The artifact from the first of :attr:`reuse_from` that stores it (verified),
+        copied under :attr:`root` through a scratch folder renamed into place."""
+        for other in self.reuse_from:
+            found = Store(other).get(kind, key)
+            if found is None:
+                continue
+            final = self.folder(kind, key)
+            claim(final)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            scratch = Path(
+                tempfile.mkdtemp(
+                    prefix=scratch_prefix(key[:12]), suffix=".scratch", dir=final.parent
+                )
+            )
+            try:
+                for path in sorted(found.folder.iterdir()):
+                    shutil.copy2(path, scratch / path.name)
+                os.chmod(scratch, 0o755)
+                try:
+                    os.rename(scratch, final)
+                except OSError:
+                    if not (final / "meta.json").is_file():
+                        raise
+                    shutil.rmtree(scratch)  # stored concurrently: keep that copy
+            except BaseException:
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise
+            return self.get(kind, key)
+        return None
 
     def put(
         self,
