@@ -275,6 +275,24 @@ def claim(path: str | os.PathLike) -> None:
 _HELD: dict[Path, int] = {}  # locks this process holds: folder -> nesting depth
 
 
+def folder_holder(folder: str | os.PathLike) -> str | None:
+    """The pid (as written in the lock file) of the process that holds ``folder``
+    through :func:`locked_output` now, or ``None`` when no process does."""
+    try:
+        fd = os.open(Path(folder) / LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def locked_output(
     folder: str | os.PathLike, what: str = "output folder", *, guard: bool = True

@@ -3,7 +3,8 @@ print what it returns.
 
 Exit status: 0 on success; 2 for a command line that cannot be carried out (an argument out
 of range, a path of the wrong kind, inputs that do not fit each other); 1 when a valid
-command fails (an unreadable file, a diverged training run). Errors are one line on
+command fails (an unreadable file, a diverged training run); 130 after Ctrl-C and 143 after
+SIGTERM where a command handles it (``lmckit run``). Errors are one line on
 stderr; ``lmckit --debug COMMAND ...`` shows the traceback instead.
 """
 
@@ -1189,7 +1190,7 @@ class _JobBars:
 def cmd_status(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    from lmckit._io import locked_output
+    from lmckit._io import folder_holder, locked_output
     from lmckit.experiments.ledger import STATUSES, Ledger
 
     path = args.out / "ledger.sqlite"
@@ -1217,6 +1218,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"{'step':<8} " + " ".join(f"{s:>11}" for s in columns))
         for kind, counts in summary.items():
             print(f"{kind:<8} " + " ".join(f"{counts[s]:>11}" for s in columns))
+        running = sum(counts["running"] for counts in summary.values())
+        if running and folder_holder(args.out) is None:
+            print(
+                f"no lmckit run holds {args.out} now: its {running} job(s) marked running "
+                "stopped with their run (killed); the same lmckit run command runs them again"
+            )
         for job in ledger.jobs():
             if job["status"] in ("failed", "interrupted"):
                 lines = (job["error"] or "").strip().splitlines()
@@ -1966,9 +1973,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "traceback and please report it",
             1,
         )
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        from lmckit.errors import Terminated
+
         print("lmckit: interrupted; finished results are kept", file=sys.stderr)
-        return 130
+        return 143 if isinstance(stop, Terminated) else 130
 
 
 if __name__ == "__main__":

@@ -48,6 +48,12 @@ class LapError(LmcError, ValueError):
     """An assignment problem is malformed (not square, not finite)."""
 
 
+class Terminated(KeyboardInterrupt):
+    """The process received SIGTERM (a scheduler's time limit, ``kill``, ``timeout``) where
+    lmckit handles it as Ctrl-C: work in flight stops, finished results are kept. The
+    command line exits with status 143 (128 + SIGTERM)."""
+
+
 class UsageError(LmcError, ValueError):
     """A request that cannot be carried out as asked: arguments out of range, paths of the
     wrong kind, or inputs that do not fit each other (a dataset that does not fit a

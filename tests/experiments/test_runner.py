@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from pathlib import Path
 
 import pytest
 import torch
@@ -377,3 +378,103 @@ def test_a_damaged_artifact_in_a_reused_run_is_an_error_not_a_result(reference, 
     ledger.close()
     assert all("missing or damaged" in errors[name] for name in summary.failed)
     assert not list((out / "store").rglob("model.safetensors"))  # nothing damaged copied
+
+
+def _stat(pid):
+    """``/proc/PID/stat``'s fields after the command name (state, parent, ...), or None."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _children(pid):
+    """The process ids whose parent is ``pid`` (Linux ``/proc``)."""
+    return {
+        int(p) for p in os.listdir("/proc") if p.isdigit() and (_stat(p) or [0, 0])[1] == str(pid)
+    }
+
+
+def _alive(pids):
+    """Those of ``pids`` that still run (zombies count as gone)."""
+    return {pid for pid in pids if (_stat(pid) or ["Z"])[0] != "Z"}
+
+
+def _assert_gone(workers):
+    """Every one of ``workers`` ends within 20 s; any left (a failing run) is killed so
+    that it does not compute on for the rest of the suite."""
+    deadline = time.time() + 20
+    while _alive(workers) and time.time() < deadline:
+        time.sleep(0.1)
+    left = _alive(workers)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"worker processes {sorted(left)} outlived their run"
+
+
+def _start_long_run(out, jobs):
+    """``lmckit run`` of TINY with training jobs that would take many minutes, returned
+    once ``jobs`` of them are running."""
+    command = [sys.executable, "-m", "lmckit.cli", "run", str(TINY), "--out", str(out), "-q"]
+    command += ["--jobs", str(jobs), "--set", "train.epochs=20000"]
+    # stderr to a file: a pipe would block its reader while an orphaned worker holds it
+    with open(out.parent / "stderr.txt", "wb") as stderr:
+        run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+    deadline = time.time() + 120
+    while time.time() < deadline and run.poll() is None:
+        if (out / "ledger.sqlite").exists():
+            ledger = Ledger(out / "ledger.sqlite")
+            running = ledger.summary().get("train", {}).get("running", 0)
+            ledger.close()
+            if running >= jobs and len(_children(run.pid)) >= (jobs + 1 if jobs > 1 else 0):
+                time.sleep(1.0)  # the jobs under way in their workers
+                return run
+        time.sleep(0.05)
+    run.kill()
+    raise AssertionError(f"the run did not start its jobs: {_stderr(out)[-2000:]}")
+
+
+def _stderr(out):
+    return (out.parent / "stderr.txt").read_text()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_sigterm_stops_the_run_and_its_workers_at_once(tmp_path, jobs):
+    """SIGTERM (a scheduler's limit, ``kill``, ``timeout``) used to kill the driver alone:
+    its workers went on computing, orphaned, and the ledger said "running" forever."""
+    out = tmp_path / "run"
+    run = _start_long_run(out, jobs)
+    workers = _children(run.pid)
+    run.send_signal(signal.SIGTERM)
+    try:
+        returncode = run.wait(timeout=60)  # not the hours the training jobs would take
+    finally:
+        run.kill()
+    _assert_gone(workers)
+    assert returncode == 143, _stderr(out)[-2000:]
+    assert "interrupted; finished results are kept" in _stderr(out)
+    ledger = Ledger(out / "ledger.sqlite")
+    jobs_now = ledger.jobs()
+    ledger.close()
+    stopped = [j for j in jobs_now if j["status"] == "interrupted"]
+    assert len(stopped) == jobs and not [j for j in jobs_now if j["status"] == "running"]
+    assert all("stopped (SIGTERM)" in j["error"] for j in stopped)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_die_with_a_driver_killed_by_sigkill(tmp_path, capsys):
+    from lmckit.cli import main
+
+    out = tmp_path / "run"
+    run = _start_long_run(out, 2)
+    workers = _children(run.pid)
+    assert len(workers) >= 3  # two workers and the progress queue's manager
+    assert main(["status", str(out)]) == 0
+    assert "no lmckit run holds" not in capsys.readouterr().out  # it is running
+    run.kill()
+    run.wait()
+    _assert_gone(workers)
+    # the ledger still says "running" (nobody could write otherwise); status says why not
+    assert main(["status", str(out)]) == 0
+    assert "its 2 job(s) marked running stopped with their run" in capsys.readouterr().out

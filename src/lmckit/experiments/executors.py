@@ -10,11 +10,15 @@ store, which is safe to share (atomic, keyed).
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import queue
+import signal
+import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
+from multiprocessing.managers import SyncManager
 from typing import Any
 
 from lmckit.errors import UsageError
@@ -66,7 +70,12 @@ class Executor:
         return []
 
     def close(self) -> None:
-        """Release workers."""
+        """Release workers (after the jobs they run have finished)."""
+
+    def abort(self) -> None:
+        """Stop every running job now and release the workers (the run was interrupted:
+        Ctrl-C or SIGTERM); :meth:`close` does nothing afterwards. A job stopped this way
+        leaves nothing half written: artifacts appear whole or not at all."""
 
 
 class InlineExecutor(Executor):
@@ -93,9 +102,25 @@ class InlineExecutor(Executor):
 
 _EVENTS: Any = None
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
-def _init_worker(events: Any) -> None:
+
+def _die_with(driver: int) -> None:
+    """In a worker process: be sent SIGTERM when the driver ``driver`` dies, however it
+    dies (SIGKILL, the out-of-memory killer), so that no orphan goes on computing for
+    hours a result nobody waits for. Linux only; elsewhere an orphan ends with its job."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):  # no prctl: keep the portable behaviour
+            return
+    if os.getppid() != driver:  # the driver died before the request took effect
+        os._exit(1)
+
+
+def _init_worker(events: Any, driver: int) -> None:
     global _EVENTS
+    _die_with(driver)
     _EVENTS = events
 
 
@@ -117,12 +142,17 @@ class ProcessExecutor(Executor):
 
     def __init__(self, jobs: int) -> None:
         context = multiprocessing.get_context("spawn")  # no forked torch thread pools
-        self.manager = context.Manager()
+        self.manager = SyncManager(ctx=context)
+        self.manager.start(_die_with, (os.getpid(),))
         self.events = self.manager.Queue()
         self.pool = ProcessPoolExecutor(
-            max_workers=jobs, mp_context=context, initializer=_init_worker, initargs=(self.events,)
+            max_workers=jobs,
+            mp_context=context,
+            initializer=_init_worker,
+            initargs=(self.events, os.getpid()),
         )
         self.capacity = jobs
+        self.closed = False
 
     def submit(self, payload: dict[str, Any]) -> Future:
         return self.pool.submit(_execute_in_worker, payload)
@@ -137,7 +167,22 @@ class ProcessExecutor(Executor):
             out.append((name, Progress(step, total, metrics)))
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.manager.shutdown()
+
+    def abort(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        # ProcessPoolExecutor stops its workers only after their jobs (3.14 adds
+        # terminate_workers); a training job may run for hours, so end the processes.
+        for process in list(getattr(self.pool, "_processes", {}).values()):
+            if process.is_alive():
+                process.terminate()
+        self.pool.shutdown(wait=False, cancel_futures=True)
         self.manager.shutdown()
 
 
@@ -162,10 +207,20 @@ class RayExecutor(Executor):
             )
         self.remote = ray.remote(_execute_in_worker)
         self.capacity = capacity
+        self.tasks: list[tuple[Any, Future]] = []  # (object ref, its future) not yet done
 
     def submit(self, payload: dict[str, Any]) -> Future:
         options = {"num_cpus": payload.get("num_cpus", 1), "num_gpus": payload.get("num_gpus", 0)}
-        return self.remote.options(**options).remote(payload).future()
+        task = self.remote.options(**options).remote(payload)
+        future = task.future()
+        self.tasks = [(t, f) for t, f in self.tasks if not f.done()] + [(task, future)]
+        return future
+
+    def abort(self) -> None:
+        for task, future in self.tasks:
+            if not future.done():
+                self.ray.cancel(task, force=True)
+        self.tasks = []
 
 
 def make_executor(

@@ -234,6 +234,23 @@ class Ledger:
             (why, self._current(), name),
         )
 
+    def interrupt_running(self, why: str) -> list[str]:
+        """Every job of the current run still ``running`` becomes ``interrupted`` with
+        ``why`` (the run itself was stopped); returns their names."""
+        run = self._current()
+        names = [
+            r[0]
+            for r in self.db.execute(
+                "SELECT name FROM jobs WHERE run = ? AND status = 'running' ORDER BY name", (run,)
+            )
+        ]
+        self.db.execute(
+            "UPDATE jobs SET status = 'interrupted', error = ? "
+            "WHERE run = ? AND status = 'running'",
+            (why, run),
+        )
+        return names
+
     # -- reads ---------------------------------------------------------------------------
     def latest_run(self) -> int | None:
         """The id of the latest run (``None`` before the first)."""

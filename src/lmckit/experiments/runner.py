@@ -13,6 +13,8 @@ is refused. ``reuse_from`` names other runs' folders whose stores are read (neve
 for the artifacts this run needs (:class:`~lmckit.experiments.store.Store`): how one
 experiment takes another's finished models and matchings.
 
+Ctrl-C or SIGTERM stops the run's jobs at once (worker processes included; on Linux a
+worker also dies with a driver killed by SIGKILL) and records them as ``interrupted``.
 Killing a run at any moment loses nothing finished: artifacts are written atomically and
 keyed by content, so the next run reuses them; a job that was running starts again.
 Failed jobs are recorded with their traceback and not retried unless
@@ -21,7 +23,10 @@ Failed jobs are recorded with their traceback and not retried unless
 
 from __future__ import annotations
 
+import contextlib
 import platform
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
@@ -34,7 +39,7 @@ import torch
 from lmckit import __version__
 from lmckit._io import atomic_write_bytes, check_outputs, writes_folder
 from lmckit.budget import Budget
-from lmckit.errors import LmcError, UsageError
+from lmckit.errors import LmcError, Terminated, UsageError
 from lmckit.experiments.dag import build_jobs
 from lmckit.experiments.executors import default_threads, make_executor, usable_cores
 from lmckit.experiments.ledger import Ledger
@@ -163,6 +168,26 @@ def _check_run_folders(experiment: Experiment, out: Path, reuse_from: list[Path]
             )
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """While inside, SIGTERM raises :class:`~lmckit.errors.Terminated` (a
+    ``KeyboardInterrupt``) in the main thread, so a scheduler's or ``kill``'s stop ends
+    the run as Ctrl-C does instead of killing the driver and orphaning its workers.
+    Elsewhere than the main thread signals are left to the caller."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def environment(threads: int | None = None) -> dict[str, Any]:
     """Versions and machine facts recorded with every run (``threads``: each job's torch
     threads, which its timings depend on)."""
@@ -258,101 +283,111 @@ def run_experiment(
         if bars[name] is not None:
             bars[name](event)
 
-    pool = make_executor(executor, jobs=jobs, address=address, on_progress=on_progress)
-    results: dict[str, dict[str, Any]] = {}
-    blocked: set[str] = set()
-    remaining: list[Job] = list(all_jobs)
-    running: dict[Any, tuple[Job, str]] = {}
-    finished = 0
-    try:
-        while remaining or running:
-            for job in list(remaining):
-                if len(running) >= pool.capacity:
-                    break
-                if any(d in blocked for d in job.deps):
-                    blocked.add(job.name)
+    with sigterm_as_interrupt():
+        pool = make_executor(executor, jobs=jobs, address=address, on_progress=on_progress)
+        results: dict[str, dict[str, Any]] = {}
+        blocked: set[str] = set()
+        remaining: list[Job] = list(all_jobs)
+        running: dict[Any, tuple[Job, str]] = {}
+        finished = 0
+        try:
+            while remaining or running:
+                for job in list(remaining):
+                    if len(running) >= pool.capacity:
+                        break
+                    if any(d in blocked for d in job.deps):
+                        blocked.add(job.name)
+                        remaining.remove(job)
+                        summary.waiting.append(job.name)
+                        continue
+                    if not all(d in results for d in job.deps):
+                        continue
                     remaining.remove(job)
-                    summary.waiting.append(job.name)
-                    continue
-                if not all(d in results for d in job.deps):
-                    continue
-                remaining.remove(job)
-                data = data_for(job.settings["model_name"])
-                deps = {d: results[d] for d in job.deps}
-                key, _ = job_key(job, deps, data)
-                ledger.add_job(job.name, key, job.kind, {**job.settings, "labels": job.labels})
-                earlier = ledger.earlier(key)
-                if earlier and earlier["status"] == "failed" and not retry_failed:
-                    ledger.failed(job.name, earlier["error"] or "failed before", ran=False)
-                    blocked.add(job.name)
-                    summary.failed.append(job.name)
-                    log(f"{job.name}: failed in an earlier run (see lmckit status; --retry-failed)")
-                    continue
-                ledger.started(job.name)
-                payload = {
-                    "name": job.name,
-                    "kind": job.kind,
-                    "key": key,
-                    "settings": dict(job.settings),
-                    "deps": deps,
-                    "dep_order": list(job.deps),
-                    "store": str(out / "store"),
-                    "reuse_from": [str(r / "store") for r in reuse],
-                    "dataset": experiment.dataset,
-                    "data_dir": data_key,
-                    "download": download,
-                    "device": device,
-                    "threads": threads,
-                    "num_cpus": threads,
-                    "num_gpus": STEPS[job.kind].num_gpus,
-                }
-                running[pool.submit(payload)] = (job, key)
-            for name, event in pool.poll_progress():
-                on_progress(name, event)
-            done = [f for f in running if f.done()]
-            if not done:
-                time.sleep(0.05)
-                continue
-            for future in done:
-                job, key = running.pop(future)
-                try:
-                    result = future.result()
-                except BrokenProcessPool:
-                    _worker_died(ledger, [job, *(j for j, _ in running.values())], summary)
-                    raise LmcError(
-                        "a worker process died (killed, or out of memory) while running "
-                        f"{job.name}; finished results are kept — rerun the same command to "
-                        "continue"
-                    ) from None
-                finished += 1
-                if "error" in result:
-                    ledger.failed(job.name, result["error"])
-                    blocked.add(job.name)
-                    summary.failed.append(job.name)
-                    last = result["error"].strip().splitlines()[-1]
-                    log(f"{job.name}: failed ({last}); recorded in the ledger")
-                else:
-                    record = dict(result["record"])
-                    # the time the artifact took to compute (stored with it), not this run's
-                    seconds = record.pop("seconds", result["seconds"])
-                    ledger.done(
-                        job.name,
-                        record,
-                        seconds=seconds,
-                        reused=result["reused"],
-                        finished=result.get("created") if result["reused"] else None,
-                    )
-                    results[job.name] = {
+                    data = data_for(job.settings["model_name"])
+                    deps = {d: results[d] for d in job.deps}
+                    key, _ = job_key(job, deps, data)
+                    ledger.add_job(job.name, key, job.kind, {**job.settings, "labels": job.labels})
+                    earlier = ledger.earlier(key)
+                    if earlier and earlier["status"] == "failed" and not retry_failed:
+                        ledger.failed(job.name, earlier["error"] or "failed before", ran=False)
+                        blocked.add(job.name)
+                        summary.failed.append(job.name)
+                        log(
+                            f"{job.name}: failed in an earlier run "
+                            "(see lmckit status; --retry-failed)"
+                        )
+                        continue
+                    ledger.started(job.name)
+                    payload = {
+                        "name": job.name,
+                        "kind": job.kind,
                         "key": key,
-                        "content": result["content"],
-                        "kind": ARTIFACT_KIND[job.kind],
+                        "settings": dict(job.settings),
+                        "deps": deps,
+                        "dep_order": list(job.deps),
+                        "store": str(out / "store"),
+                        "reuse_from": [str(r / "store") for r in reuse],
+                        "dataset": experiment.dataset,
+                        "data_dir": data_key,
+                        "download": download,
+                        "device": device,
+                        "threads": threads,
+                        "num_cpus": threads,
+                        "num_gpus": STEPS[job.kind].num_gpus,
                     }
-                    (summary.reused if result["reused"] else summary.done).append(job.name)
-                if overall is not None:
-                    overall(Progress(finished, len(all_jobs), {"job": job.name}))
-    finally:
-        pool.close()
-        ledger.close()
+                    running[pool.submit(payload)] = (job, key)
+                for name, event in pool.poll_progress():
+                    on_progress(name, event)
+                done = [f for f in running if f.done()]
+                if not done:
+                    time.sleep(0.05)
+                    continue
+                for future in done:
+                    job, key = running.pop(future)
+                    try:
+                        result = future.result()
+                    except BrokenProcessPool:
+                        _worker_died(ledger, [job, *(j for j, _ in running.values())], summary)
+                        raise LmcError(
+                            "a worker process died (killed, or out of memory) while running "
+                            f"{job.name}; finished results are kept — rerun the same command to "
+                            "continue"
+                        ) from None
+                    finished += 1
+                    if "error" in result:
+                        ledger.failed(job.name, result["error"])
+                        blocked.add(job.name)
+                        summary.failed.append(job.name)
+                        last = result["error"].strip().splitlines()[-1]
+                        log(f"{job.name}: failed ({last}); recorded in the ledger")
+                    else:
+                        record = dict(result["record"])
+                        # the time the artifact took to compute (stored with it), not this run's
+                        seconds = record.pop("seconds", result["seconds"])
+                        ledger.done(
+                            job.name,
+                            record,
+                            seconds=seconds,
+                            reused=result["reused"],
+                            finished=result.get("created") if result["reused"] else None,
+                        )
+                        results[job.name] = {
+                            "key": key,
+                            "content": result["content"],
+                            "kind": ARTIFACT_KIND[job.kind],
+                        }
+                        (summary.reused if result["reused"] else summary.done).append(job.name)
+                    if overall is not None:
+                        overall(Progress(finished, len(all_jobs), {"job": job.name}))
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
+            why = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
+            stopped = ledger.interrupt_running(f"the run was stopped ({why}) while this job ran")
+            summary.waiting.extend(stopped)
+            pool.abort()
+            raise
+        finally:
+            pool.close()
+            ledger.close()
     if summary.complete:  # resume files of jobs no longer in the file (edited, copied runs)
         for stale in Store(out / "store").resume_files():
             stale.unlink(missing_ok=True)
