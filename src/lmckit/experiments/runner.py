@@ -153,6 +153,12 @@ def earlier_experiment(out: Path) -> str | None:
 
 
 def _check_run_folders(experiment: Experiment, out: Path, reuse_from: list[Path]) -> None:
+    for folder in [out.resolve(), *out.resolve().parents]:
+        if folder.name == "store" and (folder.parent / "ledger.sqlite").is_file():
+            raise RunFolderError(
+                f"--out {out} is inside the result store of the run in {folder.parent}; "
+                "choose a folder outside it"
+            )
     earlier = earlier_experiment(out)
     if earlier is not None and earlier != experiment.name:
         raise RunFolderError(
