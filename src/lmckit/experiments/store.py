@@ -240,29 +240,37 @@ class Store:
             found = Store(other).get(kind, key)
             if found is None:
                 continue
-            final = self.folder(kind, key)
-            claim(final)
-            final.parent.mkdir(parents=True, exist_ok=True)
-            scratch = Path(
-                tempfile.mkdtemp(
-                    prefix=scratch_prefix(key[:12]), suffix=".scratch", dir=final.parent
-                )
-            )
-            try:
-                for path in sorted(found.folder.iterdir()):
+
+            def copy(scratch: Path, source: Path = found.folder) -> None:
+                for path in sorted(source.iterdir()):
                     shutil.copy2(path, scratch / path.name)
-                os.chmod(scratch, 0o755)
-                try:
-                    os.rename(scratch, final)
-                except OSError:
-                    if not (final / "meta.json").is_file():
-                        raise
-                    shutil.rmtree(scratch)  # stored concurrently: keep that copy
-            except BaseException:
-                shutil.rmtree(scratch, ignore_errors=True)
-                raise
+
+            self._place(kind, key, copy)
             return self.get(kind, key)
         return None
+
+    def _place(self, kind: str, key: str, fill: Callable[[Path], None]) -> None:
+        """``fill(scratch)`` writes an artifact's files (``meta.json`` included) into a
+        scratch folder beside its place, which is then renamed into place in one step; if
+        another writer stored the same key meanwhile, its copy is kept."""
+        final = self.folder(kind, key)
+        claim(final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(
+            tempfile.mkdtemp(prefix=scratch_prefix(key[:12]), suffix=".scratch", dir=final.parent)
+        )
+        try:
+            fill(scratch)
+            os.chmod(scratch, 0o755)
+            try:
+                os.rename(scratch, final)
+            except OSError:
+                if not (final / "meta.json").is_file():
+                    raise
+                shutil.rmtree(scratch)  # the same key was stored concurrently: keep that one
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
 
     def put(
         self,
@@ -274,13 +282,8 @@ class Store:
         """Compute and store an artifact: ``write(folder)`` writes its files into a scratch
         folder and returns ``(content hash, record)``; the folder is then renamed into place
         in one step. If another writer stored the same key meanwhile, its copy is kept."""
-        final = self.folder(kind, key)
-        claim(final)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        scratch = Path(
-            tempfile.mkdtemp(prefix=scratch_prefix(key[:12]), suffix=".scratch", dir=final.parent)
-        )
-        try:
+
+        def fill(scratch: Path) -> None:
             content, record = write(scratch)
             files = {p.name: _file_sha256(p) for p in sorted(scratch.iterdir()) if p.is_file()}
             meta = {
@@ -296,16 +299,8 @@ class Store:
                 raise StoreError(f"refusing to store {kind} {key[:12]}: {bad}")
             meta["meta_sha256"] = meta_digest(meta)
             atomic_write_json(scratch / "meta.json", meta)
-            os.chmod(scratch, 0o755)
-            try:
-                os.rename(scratch, final)
-            except OSError:
-                if not (final / "meta.json").is_file():
-                    raise
-                shutil.rmtree(scratch)  # the same key was stored concurrently: keep that one
-        except BaseException:
-            shutil.rmtree(scratch, ignore_errors=True)
-            raise
+
+        self._place(kind, key, fill)
         artifact = self.get(kind, key, verify=False)
         assert artifact is not None
         return artifact
