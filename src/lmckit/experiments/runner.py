@@ -152,13 +152,18 @@ def earlier_experiment(out: Path) -> str | None:
     return name
 
 
-def _check_run_folders(experiment: Experiment, out: Path, reuse_from: list[Path]) -> None:
+def _check_not_in_a_store(out: Path) -> None:
     for folder in [out.resolve(), *out.resolve().parents]:
         if folder.name == "store" and (folder.parent / "ledger.sqlite").is_file():
             raise RunFolderError(
                 f"--out {out} is inside the result store of the run in {folder.parent}; "
                 "choose a folder outside it"
             )
+
+
+def _check_run_folders(experiment: Experiment, out: Path, reuse_from: list[Path]) -> None:
+    """After :func:`check_outputs`: ``out/experiment.toml`` is lmckit's, so it names the
+    experiment run there before."""
     earlier = earlier_experiment(out)
     if earlier is not None and earlier != experiment.name:
         raise RunFolderError(
@@ -263,11 +268,12 @@ def run_experiment(
         return dataset_for(model_name, experiment.dataset, data_key, download)
 
     reuse = [Path(r) for r in reuse_from]
-    _check_run_folders(experiment, out, reuse)
+    _check_not_in_a_store(out)
     check_outputs(
         [out / n for n in ("experiment.toml", "ledger.sqlite", "store")],
         [experiment.source] if experiment.source is not None else [],
     )
+    _check_run_folders(experiment, out, reuse)
     configs = model_configs(experiment, data_for)
     all_jobs = build_jobs(experiment, configs)
     check_training_jobs(all_jobs, data_for, budget or Budget())
