@@ -49,7 +49,13 @@ from lmckit.experiments.store import Store
 from lmckit.progress import Progress, ProgressCallback
 from lmckit.resume import save_interval
 
-__all__ = ["RunFolderError", "RunSummary", "earlier_experiment", "run_experiment"]
+__all__ = [
+    "RunFolderError",
+    "RunSummary",
+    "earlier_experiment",
+    "run_experiment",
+    "sigterm_as_interrupt",
+]
 
 
 def check_training_jobs(jobs: list[Job], data_for, budget: Budget) -> None:
