@@ -1228,7 +1228,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             if job["status"] in ("failed", "interrupted"):
                 lines = (job["error"] or "").strip().splitlines()
                 reason = lines[-1] if lines else ""
-                print(f"{job['status']}: {job['name']} ({job['attempts']} attempt(s)): {reason}")
+                # attempts count finished tries; an interrupted one never finished
+                tries = f" ({job['attempts']} attempt(s))" if job["status"] == "failed" else ""
+                print(f"{job['status']}: {job['name']}{tries}: {reason}")
         _print_resumable(args.out, ledger.jobs())
         # the tables go into folders lmckit guards: a user's own jobs.csv is never replaced
         for folder, export in (
