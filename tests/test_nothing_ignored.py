@@ -42,6 +42,9 @@ def f(tmp_path_factory):
     (root / "experiment-folder" / "experiment.toml").write_text("# the user's own file\n")
     (root / "curves-folder").mkdir()
     (root / "curves-folder" / "interpolation.json").write_text("{}\n")
+    # an experiment run's folder: its result store holds only the run's artifacts
+    (root / "run" / "store" / "checkpoint").mkdir(parents=True)
+    (root / "run" / "ledger.sqlite").write_bytes(b"")
     (root / "perm.json").write_text(json.dumps({"format": "lmckit-permutation", "perm": {}}))
     (root / "bad.toml").write_bytes(b'name = "\xff"\n')
     data = root / "partial"
@@ -68,6 +71,7 @@ def cases(f):
     """(id, argv, exit status, what the message must say)."""
     r, a, b, c = f["root"], f["a"], f["b"], f["c"]
     m, i, o = str(r / "m"), str(r / "i"), str(r / "p.json")
+    store = r / "run" / "store"
     match = ["match", a, b, "--out", o]
     interp = ["interpolate", a, b, "-q", "--out", i, "--lambdas", "3"]
     train = ["train", "--model", "mlp", "--dataset", "digits", "--out", str(r / "t"), "-q"]
@@ -272,6 +276,18 @@ def cases(f):
             "do not fit",
         ),
         ("toml-not-utf8", ["run", str(r / "bad.toml"), "--out", m], 2, "not UTF-8"),
+        *(
+            (f"into-a-store-{argv[0]}", argv, 2, "inside the result store of the run in")
+            for argv in (
+                ["train", "--model", "mlp", "--dataset", "digits", "--out", str(store / "t")],
+                ["match", a, b, "--out", str(store / "p.json")],
+                ["interpolate", a, b, "-q", "--out", str(store / "i")],
+                ["merge", a, b, "--out", str(store)],
+                ["analyze", a, b, "--no-data", "--out", str(store / "checkpoint" / "x")],
+                ["spec", a, "--input-shape", "64", "--out", str(store / "s.json")],
+                ["demo", "--out", str(store / "d")],
+            )
+        ),
         (
             "data-dir-partial",
             [*interp, "--dataset", "fashion-mnist", "--data-dir", str(r / "partial")],
@@ -290,6 +306,8 @@ def test_every_input_that_was_ignored_is_one_clear_line_and_touches_nothing(f, c
     assert not changed, changed
     for folder in ("t", "i", "m"):
         assert not (root / folder).exists(), folder
+    assert [p.name for p in (root / "run" / "store").iterdir()] == ["checkpoint"]
+    assert not any((root / "run" / "store" / "checkpoint").iterdir())
     # the diverged run wrote no checkpoint, only its last good state, named as such
     assert sorted(p.name for p in (root / "div").glob("*.safetensors")) == [
         "mlp-digits-seed0-last-good.safetensors"

@@ -122,14 +122,32 @@ def _first_existing(path: Path) -> Path:
     return Path(".")
 
 
+def run_of_store(path: str | os.PathLike) -> Path | None:
+    """The folder of the experiment run (``<run>/ledger.sqlite`` beside ``<run>/store``)
+    whose result store is ``path`` or holds it, or ``None``."""
+    resolved = Path(path).resolve()  # a symbolic link into a store is inside it too
+    for folder in [resolved, *resolved.parents]:
+        if folder.name == "store" and (folder.parent / "ledger.sqlite").is_file():
+            return folder.parent
+    return None
+
+
 def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> Path:
     """Check, without creating anything, that ``path`` is or can become a writable folder:
-    it and its existing parents are folders, and the nearest existing one is writable.
+    it and its existing parents are folders, the nearest existing one is writable, and it
+    is not inside an experiment run's result store (:func:`run_of_store`: that store holds
+    only artifacts under their content keys, which a run verifies and reuses).
 
     Raises:
         OutputPathError: naming ``what`` and the path.
     """
     path = Path(path)
+    run = run_of_store(path)
+    if run is not None:
+        raise OutputPathError(
+            f"{what} {path} is inside the result store of the run in {run}; choose a folder "
+            "outside it"
+        )
     existing = _first_existing(path)
     if not existing.is_dir():
         where = "is a file" if existing == path else f"is under a file ({existing})"

@@ -1190,12 +1190,15 @@ class _JobBars:
 def cmd_status(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    from lmckit._io import folder_holder, locked_output
+    from lmckit._io import check_output_dir, folder_holder, locked_output
     from lmckit.experiments.ledger import STATUSES, Ledger
 
     path = args.out / "ledger.sqlite"
     if not path.is_file():
         raise UsageError(f"{args.out} holds no experiment ledger (ledger.sqlite)")
+    exports = [(f, o) for f, o in ((args.csv, "--csv"), (args.parquet, "--parquet")) if f]
+    for folder, option in exports:  # before the table is printed, not after
+        check_output_dir(folder, option)
     if args.parquet:
         import importlib.util
 
@@ -1233,14 +1236,11 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(f"{job['status']}: {job['name']}{tries}: {reason}")
         _print_resumable(args.out, ledger.jobs())
         # the tables go into folders lmckit guards: a user's own jobs.csv is never replaced
-        for folder, export in (
-            (args.csv, ledger.export_csv),
-            (args.parquet, ledger.export_parquet),
-        ):
-            if folder:
-                with locked_output(folder, "export folder"):
-                    for path in export(folder):
-                        print(f"wrote {path}")
+        for folder, option in exports:
+            export = ledger.export_csv if option == "--csv" else ledger.export_parquet
+            with locked_output(folder, option):
+                for path in export(folder):
+                    print(f"wrote {path}")
     finally:
         ledger.close()
     return 0

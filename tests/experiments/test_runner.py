@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import lmckit.experiments.steps as steps
+from lmckit.errors import OutputPathError
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.runner import run_experiment
 from lmckit.experiments.spec import load_experiment
@@ -354,10 +355,14 @@ def test_reuse_from_copies_another_runs_results_and_only_reads_it(reference, tmp
     out2 = tmp_path / "new2"
     assert main(["run", str(other), "--out", str(out2), "-q", "--reuse-from", str(reference)]) == 0
     assert "0 jobs run, 44 reused" in capsys.readouterr().out
+    stored = sorted(p.name for p in (out / "store").iterdir())
     for inside in (out / "store", out / "store" / "checkpoint" / "x"):
-        with pytest.raises(RunFolderError, match="inside the result store of the run in"):
+        with pytest.raises(OutputPathError, match="inside the result store of the run in"):
             run_experiment(load_experiment(other), inside, **QUIET)
     assert not (out / "store" / "checkpoint" / "x").exists()
+    assert main(["status", str(out), "--csv", str(out / "store")]) == 2
+    assert "--csv" in capsys.readouterr().err
+    assert sorted(p.name for p in (out / "store").iterdir()) == stored
     with pytest.raises(RunFolderError, match="holds no run"):
         run_experiment(load_experiment(other), tmp_path / "x", reuse_from=[tmp_path], **QUIET)
     with pytest.raises(RunFolderError, match="is --out itself"):

@@ -158,15 +158,6 @@ def earlier_experiment(out: Path) -> str | None:
     return name
 
 
-def _check_not_in_a_store(out: Path) -> None:
-    for folder in [out.resolve(), *out.resolve().parents]:
-        if folder.name == "store" and (folder.parent / "ledger.sqlite").is_file():
-            raise RunFolderError(
-                f"--out {out} is inside the result store of the run in {folder.parent}; "
-                "choose a folder outside it"
-            )
-
-
 def _check_run_folders(experiment: Experiment, out: Path, reuse_from: list[Path]) -> None:
     """After :func:`check_outputs`: ``out/experiment.toml`` is lmckit's, so it names the
     experiment run there before."""
@@ -274,7 +265,6 @@ def run_experiment(
         return dataset_for(model_name, experiment.dataset, data_key, download)
 
     reuse = [Path(r) for r in reuse_from]
-    _check_not_in_a_store(out)
     check_outputs(
         [out / n for n in ("experiment.toml", "ledger.sqlite", "store")],
         [experiment.source] if experiment.source is not None else [],
