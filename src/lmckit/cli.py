@@ -1879,8 +1879,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         type=_existing_dir,
         metavar="FOLDER",
-        help="an earlier run's folder (any experiment) whose finished results this run "
-        "copies instead of recomputing; only read (repeatable)",
+        help="an earlier run's folder (any experiment) whose finished results (and the "
+        "resume files of jobs it left half done) this run copies instead of recomputing; "
+        "only read (repeatable)",
     )
     p.add_argument(
         "--set",

@@ -77,6 +77,19 @@ def test_a_killed_training_job_resumes_from_its_last_epoch(tmp_path, monkeypatch
     assert main(["status", str(out)]) == 0
     assert "resumable: train/c0/seed0 saved after epoch 2 of 4" in capsys.readouterr().out
 
+    # a run in another folder taking this one's results (--reuse-from) goes on from its
+    # resume file too, and leaves the file where it is
+    log.unlink()
+    kept = saved[0].read_bytes()
+    moved = tmp_path / "moved"
+    assert run_experiment(experiment, moved, reuse_from=[out], **QUIET).complete
+    assert steps_logged(log) == 2 * STEPS_PER_EPOCH
+    assert saved[0].read_bytes() == kept
+    assert not list((moved / "store" / "partial").glob("*.resume"))
+    for metric in ("test_accuracy", "test_loss"):
+        job = ("train/c0/seed0", metric)
+        assert read_ledger(moved)[1][job] == read_ledger(reference)[1][job]
+
     log.unlink()
     summary = run_experiment(experiment, out, **QUIET)
     assert summary.complete

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from lmckit import __version__
-from lmckit._io import atomic_write_json, claim, scratch_prefix
+from lmckit._io import atomic_path, atomic_write_json, claim, scratch_prefix
 from lmckit.errors import LmcError
 
 __all__ = ["Artifact", "Store", "StoreError", "canonical_json", "content_hash", "make_key"]
@@ -180,8 +180,24 @@ class Store:
 
     def resume_file(self, key: str) -> Path:
         """Where the job computing the artifact with ``key`` keeps its resume file
-        (:mod:`lmckit.resume`) until the artifact is stored: ``<root>/partial/<key>.resume``."""
-        return self.root / "partial" / f"{key}.resume"
+        (:mod:`lmckit.resume`) until the artifact is stored: ``<root>/partial/<key>.resume``.
+
+        With :attr:`reuse_from`, a resume file missing here but kept in one of those stores
+        (a job that run left half done) is first copied here, so the job goes on from where
+        that run stopped; the other store's file is only read, and the file's fingerprint is
+        checked on loading as for any resume file."""
+        path = self.root / "partial" / f"{key}.resume"
+        if path.exists():
+            return path
+        for other in self.reuse_from:
+            found = other / "partial" / f"{key}.resume"
+            if found.is_file():
+                claim(path)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with atomic_path(path) as scratch:
+                    shutil.copyfile(found, scratch)
+                break
+        return path
 
     def resume_files(self) -> list[Path]:
         """Every resume file in the store."""
