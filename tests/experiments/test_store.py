@@ -59,3 +59,28 @@ def test_damaged_artifacts_are_errors_and_failed_writes_leave_nothing(tmp_path):
     assert store.get("x", key) is None
     leftovers = [p for p in store.folder("x", key).parent.iterdir() if p.name != artifact.key]
     assert leftovers == []  # no scratch folder, no half-written artifact
+
+
+def test_a_resume_file_of_another_store_is_copied_once_and_only_if_readable(tmp_path):
+    import torch
+
+    from lmckit.resume import load_resume_state, save_resume_state
+
+    old, key, damaged = tmp_path / "old", "a" * 64, "b" * 64
+    (old / "partial").mkdir(parents=True)
+    save_resume_state(old / "partial" / f"{key}.resume", {"w": torch.ones(3)}, {"epoch": 2}, {})
+    (old / "partial" / f"{damaged}.resume").write_bytes(b"cut short")
+    kept = (old / "partial" / f"{key}.resume").read_bytes()
+
+    assert not Store(tmp_path / "alone").resume_file(key).exists()
+    store = Store(tmp_path / "new", reuse_from=[old])
+    path = store.resume_file(key)
+    assert path == tmp_path / "new" / "partial" / f"{key}.resume"
+    tensors, info = load_resume_state(path, {})
+    assert torch.equal(tensors["w"], torch.ones(3)) and info == {"epoch": 2}
+    # the job's own saves go to its copy; the other store's file stays as it was
+    save_resume_state(path, {"w": torch.zeros(3)}, {"epoch": 3}, {})
+    assert load_resume_state(store.resume_file(key), {})[1] == {"epoch": 3}
+    assert (old / "partial" / f"{key}.resume").read_bytes() == kept
+    # a file that cannot be read is not copied: deleting the copy would bring it back
+    assert not store.resume_file(damaged).exists()

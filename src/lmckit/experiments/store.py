@@ -184,14 +184,16 @@ class Store:
 
         With :attr:`reuse_from`, a resume file missing here but kept in one of those stores
         (a job that run left half done) is first copied here, so the job goes on from where
-        that run stopped; the other store's file is only read, and the file's fingerprint is
-        checked on loading as for any resume file."""
+        that run stopped; the other store's file is only read (an unreadable one is not
+        copied), and the file's fingerprint is checked on loading as for any resume file."""
+        from lmckit.resume import saved_progress  # torch: only where a job needs it
+
         path = self.root / "partial" / f"{key}.resume"
         if path.exists():
             return path
         for other in self.reuse_from:
             found = other / "partial" / f"{key}.resume"
-            if found.is_file():
+            if saved_progress(found) is not None:  # an unreadable one would come back
                 claim(path)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with atomic_path(path) as scratch:
