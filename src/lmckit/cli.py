@@ -1188,6 +1188,7 @@ class _JobBars:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    import time
     from datetime import datetime
 
     from lmckit._io import check_output_dir, folder_holder, locked_output
@@ -1227,6 +1228,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"no lmckit run holds {args.out} now: its {running} job(s) marked running "
                 "stopped with their run (killed); the same lmckit run command runs them again"
             )
+        elif running:
+            for line in running_lines(ledger.jobs(), time.time()):
+                print(line)
         for job in ledger.jobs():
             if job["status"] in ("failed", "interrupted"):
                 lines = (job["error"] or "").strip().splitlines()
@@ -1244,6 +1248,27 @@ def cmd_status(args: argparse.Namespace) -> int:
     finally:
         ledger.close()
     return 0
+
+
+def running_lines(jobs: list[dict[str, Any]], now: float) -> list[str]:
+    """One line per job running at ``now`` (seconds since the epoch): for how long, and
+    how long the finished jobs of its step took to compute (``min–max``; a reused job
+    keeps its time), to judge what is left."""
+    took: dict[str, list[float]] = {}
+    for job in jobs:
+        if job["status"] == "done" and job["seconds"] is not None:
+            took.setdefault(job["kind"], []).append(job["seconds"] / 60)
+    lines = []
+    for job in jobs:
+        if job["status"] != "running" or job["started"] is None:
+            continue
+        line = f"running: {job['name']} for {(now - job['started']) / 60:.0f} min"
+        done = took.get(job["kind"])
+        if done:
+            span = f"{min(done):.0f}" + (f"–{max(done):.0f}" if len(done) > 1 else "")
+            line += f" (its step's {len(done)} finished job(s) took {span} min)"
+        lines.append(line)
+    return lines
 
 
 def _print_resumable(out: Path, jobs: list[dict[str, Any]]) -> None:

@@ -480,10 +480,34 @@ def test_workers_die_with_a_driver_killed_by_sigkill(tmp_path, capsys):
     workers = _children(run.pid)
     assert len(workers) >= 3  # two workers and the progress queue's manager
     assert main(["status", str(out)]) == 0
-    assert "no lmckit run holds" not in capsys.readouterr().out  # it is running
+    shown = capsys.readouterr().out
+    assert "no lmckit run holds" not in shown  # it is running
+    assert shown.count("running: train/") == 2, shown
     run.kill()
     run.wait()
     _assert_gone(workers)
     # the ledger still says "running" (nobody could write otherwise); status says why not
     assert main(["status", str(out)]) == 0
     assert "its 2 job(s) marked running stopped with their run" in capsys.readouterr().out
+
+
+def test_status_says_how_long_each_running_job_has_run_beside_its_steps_finished_jobs():
+    from lmckit.cli import running_lines
+
+    def job(name, kind, status, started=None, seconds=None, reused=False):
+        return {"name": name, "kind": kind, "status": status, "started": started,
+                "seconds": seconds, "reused": reused}  # fmt: skip
+
+    now = 10_000.0
+    jobs = [
+        job("train/0", "train", "done", 0.0, 600.0),
+        job("train/1", "train", "done", 0.0, 1500.0, reused=True),  # computed by a run before
+        job("train/2", "train", "running", now - 300),
+        job("match/0", "match", "running", now - 3600),
+        job("match/1", "match", "failed", 0.0, 60.0),
+        job("curve/0", "curve", "pending"),
+    ]
+    assert running_lines(jobs, now) == [
+        "running: train/2 for 5 min (its step's 2 finished job(s) took 10–25 min)",
+        "running: match/0 for 60 min",
+    ]
