@@ -1250,23 +1250,34 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _duration(seconds: float) -> str:
+    """``"40 s"``, ``"12 min"``, ``"2.5 h"``."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def running_lines(jobs: list[dict[str, Any]], now: float) -> list[str]:
     """One line per job running at ``now`` (seconds since the epoch): for how long, and
-    how long the finished jobs of its step took to compute (``min–max``; a reused job
-    keeps its time), to judge what is left."""
+    how long the finished jobs of its step took to compute (shortest–longest; a reused
+    job keeps its time), to judge what is left."""
     took: dict[str, list[float]] = {}
     for job in jobs:
         if job["status"] == "done" and job["seconds"] is not None:
-            took.setdefault(job["kind"], []).append(job["seconds"] / 60)
+            took.setdefault(job["kind"], []).append(job["seconds"])
     lines = []
     for job in jobs:
         if job["status"] != "running" or job["started"] is None:
             continue
-        line = f"running: {job['name']} for {(now - job['started']) / 60:.0f} min"
+        line = f"running: {job['name']} for {_duration(now - job['started'])}"
         done = took.get(job["kind"])
         if done:
-            span = f"{min(done):.0f}" + (f"–{max(done):.0f}" if len(done) > 1 else "")
-            line += f" (its step's {len(done)} finished job(s) took {span} min)"
+            span = _duration(min(done))
+            if len(done) > 1:
+                span += f" to {_duration(max(done))}"
+            line += f" (its step's {len(done)} finished job(s) took {span})"
         lines.append(line)
     return lines
 

@@ -501,13 +501,16 @@ def test_status_says_how_long_each_running_job_has_run_beside_its_steps_finished
     now = 10_000.0
     jobs = [
         job("train/0", "train", "done", 0.0, 600.0),
-        job("train/1", "train", "done", 0.0, 1500.0, reused=True),  # computed by a run before
+        job("train/1", "train", "done", 0.0, 9000.0, reused=True),  # computed by a run before
         job("train/2", "train", "running", now - 300),
         job("match/0", "match", "running", now - 3600),
         job("match/1", "match", "failed", 0.0, 60.0),
         job("curve/0", "curve", "pending"),
+        job("curve/1", "curve", "done", 0.0, 23.4),
+        job("curve/2", "curve", "running", now - 42),
     ]
     assert running_lines(jobs, now) == [
-        "running: train/2 for 5 min (its step's 2 finished job(s) took 10–25 min)",
+        "running: train/2 for 5 min (its step's 2 finished job(s) took 10 min to 2.5 h)",
         "running: match/0 for 60 min",
+        "running: curve/2 for 42 s (its step's 1 finished job(s) took 23 s)",
     ]
