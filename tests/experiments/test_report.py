@@ -40,6 +40,30 @@ def test_the_report_is_written_from_the_ledger(run):
     assert html.escape(TINY.read_text()) in text  # the experiment file is embedded
 
 
+def test_a_curve_changed_in_the_store_fails_the_report_instead_of_being_drawn(
+    run, tmp_path, capsys
+):
+    """The report draws the curves from their stored files: one edited after it was stored
+    (a plausible number, valid JSON) was drawn as if computed, and one cut short stopped the
+    report with an internal error."""
+    from lmckit.cli import main
+    from lmckit.experiments.store import StoreError
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    curve = next((copy / "store" / "curve").rglob("curve.json"))
+    data = json.loads(curve.read_text())
+    metric = next(iter(data["splits"]["test"]))
+    data["splits"]["test"][metric] = [0.5 for _ in data["splits"]["test"][metric]]
+    curve.write_text(json.dumps(data))
+    with pytest.raises(StoreError, match=r"curve\.json is missing or damaged"):
+        write_report(copy)
+    curve.write_text("cut sh")
+    assert main(["report", str(copy)]) == 1
+    err = capsys.readouterr().err
+    assert "curve.json is missing or damaged" in err and "internal error" not in err
+
+
 @pytest.mark.skipif(
     CHROMIUM is None, reason="chromium is not installed (scripts/install-browser.sh)"
 )

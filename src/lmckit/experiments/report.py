@@ -211,7 +211,7 @@ def _stored_curves(out: Path, jobs: Sequence[Mapping]):
     for job in jobs:
         if job["kind"] != "curve" or job["status"] != "done":
             continue
-        artifact = store.get("curve", job["key"], verify=False)
+        artifact = store.get("curve", job["key"])
         if artifact is None:
             continue
         data = json.loads(artifact.file("curve.json").read_text())
@@ -662,7 +662,7 @@ def _spectra_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]
     for job in jobs:
         if job["kind"] != "spectra" or job["status"] != "done":
             continue
-        artifact = store.get("spectra", job["key"], verify=False)
+        artifact = store.get("spectra", job["key"])
         if artifact is None:
             continue
         data = json.loads(artifact.file("spectra.json").read_text())
