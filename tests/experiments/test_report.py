@@ -64,6 +64,35 @@ def test_a_curve_changed_in_the_store_fails_the_report_instead_of_being_drawn(
     assert "curve.json is missing or damaged" in err and "internal error" not in err
 
 
+def test_the_report_reads_the_file_as_run_from_the_ledger_and_names_removed_results(run, tmp_path):
+    import sqlite3
+
+    from lmckit.experiments.ledger import LedgerError
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (copy / "report.html").unlink(missing_ok=True)
+    (copy / "experiment.toml").write_text("not = [toml\n")  # edited after the run
+    removed = sorted(p.parent.name for p in (copy / "store" / "curve").rglob("meta.json"))[:2]
+    for key in removed:
+        shutil.rmtree(copy / "store" / "curve" / key[:2] / key)
+    text = write_report(copy).read_text()
+    assert html.escape(TINY.read_text()) in text  # the file as run, not the edited copy
+    ledger = Ledger(copy / "ledger.sqlite", create=False)
+    names = sorted(j["name"] for j in ledger.jobs() if j["key"] in removed)
+    ledger.close()
+    assert len(names) >= 2
+    warning = text.split("<p class='warn'>")[1].split("</p>")[0]
+    assert warning.startswith(f"{len(names)} finished job(s) have no result in")
+    assert warning.endswith(", ".join(names))
+    db = sqlite3.connect(copy / "ledger.sqlite")
+    db.execute("UPDATE runs SET experiment = 'name = [unclosed'")
+    db.commit()
+    db.close()
+    with pytest.raises(LedgerError, match=r"ledger\.sqlite records is not valid TOML"):
+        write_report(copy)
+
+
 @pytest.mark.skipif(
     CHROMIUM is None, reason="chromium is not installed (scripts/install-browser.sh)"
 )

@@ -30,7 +30,7 @@ from matplotlib.ticker import NullFormatter
 
 from lmckit._io import atomic_write_bytes
 from lmckit.errors import OutputPathError, UsageError
-from lmckit.experiments.ledger import Ledger
+from lmckit.experiments.ledger import Ledger, LedgerError
 from lmckit.experiments.spec import VARIANT_KEY
 from lmckit.experiments.store import Store
 from lmckit.plots import grouped_bars
@@ -803,6 +803,7 @@ th, td { border-bottom: 1px solid #ddd; padding: 0.2rem 0.6rem; text-align: left
          overflow-wrap: anywhere; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.failed { color: #b00; } td.done { color: #070; }
+p.warn { color: #b00; }
 figure { display: inline-block; margin: 0.5rem 1rem 1rem 0; max-width: 100%; }
 figure img { max-width: 100%; height: auto; }
 figcaption { font-size: 0.85rem; color: #555; }
@@ -835,8 +836,24 @@ def write_report(out: str | Path) -> Path:
         jobs, metrics, runs = ledger.jobs(), ledger.metrics(), ledger.runs()
     finally:
         ledger.close()
-    text = (out / "experiment.toml").read_text() if (out / "experiment.toml").exists() else ""
-    raw = tomllib.loads(text) if text else {}
+    # the file as the latest run ran it, from the ledger (OUT/experiment.toml is a copy)
+    if runs:
+        text, where = runs[-1]["experiment"], f"the experiment file {out}/ledger.sqlite records"
+    else:
+        toml = out / "experiment.toml"
+        text, where = (toml.read_text() if toml.exists() else ""), str(toml)
+    try:
+        raw = tomllib.loads(text) if text else {}
+    except tomllib.TOMLDecodeError as exc:
+        raise LedgerError(f"{where} is not valid TOML ({exc})") from None
+    store = Store(out / "store")
+    missing = [
+        j["name"]
+        for j in jobs
+        if j["status"] == "done"
+        and j["kind"] in ("curve", "spectra")
+        and not (store.folder(j["kind"], j["key"]) / "meta.json").is_file()
+    ]
     rows = metric_groups(jobs, metrics)
     colours = method_colours(rows)
     figures = (
@@ -879,6 +896,16 @@ def write_report(out: str | Path) -> Path:
             else ""
         )
         + "</p>",
+        *(
+            [
+                f"<p class='warn'>{len(missing)} finished job(s) have no result in "
+                f"{html.escape(str(out / 'store'))} (removed after the run?), so their "
+                "figures are left out; <code>lmckit run</code> into this folder computes "
+                "them again: " + html.escape(", ".join(missing)) + "</p>"
+            ]
+            if missing
+            else []
+        ),
         "<h2>Figures</h2>",
     ]
     for caption, data in figures:
