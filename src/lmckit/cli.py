@@ -1217,7 +1217,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 + (f", with --set {sets}" if sets else "")
                 + " (earlier runs are kept in the ledger; this shows the latest)"
             )
-        summary = ledger.summary()
+        summary, jobs = ledger.summary(), ledger.jobs()
         columns = (*STATUSES, "reused")
         print(f"{'step':<8} " + " ".join(f"{s:>11}" for s in columns))
         for kind, counts in summary.items():
@@ -1229,16 +1229,16 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "stopped with their run (killed); the same lmckit run command runs them again"
             )
         elif running:
-            for line in running_lines(ledger.jobs(), time.time()):
+            for line in running_lines(jobs, time.time()):
                 print(line)
-        for job in ledger.jobs():
+        for job in jobs:
             if job["status"] in ("failed", "interrupted"):
                 lines = (job["error"] or "").strip().splitlines()
                 reason = lines[-1] if lines else ""
                 # attempts count finished tries; an interrupted one never finished
                 tries = f" ({job['attempts']} attempt(s))" if job["status"] == "failed" else ""
                 print(f"{job['status']}: {job['name']}{tries}: {reason}")
-        _print_resumable(args.out, ledger.jobs())
+        _print_resumable(args.out, jobs)
         # the tables go into folders lmckit guards: a user's own jobs.csv is never replaced
         for folder, option in exports:
             export = ledger.export_csv if option == "--csv" else ledger.export_parquet
