@@ -39,6 +39,15 @@ class Mutation:
 
 M = Mutation
 MUTATIONS = [
+    # -- report figures against one grid key --
+    M(
+        "grid-values-in-text-order",
+        "a grid key's values are ordered as text, so 10 comes before 9 on the x axis",
+        "src/lmckit/experiments/report.py",
+        '        return (0, float(value), "")\n',
+        "        return (1, 0.0, json.dumps(value))\n",
+        ("tests/experiments/test_report.py",),
+    ),
     # -- orthogonal symmetries of transformers (issue 29) --
     M(
         "fold-forgets-gain",

@@ -2,6 +2,7 @@
 
 import html
 import json
+import re
 import shutil
 import statistics
 from pathlib import Path
@@ -178,3 +179,81 @@ def test_a_paper_number_with_a_block_sits_beside_that_blocks_row_only():
     assert _paper_cell(other, paper) == ""
     unblocked = [{k: v for k, v in paper[0].items() if k != "block"}]
     assert _paper_cell(other, unblocked) == _paper_cell(row, unblocked) != ""
+
+
+def test_a_two_key_grid_is_drawn_against_one_key_with_a_line_per_value_of_the_other():
+    """Grid values in numeric order (10 after 9, which text order reverses), each line's
+    points the rows of its own value of the other key; one varying key draws nothing."""
+    from lmckit.experiments.report import axis_lines, grid_axes
+
+    def row(width, decay, mean):
+        grid = {"model.width": width, "train.weight_decay": decay, "data.name": "x"}
+        return {"grid": grid, "mean": mean, "std": 0.1}
+
+    rows = [row(w, d, 10 * w + d) for w in (2, 1) for d in (10, 9, 0.5)]
+    assert grid_axes(rows) == ("train.weight_decay", ["model.width"])  # 3 values beat 2
+    assert grid_axes([r for r in rows if r["grid"]["model.width"] == 1]) is None
+    xs, lines = axis_lines(rows, "train.weight_decay", ["model.width"])
+    assert xs == [0.5, 9, 10]
+    assert list(lines) == ["width=1", "width=2"]
+    for label, points in lines.items():
+        width = int(label.split("=")[1])
+        assert [(i, r["mean"]) for i, r in points] == [(0, 10 * width + 0.5), (1, 10 * width + 9),
+                                                       (2, 10 * width + 10)]  # fmt: skip
+    tie = [row(w, d, 0.0) for w in (1, 2) for d in (3, 4)]
+    assert grid_axes(tie) == ("train.weight_decay", ["model.width"])  # the later key on a tie
+
+
+def test_the_report_of_a_two_key_grid_plots_the_ledgers_means_against_the_longer_key(
+    tmp_path, monkeypatch
+):
+    """An experiment over width × weight decay (the width study's F.9): its report holds a
+    figure of the barriers against the weight decay, one line per width, whose points are
+    the ledger's per-cell means over pairs in the decay's numeric order."""
+    import matplotlib.pyplot as plt
+
+    from lmckit.experiments import report
+
+    spec = tmp_path / "grid.toml"
+    spec.write_text(
+        'name = "grid"\nseeds = [0, 1]\nthreads = 1\n[data]\ndataset = "digits"\n'
+        '[model]\nname = "mlp"\n[train]\nepochs = 1\nbatch_size = 64\n[grid]\n'
+        '"model.hidden" = [[8, 8], [16, 16]]\n"train.weight_decay" = [0.01, 0.0, 0.001]\n'
+        '[[compare]]\npairs = "all"\nmethods = ["none"]\nlambdas = 3\n'
+    )
+    out = tmp_path / "out"
+    run_experiment(load_experiment(spec), out, log=lambda _: None)
+    drawn = {}
+
+    def keep(fig):
+        drawn[len(drawn)] = fig
+        return ""
+
+    monkeypatch.setattr(report, "_png", keep)
+    monkeypatch.setattr(plt, "close", lambda fig=None: None)
+    text = write_report(out).read_text()
+    caption = "barriers against weight_decay, one line per hidden: compare block 0, naive"
+    assert caption in html.unescape(text)
+    captions = [html.unescape(c) for c in re.findall(r"<figcaption>(.*?)</figcaption>", text)]
+    fig = drawn[next(i for i, c in enumerate(captions) if c.startswith(caption))]
+    panel = next(ax for ax in fig.axes if ax.get_title() == "test loss barrier")
+    assert [t.get_text() for t in panel.get_xticklabels()] == ["0", "0.001", "0.01"]
+    ledger = Ledger(out / "ledger.sqlite", create=False)
+    try:
+        rows = report.metric_groups(ledger.jobs(), ledger.metrics())
+    finally:
+        ledger.close()
+    expected = {}
+    for r in rows:
+        if r["kind"] == "curve" and r["metric"] == "test.loss.barrier.rebasin":
+            grid = r["grid"]
+            expected.setdefault(f"hidden={grid['model.hidden']}", {})[
+                grid["train.weight_decay"]
+            ] = r["mean"]
+    assert len(expected) == 2
+    lines = {bars.get_label(): bars.lines[0] for bars in panel.containers}
+    assert set(lines) == set(expected)
+    for label, line in lines.items():
+        assert list(line.get_xdata()) == [0, 1, 2]
+        want = [expected[label][d] for d in (0.0, 0.001, 0.01)]
+        assert line.get_ydata().tolist() == pytest.approx(want, rel=1e-12)

@@ -193,6 +193,157 @@ def _grid_figures(
     return figures
 
 
+def grid_axes(rows: Sequence[Mapping[str, Any]]) -> tuple[str, list[str]] | None:
+    """For rows whose grid varies two or more keys: the key to put on a figure's x axis —
+    the one with the most values (of a tie, the later key) — and the others, one line per
+    combination of their values; ``None`` for a grid of fewer varying keys (the figures
+    against the grid cells already read as one line each then)."""
+    values: dict[str, set[str]] = defaultdict(set)
+    for r in rows:
+        for k, v in r["grid"].items():
+            values[k].add(json.dumps(v, sort_keys=True))
+    varying = [k for k in sorted(values) if len(values[k]) > 1]
+    if len(varying) < 2:
+        return None
+    x_key = max(reversed(varying), key=lambda k: len(values[k]))
+    return x_key, [k for k in varying if k != x_key]
+
+
+def _value_order(value: Any) -> tuple[int, float, str]:
+    """Numbers by value, before anything else (lists, names) by its JSON text."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, json.dumps(value, sort_keys=True))
+
+
+def _layer_order(name: str) -> list[tuple[int, int | str]]:
+    """Natural order of parameter names: ``layers.2.weight`` before ``layers.10.weight``."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in name.split(".")]
+
+
+def _axis_name(key: str) -> str:
+    return "variant" if key == VARIANT_KEY else key.split(".", 1)[-1]
+
+
+def _axis_tick(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def axis_lines(
+    rows: Sequence[Mapping[str, Any]], x_key: str, line_keys: Sequence[str]
+) -> tuple[list[Any], dict[str, list[tuple[int, Mapping[str, Any]]]]]:
+    """Rows of one quantity regrouped for a plot against the grid key ``x_key``: its values
+    in order (numbers ascending) and, per line — labelled by the ``line_keys``' values, e.g.
+    ``width_multiplier=2`` —, the line's points as (index into those values, row)."""
+    xs = sorted({json.dumps(r["grid"][x_key], sort_keys=True) for r in rows},
+                key=lambda text: _value_order(json.loads(text)))  # fmt: skip
+    position = {text: i for i, text in enumerate(xs)}
+    lines: dict[str, list[tuple[int, Mapping[str, Any]]]] = defaultdict(list)
+    for r in sorted(rows, key=lambda r: [_value_order(r["grid"].get(k)) for k in line_keys]):
+        label = ", ".join(
+            str(r["grid"].get(k)) if k == VARIANT_KEY else f"{_axis_name(k)}={r['grid'].get(k)}"
+            for k in line_keys
+        )
+        lines[label].append((position[json.dumps(r["grid"][x_key], sort_keys=True)], r))
+    for points in lines.values():
+        points.sort(key=lambda p: p[0])
+    return [json.loads(text) for text in xs], dict(lines)
+
+
+def _axis_figure(
+    panels: Sequence[tuple[str, float, Sequence[Mapping[str, Any]]]],
+    x_key: str,
+    line_keys: Sequence[str],
+):
+    """One panel per (title, scale, rows): the rows' means ± std against ``x_key``, one line
+    per value of the other grid keys; the figure, not yet encoded."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.4), squeeze=False)
+    for ax, (title, scale, rows) in zip(axes[0], panels, strict=True):
+        xs, lines = axis_lines(rows, x_key, line_keys)
+        for label, points in lines.items():
+            ax.errorbar(
+                [i for i, _ in points],
+                [scale * r["mean"] for _, r in points],
+                yerr=[scale * (r["std"] or 0.0) for _, r in points],
+                marker="o",
+                capsize=3,
+                label=label,
+            )
+        ax.set_xticks(range(len(xs)), [_axis_tick(v) for v in xs], fontsize=8)
+        ax.set_xlabel(_axis_name(x_key))
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+AXIS_PANELS = (
+    ("test.loss.barrier.rebasin", "test loss barrier", 1),
+    ("test.accuracy.barrier.rebasin", "test accuracy barrier (pp)", 100),
+    ("test.calibrated_loss.barrier.rebasin", "calibrated test loss barrier", 1),
+)
+
+
+def _axis_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """For a grid of two or more keys (the width study's F.9: width × weight decay), the
+    barriers against one key, one line per value of the others — per compare block and
+    method, mean ± std over pairs; and the relative effective rank likewise, per layer."""
+    figures = []
+    curves = [r for r in rows if r["kind"] == "curve"]
+    axes = grid_axes(curves)
+    for block, method in sorted(
+        {(r["group"].get("block"), r["group"].get("method")) for r in curves} if axes else (),
+        key=lambda bm: (bm[0] is None, bm[0] or 0, _naive_first(bm[1] or "")),
+    ):
+        mine = [
+            r for r in curves if r["group"].get("block") == block
+            and r["group"].get("method") == method
+        ]  # fmt: skip
+        panels = [
+            (title, scale, chosen)
+            for metric, title, scale in AXIS_PANELS
+            if (chosen := [r for r in mine if r["metric"] == metric])
+        ]
+        if panels:
+            x_key, line_keys = axes
+            fig = _axis_figure(panels, x_key, line_keys)
+            figures.append(
+                (
+                    f"barriers against {_axis_name(x_key)}, one line per "
+                    f"{', '.join(_axis_name(k) for k in line_keys)}: compare block {block}, "
+                    f"{_method_label(method or '')} (mean ± std over pairs)",
+                    _png(fig),
+                )
+            )
+    ranks = [
+        r
+        for r in rows
+        if r["kind"] == "spectra" and r["metric"].startswith("relative_effective_rank.")
+    ]
+    axes = grid_axes(ranks)
+    if axes:
+        layers = sorted({r["metric"].split(".", 1)[1] for r in ranks}, key=_layer_order)
+        shown = layers if len(layers) <= 4 else [layers[round(i * (len(layers) - 1) / 3)]
+                                                 for i in range(4)]  # fmt: skip
+        x_key, line_keys = axes
+        panels = [
+            (layer, 1, [r for r in ranks if r["metric"].split(".", 1)[1] == layer])
+            for layer in shown
+        ]
+        fig = _axis_figure(panels, x_key, line_keys)
+        fig.axes[0].set_ylabel("effective rank / min(out, in)")
+        figures.append(
+            (
+                f"relative effective rank (Roy & Vetterli) against {_axis_name(x_key)}, one "
+                f"line per {', '.join(_axis_name(k) for k in line_keys)}"
+                + ("" if shown == layers else f"; {len(shown)} of {len(layers)} layers"),
+                _png(fig),
+            )
+        )
+    return figures
+
+
 CURVE_PANELS = (
     ("accuracy", "test accuracy (%)", 100),
     ("loss", "test loss", 1),
@@ -858,6 +1009,7 @@ def write_report(out: str | Path) -> Path:
     colours = method_colours(rows)
     figures = (
         _barrier_figures(rows, colours)
+        + _axis_figures(rows)
         + _curve_figures(out, jobs, colours)
         + _part_figures(out, jobs, colours)
         + _merge_figures(rows, colours)
