@@ -186,9 +186,9 @@ def test_a_two_key_grid_is_drawn_against_one_key_with_a_line_per_value_of_the_ot
     points the rows of its own value of the other key; one varying key draws nothing."""
     from lmckit.experiments.report import axis_lines, grid_axes
 
-    def row(width, decay, mean):
+    def row(width, decay, mean, cell=0):
         grid = {"model.width": width, "train.weight_decay": decay, "data.name": "x"}
-        return {"grid": grid, "mean": mean, "std": 0.1}
+        return {"grid": grid, "mean": mean, "std": 0.1, "group": {"cell": cell}}
 
     rows = [row(w, d, 10 * w + d) for w in (2, 1) for d in (10, 9, 0.5)]
     assert grid_axes(rows) == ("train.weight_decay", ["model.width"])  # 3 values beat 2
@@ -202,6 +202,11 @@ def test_a_two_key_grid_is_drawn_against_one_key_with_a_line_per_value_of_the_ot
                                                        (2, 10 * width + 10)]  # fmt: skip
     tie = [row(w, d, 0.0) for w in (1, 2) for d in (3, 4)]
     assert grid_axes(tie) == ("train.weight_decay", ["model.width"])  # the later key on a tie
+    # names (variants) keep the file's order: that of the first cell holding each
+    named = [row(w, name, 0.0, cell) for cell, (name, w) in enumerate(
+        [("plain", 1), ("BatchNorm", 1), ("plain", 2), ("skip", 2), ("BatchNorm", 2)])]  # fmt: skip
+    assert axis_lines(named, "train.weight_decay", ["model.width"])[0] == [
+        "plain", "BatchNorm", "skip"]  # fmt: skip
 
 
 def test_the_report_of_a_two_key_grid_plots_the_ledgers_means_against_the_longer_key(

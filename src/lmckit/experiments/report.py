@@ -209,11 +209,12 @@ def grid_axes(rows: Sequence[Mapping[str, Any]]) -> tuple[str, list[str]] | None
     return x_key, [k for k in varying if k != x_key]
 
 
-def _value_order(value: Any) -> tuple[int, float, str]:
-    """Numbers by value, before anything else (lists, names) by its JSON text."""
+def _value_order(value: Any, first_cell: int = 0) -> tuple[int, float, str]:
+    """Numbers by value, before anything else (lists, variant names) in the order of the
+    experiment file — the first grid cell holding it —, then by its JSON text."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         return (0, float(value), "")
-    return (1, 0.0, json.dumps(value, sort_keys=True))
+    return (1, float(first_cell), json.dumps(value, sort_keys=True))
 
 
 def _layer_order(name: str) -> list[tuple[int, int | str]]:
@@ -235,8 +236,11 @@ def axis_lines(
     """Rows of one quantity regrouped for a plot against the grid key ``x_key``: its values
     in order (numbers ascending) and, per line — labelled by the ``line_keys``' values, e.g.
     ``width_multiplier=2`` —, the line's points as (index into those values, row)."""
-    xs = sorted({json.dumps(r["grid"][x_key], sort_keys=True) for r in rows},
-                key=lambda text: _value_order(json.loads(text)))  # fmt: skip
+    first: dict[str, float] = {}
+    for r in rows:
+        text = json.dumps(r["grid"][x_key], sort_keys=True)
+        first[text] = min(first.get(text, math.inf), r["group"].get("cell", 0))
+    xs = sorted(first, key=lambda text: _value_order(json.loads(text), first[text]))
     position = {text: i for i, text in enumerate(xs)}
     lines: dict[str, list[tuple[int, Mapping[str, Any]]]] = defaultdict(list)
     for r in sorted(rows, key=lambda r: [_value_order(r["grid"].get(k)) for k in line_keys]):
@@ -269,7 +273,11 @@ def _axis_figure(
                 capsize=3,
                 label=label,
             )
-        ax.set_xticks(range(len(xs)), [_axis_tick(v) for v in xs], fontsize=8)
+        ticks = [_axis_tick(v) for v in xs]
+        if max(map(len, ticks)) > 6:  # names and lists: slanted, so they do not overlap
+            ax.set_xticks(range(len(xs)), ticks, fontsize=8, rotation=20, ha="right")
+        else:
+            ax.set_xticks(range(len(xs)), ticks, fontsize=8)
         ax.set_xlabel(_axis_name(x_key))
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
