@@ -215,8 +215,6 @@ def test_the_report_of_a_two_key_grid_plots_the_ledgers_means_against_the_longer
     """An experiment over width × weight decay (the width study's F.9): its report holds a
     figure of the barriers against the weight decay, one line per width, whose points are
     the ledger's per-cell means over pairs in the decay's numeric order."""
-    import matplotlib.pyplot as plt
-
     from lmckit.experiments import report
 
     spec = tmp_path / "grid.toml"
@@ -228,19 +226,9 @@ def test_the_report_of_a_two_key_grid_plots_the_ledgers_means_against_the_longer
     )
     out = tmp_path / "out"
     run_experiment(load_experiment(spec), out, log=lambda _: None)
-    drawn = {}
-
-    def keep(fig):
-        drawn[len(drawn)] = fig
-        return ""
-
-    monkeypatch.setattr(report, "_png", keep)
-    monkeypatch.setattr(plt, "close", lambda fig=None: None)
-    text = write_report(out).read_text()
+    figures = _drawn_figures(out, monkeypatch)
     caption = "barriers against weight_decay, one line per hidden: compare block 0, naive"
-    assert caption in html.unescape(text)
-    captions = [html.unescape(c) for c in re.findall(r"<figcaption>(.*?)</figcaption>", text)]
-    fig = drawn[next(i for i, c in enumerate(captions) if c.startswith(caption))]
+    fig = next(f for c, f in figures.items() if c.startswith(caption))
     panel = next(ax for ax in fig.axes if ax.get_title() == "test loss barrier")
     assert [t.get_text() for t in panel.get_xticklabels()] == ["0", "0.001", "0.01"]
     ledger = Ledger(out / "ledger.sqlite", create=False)
@@ -262,3 +250,88 @@ def test_the_report_of_a_two_key_grid_plots_the_ledgers_means_against_the_longer
         assert list(line.get_xdata()) == [0, 1, 2]
         want = [expected[label][d] for d in (0.0, 0.001, 0.01)]
         assert line.get_ydata().tolist() == pytest.approx(want, rel=1e-12)
+
+
+def _drawn_figures(out, monkeypatch) -> dict:
+    """``write_report(out)``'s figures by caption, as matplotlib figures (not yet encoded)."""
+    import matplotlib.pyplot as plt
+
+    from lmckit.experiments import report
+
+    drawn = []
+
+    def keep(fig):
+        drawn.append(fig)
+        return ""
+
+    monkeypatch.setattr(report, "_png", keep)
+    monkeypatch.setattr(plt, "close", lambda fig=None: None)
+    text = write_report(out).read_text()
+    captions = [html.unescape(c) for c in re.findall(r"<figcaption>(.*?)</figcaption>", text)]
+    assert len(captions) == len(drawn)
+    return dict(zip(captions, drawn, strict=True))
+
+
+def _merge_means(out, metric) -> dict:
+    """The ledger's merge rows of ``metric``: mean over seed sets by (method, cell, n)."""
+    from lmckit.experiments.report import metric_groups
+
+    ledger = Ledger(out / "ledger.sqlite", create=False)
+    try:
+        rows = metric_groups(ledger.jobs(), ledger.metrics())
+    finally:
+        ledger.close()
+    return {
+        (r["group"]["method"], r["group"]["cell"], r["group"]["n"]): r["mean"]
+        for r in rows
+        if r["kind"] == "merge" and r["metric"] == metric
+    }
+
+
+def test_the_merge_figure_draws_accuracy_loss_gap_and_pairwise_gap_against_n(run, monkeypatch):
+    """STE-MM Figs. 3a, 3b and 4: one panel each, every line a method in a cell, its points
+    the ledger's means at each n."""
+    figures = _drawn_figures(run, monkeypatch)
+    fig = next(f for c, f in figures.items() if c.startswith("merging, block 0"))
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[0] == "merged test accuracy (%)" and titles[1].startswith("loss gap")
+    assert titles[2].startswith("pairwise gap")
+    for ax, (metric, scale) in zip(
+        fig.axes, (("merged_accuracy", 100), ("loss_gap", 1), ("pairwise_gap", 1)), strict=True
+    ):
+        means = _merge_means(run, metric)
+        lines = {bars.get_label(): bars.lines[0] for bars in ax.containers}
+        assert len(lines) == len({(m, c) for m, c, _ in means}) == 4  # 2 methods × 2 cells
+        for (method, cell, n), mean in means.items():
+            label = next(k for k in lines if k.startswith(method) and f"[{16 * (cell + 1)}," in k)
+            xs = list(lines[label].get_xdata())
+            assert lines[label].get_ydata()[xs.index(n)] == pytest.approx(scale * mean)
+
+
+def test_a_merge_of_one_n_over_a_one_key_grid_is_drawn_against_that_key(tmp_path, monkeypatch):
+    """STE-MM Fig. 5: the gap of the merge of n models against the width, one line per
+    method, in the width's order."""
+    spec = tmp_path / "fig5.toml"
+    spec.write_text(
+        'name = "fig5"\nseeds = [0, 1, 2]\nthreads = 1\n[data]\ndataset = "digits"\n'
+        '[model]\nname = "mlp"\n[train]\nepochs = 1\nbatch_size = 64\n[grid]\n'
+        '"model.width_multiplier" = [0.5, 0.125, 0.25]\n'
+        '[[merge]]\nmethods = ["star-wm", "merge-many"]\nn = [3]\n'
+    )
+    out = tmp_path / "out"
+    run_experiment(load_experiment(spec), out, log=lambda _: None)
+    figures = _drawn_figures(out, monkeypatch)
+    fig = next(f for c, f in figures.items() if c.startswith("merging, block 0"))
+    widths = [0.125, 0.25, 0.5]  # cells 1, 2, 0
+    for ax, metric in zip(fig.axes, ("merged_accuracy", "loss_gap", "pairwise_gap"), strict=True):
+        assert ax.get_xlabel() == "width_multiplier (n = 3)"
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["0.125", "0.25", "0.5"]
+        means = _merge_means(out, metric)
+        scale = 100 if metric == "merged_accuracy" else 1
+        lines = {bars.get_label(): bars.lines[0] for bars in ax.containers}
+        assert set(lines) == {"star-wm", "merge-many"}
+        for method, line in lines.items():
+            cells = [[0.5, 0.125, 0.25].index(w) for w in widths]
+            want = [scale * means[(method, c, 3)] for c in cells]
+            assert list(line.get_xdata()) == [0, 1, 2]
+            assert line.get_ydata().tolist() == pytest.approx(want)

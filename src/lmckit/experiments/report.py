@@ -492,36 +492,99 @@ def _curve_figures(
     return figures
 
 
+MERGE_PANELS = (
+    ("merged_accuracy", "merged test accuracy (%)", 100),
+    ("loss_gap", "loss gap: merged − inputs' mean test loss", 1),
+    ("pairwise_gap", "pairwise gap: pairs' midpoints − inputs' mean", 1),
+)
+
+
 def _merge_figures(rows: list[dict[str, Any]], colours: Mapping[str, str]) -> list[tuple[str, str]]:
-    chosen = [r for r in rows if r["kind"] == "merge" and r["metric"] == "merged_accuracy"]
+    """Per merge block, one panel per quantity of STE-MM's Figs. 3a, 3b and 4 (merged test
+    accuracy, loss gap, pairwise gap; mean ± std over seed sets where a block repeats on
+    several): against the number of models n, one line per method and grid cell — or, for
+    a block of one n over a grid of one key, against that key, one line per method (Fig. 5:
+    the gap of the ten-model merge against width)."""
+    merges = [r for r in rows if r["kind"] == "merge"]
     figures = []
-    for block in sorted({r["group"].get("block") for r in chosen}):
-        fig, ax = plt.subplots(figsize=(5.4, 3.3))
-        part = [r for r in chosen if r["group"].get("block") == block]
-        cells = sorted({r["group"]["cell"] for r in part})
-        for method in sorted({r["group"]["method"] for r in part}):
-            for cell, style in zip(cells, itertools.cycle(("-", "--", ":", "-.")), strict=False):
-                points = sorted(
-                    (r["group"]["n"], r["mean"], r["std"] or 0.0)
-                    for r in part
-                    if r["group"]["method"] == method and r["group"]["cell"] == cell
-                )
-                grid = next(r["grid"] for r in part if r["group"]["cell"] == cell)
-                ax.errorbar(  # std over seed sets where a block repeats on several
-                    [n for n, _, _ in points],
-                    [100 * v for _, v, _ in points],
-                    yerr=[100 * e for _, _, e in points],
-                    marker="o",
-                    capsize=3,
-                    ls=style,
-                    color=colours.get(method),
-                    label=_with_cell(method, grid),
-                )
-        ax.set_xlabel("number of models n")
-        ax.set_ylabel("merged test accuracy (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        figures.append((f"merging, block {block}", _png(fig)))
+    for block in sorted({r["group"].get("block") for r in merges}, key=lambda b: b or 0):
+        part = [r for r in merges if r["group"].get("block") == block]
+        panels = [
+            (metric, title, scale)
+            for metric, title, scale in MERGE_PANELS
+            if any(r["metric"] == metric for r in part)
+        ]
+        if not panels:
+            continue
+        counts = {r["group"].get("n") for r in part}
+        varying = {k for r in part for k in r["grid"]}
+        varying = [
+            k for k in sorted(varying) if len({json.dumps(r["grid"].get(k)) for r in part}) > 1
+        ]
+        against_key = len(counts) == 1 and len(varying) == 1
+        fig, axs = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 3.4), squeeze=False)
+        methods = sorted({r["group"]["method"] for r in part}, key=_naive_first)
+        for ax, (metric, title, scale) in zip(axs[0], panels, strict=True):
+            chosen = [r for r in part if r["metric"] == metric]
+            if against_key:  # Fig. 5: the single n's merge against the grid's key
+                x_key = varying[0]
+                for method in methods:
+                    xs, lines = axis_lines(
+                        [r for r in chosen if r["group"]["method"] == method], x_key, []
+                    )
+                    for points in lines.values():
+                        ax.errorbar(
+                            [i for i, _ in points],
+                            [scale * r["mean"] for _, r in points],
+                            yerr=[scale * (r["std"] or 0.0) for _, r in points],
+                            marker="o",
+                            capsize=3,
+                            color=colours.get(method),
+                            label=_method_label(method),
+                        )
+                xs = axis_lines(chosen, x_key, [])[0]
+                ax.set_xticks(range(len(xs)), [_axis_tick(v) for v in xs], fontsize=8)
+                ax.set_xlabel(f"{_axis_name(x_key)} (n = {next(iter(counts))})")
+            else:
+                cells = sorted({r["group"]["cell"] for r in chosen})
+                styles = dict(zip(cells, itertools.cycle(("-", "--", ":", "-.")), strict=False))
+                for method in methods:
+                    for cell in cells:
+                        points = sorted(
+                            (r["group"]["n"], r["mean"], r["std"] or 0.0)
+                            for r in chosen
+                            if r["group"]["method"] == method and r["group"]["cell"] == cell
+                        )
+                        if not points:
+                            continue
+                        grid = next(r["grid"] for r in chosen if r["group"]["cell"] == cell)
+                        ax.errorbar(  # std over seed sets where a block repeats on several
+                            [n for n, _, _ in points],
+                            [scale * v for _, v, _ in points],
+                            yerr=[scale * e for _, _, e in points],
+                            marker="o",
+                            capsize=3,
+                            ls=styles[cell],
+                            color=colours.get(method),
+                            label=_with_cell(_method_label(method), grid),
+                        )
+                ax.set_xlabel("number of models n")
+            if metric != "merged_accuracy":
+                ax.axhline(0, color="k", lw=0.6)
+            ax.set_title(title, fontsize=9)
+            ax.grid(alpha=0.3)
+        axs[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        figures.append(
+            (
+                f"merging, block {block}: "
+                + ", ".join(title for _, title, _ in panels)
+                + " (STE-MM Figs. 3a, 3b, 4"
+                + (", 5" if against_key else "")
+                + "; mean ± std over seed sets where the block has several)",
+                _png(fig),
+            )
+        )
     return figures
 
 
