@@ -514,3 +514,44 @@ def test_status_says_how_long_each_running_job_has_run_beside_its_steps_finished
         "running: match/0 for 60 min",
         "running: curve/2 for 42 s (its step's 1 finished job(s) took 23 s)",
     ]
+
+
+def test_a_run_records_the_commit_of_the_lmckit_it_ran(tmp_path):
+    """The ledger names the git commit of a checkout's source, marked when a tracked file
+    under it was changed; nothing outside a work tree (an installed lmckit) or without git."""
+    import shutil
+
+    from lmckit.experiments.runner import environment, source_revision
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "checkout"
+    package = repo / "src" / "pkg"
+    package.mkdir(parents=True)
+    (package / "code.py").write_text("x = 1\n")
+    (repo / "README").write_text("r\n")
+
+    def git(*args):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+        env |= {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+        done = subprocess.run(["git", "-C", str(repo), *args], env=env, capture_output=True,
+                              text=True, check=True)  # fmt: skip
+        return done.stdout.strip()
+
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "one")
+    commit = git("rev-parse", "HEAD")
+    assert len(commit) == 40
+    assert source_revision(package) == commit
+    (repo / "README").write_text("changed outside the package\n")
+    (package / "new.py").write_text("untracked\n")
+    assert source_revision(package) == commit  # only tracked files under the package count
+    (package / "code.py").write_text("x = 2\n")
+    assert source_revision(package) == f"{commit} (modified)"
+    outside = tmp_path / "installed"
+    outside.mkdir()
+    assert source_revision(outside) is None
+    here = Path(__file__).resolve().parents[2] / "src" / "lmckit"
+    assert environment().get("lmckit_source") == source_revision(here)

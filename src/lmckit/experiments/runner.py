@@ -24,8 +24,10 @@ Failed jobs are recorded with their traceback and not retried unless
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -196,14 +198,47 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+def source_revision(folder: str | Path) -> str | None:
+    """The git commit of the work tree holding ``folder`` — ``"<sha> (modified)"`` when a
+    tracked file under ``folder`` differs from it —, or ``None`` outside a git work tree
+    (an installed package) or without git. Which code produced a run's results: a version
+    number does not change between commits."""
+
+    # a git hook's GIT_DIR (or a user's) would point git at another repository
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE",
+                                                             "GIT_INDEX_FILE")}  # fmt: skip
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(folder), *args],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                env=env,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "--verify", "--quiet", "HEAD")
+    if not commit:
+        return None
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".")
+    return f"{commit} (modified)" if changed else commit
+
+
 def environment(threads: int | None = None) -> dict[str, Any]:
     """Versions and machine facts recorded with every run (``threads``: each job's torch
-    threads, which its timings depend on)."""
+    threads, which its timings depend on; ``lmckit_source``: the commit of a git checkout's
+    lmckit, see :func:`source_revision`)."""
     import numpy
     import scipy
 
+    revision = source_revision(Path(__file__).resolve().parents[1])
     return {
         "lmckit": __version__,
+        **({"lmckit_source": revision} if revision else {}),
         "torch": torch.__version__,
         "numpy": numpy.__version__,
         "scipy": scipy.__version__,
