@@ -1217,13 +1217,30 @@ def cmd_status(args: argparse.Namespace) -> int:
                 + (f", with --set {sets}" if sets else "")
                 + " (earlier runs are kept in the ledger; this shows the latest)"
             )
-        summary, jobs = ledger.summary(), ledger.jobs()
+        summary, jobs, planned = ledger.summary(), ledger.jobs(), ledger.planned()
+        waiting = waiting_counts(summary, planned)
         columns = (*STATUSES, "reused")
-        print(f"{'step':<8} " + " ".join(f"{s:>11}" for s in columns))
-        for kind, counts in summary.items():
-            print(f"{kind:<8} " + " ".join(f"{counts[s]:>11}" for s in columns))
+        print(
+            f"{'step':<8} "
+            + (f"{'waiting':>11} " if planned is not None else "")
+            + " ".join(f"{s:>11}" for s in columns)
+        )
+        empty = {**dict.fromkeys(STATUSES, 0), "reused": 0}
+        for kind in sorted(set(summary) | set(waiting)):
+            counts = summary.get(kind, empty)
+            print(
+                f"{kind:<8} "
+                + (f"{waiting.get(kind, 0):>11} " if planned is not None else "")
+                + " ".join(f"{counts[s]:>11}" for s in columns)
+            )
         running = sum(counts["running"] for counts in summary.values())
-        if running and folder_holder(args.out) is None:
+        held = folder_holder(args.out) is not None
+        if sum(waiting.values()) and not held:
+            print(
+                f"{sum(waiting.values())} job(s) never started: the run stopped first, or "
+                "their inputs failed; the same lmckit run command goes on"
+            )
+        if running and not held:
             print(
                 f"no lmckit run holds {args.out} now: its {running} job(s) marked running "
                 "stopped with their run (killed); the same lmckit run command runs them again"
@@ -1248,6 +1265,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     finally:
         ledger.close()
     return 0
+
+
+def waiting_counts(
+    summary: dict[str, dict[str, int]], planned: dict[str, int] | None
+) -> dict[str, int]:
+    """Per step, the jobs of the run's plan not yet in its ledger — waiting for their
+    inputs (a job enters the ledger once its inputs are done and its result key known)."""
+    from lmckit.experiments.ledger import STATUSES
+
+    if planned is None:
+        return {}
+    return {
+        kind: max(0, count - sum(summary.get(kind, {}).get(s, 0) for s in STATUSES))
+        for kind, count in planned.items()
+    }
 
 
 def _duration(seconds: float) -> str:

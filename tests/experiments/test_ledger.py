@@ -77,5 +77,9 @@ def test_a_rerun_with_other_settings_replaces_what_status_and_report_read(tmp_pa
     assert main(["status", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "run 2 of 2" in out and "train.epochs=2" in out
-    train = next(line for line in out.splitlines() if line.startswith("train"))
-    assert train.split()[1:5] == ["0", "0", "2", "0"]  # two models done, not four
+    header = next(line for line in out.splitlines() if line.startswith("step")).split()
+    train = next(line for line in out.splitlines() if line.startswith("train")).split()
+    counts = dict(zip(header[1:], train[1:], strict=True))
+    assert counts == {"waiting": "0", "pending": "0", "running": "0", "done": "2",
+                      "failed": "0", "interrupted": "0", "reused": "0"}  # fmt: skip
+    # two models done, not four

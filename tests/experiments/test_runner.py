@@ -555,3 +555,47 @@ def test_a_run_records_the_commit_of_the_lmckit_it_ran(tmp_path):
     assert source_revision(outside) is None
     here = Path(__file__).resolve().parents[2] / "src" / "lmckit"
     assert environment().get("lmckit_source") == source_revision(here)
+
+
+def test_status_counts_the_planned_jobs_that_have_not_entered_the_ledger(
+    tmp_path, monkeypatch, capsys
+):
+    """A job enters the ledger only once its inputs are done: the run records its plan, so
+    status shows the jobs still waiting — here the six curves whose AM matches failed."""
+    from lmckit.cli import main, waiting_counts
+    from lmckit.experiments.dag import build_jobs
+    from lmckit.experiments.spec import model_configs
+
+    original = steps.STEPS["match"]
+
+    def broken(payload, progress):
+        if payload["settings"]["method"] == "am":
+            raise RuntimeError("planted failure")
+        return original.run(payload, progress)
+
+    monkeypatch.setitem(steps.STEPS, "match", steps.StepKind("match", original.key, broken))
+    experiment = load_experiment(TINY)
+    run_experiment(experiment, tmp_path, **QUIET)
+    ledger = Ledger(tmp_path / "ledger.sqlite", create=False)
+    try:
+        planned, summary = ledger.planned(), ledger.summary()
+    finally:
+        ledger.close()
+
+    def data_for(model_name):
+        return steps.dataset_for(model_name, experiment.dataset, None, False)
+
+    plan = build_jobs(experiment, model_configs(experiment, data_for))
+    expected = {}
+    for job in plan:
+        expected[job.kind] = expected.get(job.kind, 0) + 1
+    assert planned == expected
+    assert waiting_counts(summary, planned) == {k: 6 if k == "curve" else 0 for k in expected}
+    capsys.readouterr()
+    assert main(["status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    header, *rows = out.splitlines()[1:]
+    assert header.split()[:3] == ["step", "waiting", "pending"]
+    curve = next(r for r in rows if r.startswith("curve ")).split()
+    assert curve[1] == "6" and curve[4] == str(summary["curve"]["done"])
+    assert "6 job(s) never started: the run stopped first, or their inputs failed" in out

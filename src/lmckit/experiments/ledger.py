@@ -122,10 +122,12 @@ class Ledger:
         experiment: str,
         environment: Mapping[str, Any],
         overrides: Mapping[str, Any] | None = None,
+        planned: Mapping[str, int] | None = None,
     ) -> int:
-        """Record a new run — the experiment file as it runs, its overrides and the
-        environment — and return its id. Jobs that a killed run left ``running`` become
-        ``interrupted``."""
+        """Record a new run — the experiment file as it runs, its overrides, the
+        environment and ``planned``, its job count per step (a job enters the ledger only
+        once its inputs are done and its key known) — and return its id. Jobs that a
+        killed run left ``running`` become ``interrupted``."""
         self.db.execute(
             "UPDATE jobs SET status = 'interrupted' WHERE status IN ('running', 'pending')"
         )
@@ -139,6 +141,11 @@ class Ledger:
             ),
         )
         self.run_id = int(cursor.lastrowid)
+        if planned is not None:
+            self.db.execute(
+                "INSERT OR REPLACE INTO info VALUES (?, ?)",
+                (f"planned.{self.run_id}", json.dumps(dict(planned), sort_keys=True)),
+            )
         return self.run_id
 
     def _current(self) -> int:
@@ -300,6 +307,14 @@ class Ledger:
                 "SELECT id, started, experiment, overrides, environment FROM runs ORDER BY id"
             ).fetchall()
         ]
+
+    def planned(self, run: int | None = None) -> dict[str, int] | None:
+        """``{kind: jobs}`` that ``run`` (default: the latest) set out to run, whether or
+        not they have entered the ledger yet; ``None`` for a run recorded without it."""
+        row = self.db.execute(
+            "SELECT value FROM info WHERE name = ?", (f"planned.{self._run(run)}",)
+        ).fetchone()
+        return None if row is None else json.loads(row[0])
 
     def summary(self, run: int | None = None) -> dict[str, dict[str, int]]:
         """``{kind: {status: count}}`` of ``run`` (default: the latest); reused results

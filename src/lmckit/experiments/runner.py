@@ -314,7 +314,10 @@ def run_experiment(
     facts = environment(threads)
     if reuse:
         facts["reuse_from"] = [str(r) for r in reuse]
-    ledger.start_run(as_run, facts, experiment.overrides)
+    planned: dict[str, int] = {}
+    for job in all_jobs:
+        planned[job.kind] = planned.get(job.kind, 0) + 1
+    ledger.start_run(as_run, facts, experiment.overrides, planned)
     summary = RunSummary(out)
     bars: dict[str, ProgressCallback | None] = {}
 
