@@ -83,3 +83,36 @@ def test_a_rerun_with_other_settings_replaces_what_status_and_report_read(tmp_pa
     assert counts == {"waiting": "0", "pending": "0", "running": "0", "done": "2",
                       "failed": "0", "interrupted": "0", "reused": "0"}  # fmt: skip
     # two models done, not four
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "where", "bad", "named"),
+    [
+        ("info", "value", "name LIKE 'planned.%'", "{broken", "run 1's planned jobs"),
+        ("info", "value", "name LIKE 'planned.%'", '{"train": -2}', "run 1's planned jobs"),
+        ("runs", "environment", "id = 1", "[1, 2]", "run 1's environment"),
+        ("runs", "overrides", "id = 1", "nonsense", "run 1's overrides"),
+        ("jobs", "settings", "name = 'train/c0/seed0'", "", "job train/c0/seed0's settings"),
+    ],
+)
+def test_a_damaged_ledger_field_is_one_line_naming_it(tmp_path, capsys, table, column, where,
+                                                      bad, named):  # fmt: skip
+    """A ledger edited or damaged by hand: status and report name the field, exit 1 —
+    not an internal error (JSONDecodeError, AttributeError on a list)."""
+    import sqlite3
+
+    out = tmp_path / "run"
+    out.mkdir()
+    ledger = Ledger(out / "ledger.sqlite")
+    ledger.start_run('name = "x"\n', {"lmckit": "0"}, {}, {"train": 1})
+    ledger.add_job("train/c0/seed0", "k" * 64, "train", {"labels": {"cell": 0, "seed": 0}})
+    ledger.close()
+    db = sqlite3.connect(out / "ledger.sqlite")
+    db.execute(f"UPDATE {table} SET {column} = ? WHERE {where}", (bad,))
+    db.commit()
+    db.close()
+    for command in (["status", str(out)], ["report", str(out)]):
+        capsys.readouterr()
+        assert main(command) == 1
+        err = capsys.readouterr().err
+        assert f"cannot read {named}: not" in err and "internal error" not in err

@@ -599,3 +599,6 @@ def test_status_counts_the_planned_jobs_that_have_not_entered_the_ledger(
     curve = next(r for r in rows if r.startswith("curve ")).split()
     assert curve[1] == "6" and curve[4] == str(summary["curve"]["done"])
     assert "6 job(s) never started: the run stopped first, or their inputs failed" in out
+    from lmckit.experiments.report import write_report
+
+    assert ", 6 more of the run's plan not started" in write_report(tmp_path).read_text()

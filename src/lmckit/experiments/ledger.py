@@ -275,7 +275,7 @@ class Ledger:
         )
         rows = [dict(zip(JOB_COLUMNS, row, strict=True)) for row in cursor.fetchall()]
         for row in rows:
-            row["settings"] = json.loads(row["settings"])
+            row["settings"] = self._json(row["settings"], f"job {row['name']}'s settings", dict)
             row["reused"] = bool(row["reused"])
         return rows
 
@@ -300,8 +300,8 @@ class Ledger:
                 "id": r[0],
                 "started": r[1],
                 "experiment": r[2],
-                "overrides": json.loads(r[3]),
-                "environment": json.loads(r[4]),
+                "overrides": self._json(r[3], f"run {r[0]}'s overrides", dict),
+                "environment": self._json(r[4], f"run {r[0]}'s environment", dict),
             }
             for r in self.db.execute(
                 "SELECT id, started, experiment, overrides, environment FROM runs ORDER BY id"
@@ -314,7 +314,27 @@ class Ledger:
         row = self.db.execute(
             "SELECT value FROM info WHERE name = ?", (f"planned.{self._run(run)}",)
         ).fetchone()
-        return None if row is None else json.loads(row[0])
+        if row is None:
+            return None
+        planned = self._json(row[0], f"run {self._run(run)}'s planned jobs", dict)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                   for v in planned.values()):  # fmt: skip
+            raise LedgerError(
+                f"{self.path}: cannot read run {self._run(run)}'s planned jobs: not counts"
+            )
+        return planned
+
+    def _json(self, text: str, what: str, kind: type) -> Any:
+        """``text`` decoded, or a :class:`LedgerError` naming ``what`` in this ledger: a
+        ledger edited or damaged by hand is an error that says so, not an internal one."""
+        try:
+            value = json.loads(text)
+        except (TypeError, json.JSONDecodeError):
+            value = None
+        if not isinstance(value, kind):
+            shape = "a JSON object" if kind is dict else f"JSON ({kind.__name__})"
+            raise LedgerError(f"{self.path}: cannot read {what}: not {shape}")
+        return value
 
     def summary(self, run: int | None = None) -> dict[str, dict[str, int]]:
         """``{kind: {status: count}}`` of ``run`` (default: the latest); reused results

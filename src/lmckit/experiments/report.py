@@ -1056,6 +1056,7 @@ def write_report(out: str | Path) -> Path:
     ledger = Ledger(out / "ledger.sqlite", create=False)
     try:
         jobs, metrics, runs = ledger.jobs(), ledger.metrics(), ledger.runs()
+        planned = ledger.planned() if runs else None
     finally:
         ledger.close()
     # the file as the latest run ran it, from the ledger (OUT/experiment.toml is a copy)
@@ -1104,6 +1105,12 @@ def write_report(out: str | Path) -> Path:
         "<p>"
         + ", ".join(f"{n} jobs {s}" for s, n in sorted(counts.items()))
         + (f" ({reused} of them reused from the store)" if reused else "")
+        + (
+            f", {waiting} more of the run's plan not started (waiting for their inputs, "
+            "or the run stopped first)"
+            if planned is not None and (waiting := sum(planned.values()) - len(jobs)) > 0
+            else ""
+        )
         + f"; the latest of {len(runs)} run(s) into this folder"
         + (
             " — with overrides "
