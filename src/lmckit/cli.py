@@ -1149,6 +1149,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"experiment {experiment.name}: {experiment.description or '(no description)'}")
     if experiment.expected_runtime:
         print(f"expected run time: {experiment.expected_runtime}")
+    if args.executor == "local":
+        from lmckit.experiments.executors import usable_cores
+
+        cores = usable_cores()
+        if args.jobs > cores:  # allowed (memory-bound jobs), but rarely what was meant
+            print(
+                f"note: --jobs {args.jobs} is more than this machine's {cores} usable CPU "
+                f"core(s): the jobs will share them (--jobs {cores} is usually faster)",
+                file=sys.stderr,
+            )
     with ProgressBars(not args.quiet) as bars:
         overall = bars("jobs", keep=True)
         summary = run_experiment(

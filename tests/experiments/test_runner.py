@@ -602,3 +602,25 @@ def test_status_counts_the_planned_jobs_that_have_not_entered_the_ledger(
     from lmckit.experiments.report import write_report
 
     assert ", 6 more of the run's plan not started" in write_report(tmp_path).read_text()
+
+
+def test_more_jobs_than_cores_runs_with_a_note(tmp_path, monkeypatch, capsys):
+    """``--jobs`` above the usable cores is allowed (the jobs share them) but named on
+    stderr before the run starts; at or below it, nothing is said."""
+    import lmckit.experiments.executors as executors
+    import lmckit.experiments.runner as runner
+    from lmckit.cli import main
+    from lmckit.errors import UsageError
+
+    def started(*args, **kwargs):  # the run itself is not what this test is about
+        raise UsageError(f"run started with jobs={kwargs['jobs']}")
+
+    monkeypatch.setattr(executors, "usable_cores", lambda: 1)
+    monkeypatch.setattr(runner, "run_experiment", started)
+    for jobs, noted in ((2, True), (1, False)):
+        capsys.readouterr()
+        assert main(["run", str(TINY), "--out", str(tmp_path), "--jobs", str(jobs), "-q"]) == 2
+        err = capsys.readouterr().err
+        assert f"run started with jobs={jobs}" in err
+        note = f"note: --jobs {jobs} is more than this machine's 1 usable CPU core(s)"
+        assert (note in err) == noted
