@@ -243,7 +243,11 @@ def axis_lines(
     xs = sorted(first, key=lambda text: _value_order(json.loads(text), first[text]))
     position = {text: i for i, text in enumerate(xs)}
     lines: dict[str, list[tuple[int, Mapping[str, Any]]]] = defaultdict(list)
-    for r in sorted(rows, key=lambda r: [_value_order(r["grid"].get(k)) for k in line_keys]):
+
+    def line_order(r: Mapping[str, Any]) -> list[tuple[int, float, str]]:
+        return [_value_order(r["grid"].get(k), r["group"].get("cell", 0)) for k in line_keys]
+
+    for r in sorted(rows, key=line_order):  # lines: numbers ascending, names as in the file
         label = ", ".join(
             str(r["grid"].get(k)) if k == VARIANT_KEY else f"{_axis_name(k)}={r['grid'].get(k)}"
             for k in line_keys
