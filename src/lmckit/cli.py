@@ -1338,14 +1338,22 @@ def _print_resumable(out: Path, jobs: list[dict[str, Any]]) -> None:
             continue
         progress = saved_progress(store.resume_file(job["key"]))
         if progress is not None:
-            minutes = (progress["seconds"] or 0) / 60
-            where = f"after epoch {progress['epoch']}"
-            if progress["step_in_epoch"]:
-                where = f"at step {progress['step_in_epoch']} of epoch {progress['epoch'] + 1}"
-            print(
-                f"resumable: {job['name']} saved {where} of {progress['epochs']} "
-                f"({minutes:.0f} min of work kept)"
-            )
+            print(resumable_line(job["name"], progress))
+
+
+def resumable_line(name: str, progress: dict[str, Any]) -> str:
+    """``resumable: NAME saved after epoch E of N (M min of work kept; about T more at its
+    pace)`` for a job's resume file (:func:`lmckit.resume.saved_progress`); the estimate —
+    the kept time per finished epoch times the epochs left — only for a file saved at an
+    epoch's end (within one, how far into it is not known as a fraction)."""
+    seconds, epoch, epochs = progress["seconds"] or 0, progress["epoch"] or 0, progress["epochs"]
+    where = f"after epoch {epoch}"
+    if progress["step_in_epoch"]:
+        where = f"at step {progress['step_in_epoch']} of epoch {epoch + 1}"
+    kept = f"{seconds / 60:.0f} min of work kept"
+    if epoch and not progress["step_in_epoch"] and isinstance(epochs, int) and epochs > epoch:
+        kept += f"; about {_duration(seconds / epoch * (epochs - epoch))} more at its pace"
+    return f"resumable: {name} saved {where} of {epochs} ({kept})"
 
 
 def cmd_report(args: argparse.Namespace) -> int:

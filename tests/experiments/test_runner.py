@@ -624,3 +624,23 @@ def test_more_jobs_than_cores_runs_with_a_note(tmp_path, monkeypatch, capsys):
         assert f"run started with jobs={jobs}" in err
         note = f"note: --jobs {jobs} is more than this machine's 1 usable CPU core(s)"
         assert (note in err) == noted
+
+
+def test_a_resumable_job_line_estimates_the_time_left_from_its_own_pace():
+    """Kept time per finished epoch × epochs left, only for a file saved at an epoch's end."""
+    from lmckit.cli import resumable_line
+
+    def progress(epoch, step, seconds, epochs=10):
+        return {"epoch": epoch, "epochs": epochs, "step_in_epoch": step, "seconds": seconds}
+
+    assert resumable_line("merge/x", progress(3, 0, 540)) == (
+        "resumable: merge/x saved after epoch 3 of 10 (9 min of work kept; about 21 min "
+        "more at its pace)"
+    )
+    assert resumable_line("t", progress(4, 0, 4 * 3600, epochs=6)).endswith(
+        "(240 min of work kept; about 2.0 h more at its pace)"
+    )
+    within = resumable_line("t", progress(3, 7, 600))
+    assert within == "resumable: t saved at step 7 of epoch 4 of 10 (10 min of work kept)"
+    assert "more at its pace" not in resumable_line("t", progress(0, 0, 0))
+    assert "more at its pace" not in resumable_line("t", progress(10, 0, 60))
