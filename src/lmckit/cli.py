@@ -1222,9 +1222,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             last = runs[-1]
             when = datetime.fromtimestamp(last["started"]).strftime("%Y-%m-%d %H:%M")
             sets = ", ".join(f"{k}={v!r}" for k, v in last["overrides"].items())
+            source = str(last["environment"].get("lmckit_source") or "")
+            code = source[:12] + (" (modified)" if source.endswith("(modified)") else "")
             print(
                 f"run {len(runs)} of {len(runs)}, started {when}"
                 + (f", with --set {sets}" if sets else "")
+                + (f", lmckit {code}" if code else "")
                 + " (earlier runs are kept in the ledger; this shows the latest)"
             )
         summary, jobs, planned = ledger.summary(), ledger.jobs(), ledger.planned()

@@ -116,3 +116,20 @@ def test_a_damaged_ledger_field_is_one_line_naming_it(tmp_path, capsys, table, c
         assert main(command) == 1
         err = capsys.readouterr().err
         assert f"cannot read {named}: not" in err and "internal error" not in err
+
+
+def test_status_names_the_commit_the_run_ran(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    ledger = Ledger(out / "ledger.sqlite")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    ledger.start_run('name = "x"\n', {"lmckit_source": f"{commit} (modified)"}, {}, {})
+    ledger.close()
+    assert main(["status", str(out)]) == 0
+    assert ", lmckit 0123456789ab (modified) (earlier runs" in capsys.readouterr().out
+    ledger = Ledger(out / "ledger.sqlite")
+    ledger.start_run('name = "x"\n', {"lmckit_source": commit}, {}, {})
+    ledger.close()
+    assert main(["status", str(out)]) == 0
+    assert "run 2 of 2, started" in (text := capsys.readouterr().out)
+    assert ", lmckit 0123456789ab (earlier runs" in text
