@@ -572,6 +572,7 @@ def _merge_figures(rows: list[dict[str, Any]], colours: Mapping[str, str]) -> li
                             color=colours.get(method),
                             label=_with_cell(_method_label(method), grid),
                         )
+                ax.set_xticks(sorted(n for n in counts if n is not None))  # whole models
                 ax.set_xlabel("number of models n")
             if metric != "merged_accuracy":
                 ax.axhline(0, color="k", lw=0.6)
