@@ -136,6 +136,18 @@ def _barrier_figures(
     )
 
 
+def _mean_std(ax, points: Sequence[tuple[Any, Mapping[str, Any]]], scale: float = 1.0,
+              **style: Any) -> None:  # fmt: skip
+    """One line of ``(x, row)`` points: the rows' means ± their std (none for a single
+    value), scaled (100 for accuracies in %); ``style`` overrides the markers and caps."""
+    ax.errorbar(
+        [x for x, _ in points],
+        [scale * r["mean"] for _, r in points],
+        yerr=[scale * (r["std"] or 0.0) for _, r in points],
+        **{"marker": "o", "capsize": 3, **style},
+    )
+
+
 def _grid_figures(
     rows: list[dict[str, Any]],
     kind: str,
@@ -174,12 +186,10 @@ def _grid_figures(
                 for method in methods:
                     points = {r["group"]["cell"]: r for r in part if r["group"]["method"] == method}
                     xs = [c for c in cells if c in points]
-                    ax.errorbar(
-                        xs,
-                        [scale * points[c]["mean"] for c in xs],
-                        yerr=[scale * (points[c]["std"] or 0.0) for c in xs],
-                        marker="o",
-                        capsize=3,
+                    _mean_std(
+                        ax,
+                        [(c, points[c]) for c in xs],
+                        scale,
                         color=colours.get(method),
                         label=_method_label(method),
                     )
@@ -269,14 +279,7 @@ def _axis_figure(
     for ax, (title, scale, rows) in zip(axes[0], panels, strict=True):
         xs, lines = axis_lines(rows, x_key, line_keys)
         for label, points in lines.items():
-            ax.errorbar(
-                [i for i, _ in points],
-                [scale * r["mean"] for _, r in points],
-                yerr=[scale * (r["std"] or 0.0) for _, r in points],
-                marker="o",
-                capsize=3,
-                label=label,
-            )
+            _mean_std(ax, points, scale, label=label)
         ticks = [_axis_tick(v) for v in xs]
         if max(map(len, ticks)) > 6:  # names and lists: slanted, so they do not overlap
             ax.set_xticks(range(len(xs)), ticks, fontsize=8, rotation=20, ha="right")
@@ -537,15 +540,10 @@ def _merge_figures(rows: list[dict[str, Any]], colours: Mapping[str, str]) -> li
                         [r for r in chosen if r["group"]["method"] == method], x_key, []
                     )
                     for points in lines.values():
-                        ax.errorbar(
-                            [i for i, _ in points],
-                            [scale * r["mean"] for _, r in points],
-                            yerr=[scale * (r["std"] or 0.0) for _, r in points],
-                            marker="o",
-                            capsize=3,
-                            color=colours.get(method),
+                        _mean_std(
+                            ax, points, scale, color=colours.get(method),
                             label=_method_label(method),
-                        )
+                        )  # fmt: skip
                 xs = axis_lines(chosen, x_key, [])[0]
                 ax.set_xticks(range(len(xs)), [_axis_tick(v) for v in xs], fontsize=8)
                 ax.set_xlabel(f"{_axis_name(x_key)} (n = {next(iter(counts))})")
@@ -555,19 +553,17 @@ def _merge_figures(rows: list[dict[str, Any]], colours: Mapping[str, str]) -> li
                 for method in methods:
                     for cell in cells:
                         points = sorted(
-                            (r["group"]["n"], r["mean"], r["std"] or 0.0)
-                            for r in chosen
-                            if r["group"]["method"] == method and r["group"]["cell"] == cell
-                        )
+                            ((r["group"]["n"], r) for r in chosen
+                             if r["group"]["method"] == method and r["group"]["cell"] == cell),
+                            key=lambda p: p[0],
+                        )  # fmt: skip
                         if not points:
                             continue
                         grid = next(r["grid"] for r in chosen if r["group"]["cell"] == cell)
-                        ax.errorbar(  # std over seed sets where a block repeats on several
-                            [n for n, _, _ in points],
-                            [scale * v for _, v, _ in points],
-                            yerr=[scale * e for _, _, e in points],
-                            marker="o",
-                            capsize=3,
+                        _mean_std(  # std over seed sets where a block repeats on several
+                            ax,
+                            points,
+                            scale,
                             ls=styles[cell],
                             color=colours.get(method),
                             label=_with_cell(_method_label(method), grid),
@@ -731,16 +727,7 @@ def _layerwise_figures(
                 if not pts:
                     continue
                 colour = f"C{i % 10}"
-                ax.errorbar(
-                    [k for k, _ in pts],
-                    [r["mean"] for _, r in pts],
-                    yerr=[r["std"] or 0.0 for _, r in pts],
-                    marker="o",
-                    ms=3,
-                    capsize=2,
-                    color=colour,
-                    label=labels[cell],
-                )
+                _mean_std(ax, pts, ms=3, capsize=2, color=colour, label=labels[cell])
                 extra = {
                     "weak_additivity": "gaussian.{}",
                     "norm_ratio": "layerwise.lewc_norm_ratio.{}",
@@ -781,15 +768,8 @@ def _layerwise_figures(
                     if r["group"]["cell"] == cell and r["metric"].startswith(f"flatness.{what}.")
                 )
                 if pts:
-                    ax.errorbar(
-                        [lam for lam, _ in pts],
-                        [scale * r["mean"] for _, r in pts],
-                        yerr=[scale * (r["std"] or 0.0) for _, r in pts],
-                        marker="o",
-                        ms=3,
-                        capsize=2,
-                        color=f"C{i % 10}",
-                        label=labels[cell],
+                    _mean_std(
+                        ax, pts, scale, ms=3, capsize=2, color=f"C{i % 10}", label=labels[cell]
                     )
                 ax.set_xlabel("λ  (θ_A + λ·d·u/‖u‖)")
                 ax.set_ylabel(f"test {what}" + (" (%)" if scale == 100 else ""))
@@ -830,12 +810,10 @@ def _merge_score_figures(chosen, cells, labels, colours) -> list[tuple[str, str]
                 if (method, c, prefix + score) in find
             ]
             if pts:
-                ax.errorbar(
-                    [c for c, _ in pts],
-                    [scale * r["mean"] for _, r in pts],
-                    yerr=[scale * (r["std"] or 0.0) for _, r in pts],
-                    marker="o",
-                    capsize=3,
+                _mean_std(
+                    ax,
+                    pts,
+                    scale,
                     label=label,
                     color=colours.get(method) if prefix != "random." else "#c49c94",
                 )
