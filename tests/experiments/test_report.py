@@ -217,15 +217,13 @@ def test_the_report_of_a_two_key_grid_plots_the_ledgers_means_against_the_longer
     the ledger's per-cell means over pairs in the decay's numeric order."""
     from lmckit.experiments import report
 
-    spec = tmp_path / "grid.toml"
-    spec.write_text(
-        'name = "grid"\nseeds = [0, 1]\nthreads = 1\n[data]\ndataset = "digits"\n'
-        '[model]\nname = "mlp"\n[train]\nepochs = 1\nbatch_size = 64\n[grid]\n'
-        '"model.hidden" = [[8, 8], [16, 16]]\n"train.weight_decay" = [0.01, 0.0, 0.001]\n'
-        '[[compare]]\npairs = "all"\nmethods = ["none"]\nlambdas = 3\n'
+    out = _run_digits(
+        tmp_path,
+        2,
+        '[grid]\n"model.hidden" = [[8, 8], [16, 16]]\n'
+        '"train.weight_decay" = [0.01, 0.0, 0.001]\n'
+        '[[compare]]\npairs = "all"\nmethods = ["none"]\nlambdas = 3\n',
     )
-    out = tmp_path / "out"
-    run_experiment(load_experiment(spec), out, log=lambda _: None)
     figures = _drawn_figures(out, monkeypatch)
     caption = "barriers against weight_decay, one line per hidden: compare block 0, naive"
     fig = next(f for c, f in figures.items() if c.startswith(caption))
@@ -250,6 +248,19 @@ def test_the_report_of_a_two_key_grid_plots_the_ledgers_means_against_the_longer
         assert list(line.get_xdata()) == [0, 1, 2]
         want = [expected[label][d] for d in (0.0, 0.001, 0.01)]
         assert line.get_ydata().tolist() == pytest.approx(want, rel=1e-12)
+
+
+def _run_digits(tmp_path, seeds: int, rest: str):
+    """Run a small MLP experiment on digits (one epoch, ``seeds`` seeds) whose grid and
+    blocks are ``rest``; returns its folder."""
+    spec = tmp_path / "e.toml"
+    spec.write_text(
+        f'name = "e"\nseeds = {list(range(seeds))}\nthreads = 1\n[data]\ndataset = "digits"\n'
+        '[model]\nname = "mlp"\n[train]\nepochs = 1\nbatch_size = 64\n' + rest
+    )
+    out = tmp_path / "out"
+    run_experiment(load_experiment(spec), out, log=lambda _: None)
+    return out
 
 
 def _drawn_figures(out, monkeypatch) -> dict:
@@ -311,15 +322,12 @@ def test_the_merge_figure_draws_accuracy_loss_gap_and_pairwise_gap_against_n(run
 def test_a_merge_of_one_n_over_a_one_key_grid_is_drawn_against_that_key(tmp_path, monkeypatch):
     """STE-MM Fig. 5: the gap of the merge of n models against the width, one line per
     method, in the width's order."""
-    spec = tmp_path / "fig5.toml"
-    spec.write_text(
-        'name = "fig5"\nseeds = [0, 1, 2]\nthreads = 1\n[data]\ndataset = "digits"\n'
-        '[model]\nname = "mlp"\n[train]\nepochs = 1\nbatch_size = 64\n[grid]\n'
-        '"model.width_multiplier" = [0.5, 0.125, 0.25]\n'
-        '[[merge]]\nmethods = ["star-wm", "merge-many"]\nn = [3]\n'
+    out = _run_digits(
+        tmp_path,
+        3,
+        '[grid]\n"model.width_multiplier" = [0.5, 0.125, 0.25]\n'
+        '[[merge]]\nmethods = ["star-wm", "merge-many"]\nn = [3]\n',
     )
-    out = tmp_path / "out"
-    run_experiment(load_experiment(spec), out, log=lambda _: None)
     figures = _drawn_figures(out, monkeypatch)
     fig = next(f for c, f in figures.items() if c.startswith("merging, block 0"))
     widths = [0.125, 0.25, 0.5]  # cells 1, 2, 0

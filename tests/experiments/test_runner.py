@@ -97,7 +97,8 @@ def test_sigkill_mid_run_then_rerun_gives_the_uninterrupted_ledger(reference, tm
     assert contents(tmp_path) == contents(reference)
 
 
-def test_failures_are_recorded_and_retried_only_when_asked(tmp_path, monkeypatch):
+def _fail_am_matches(monkeypatch):
+    """Make every AM match job fail ("planted failure"); returns the real match step."""
     original = steps.STEPS["match"]
 
     def broken(payload, progress):
@@ -106,6 +107,11 @@ def test_failures_are_recorded_and_retried_only_when_asked(tmp_path, monkeypatch
         return original.run(payload, progress)
 
     monkeypatch.setitem(steps.STEPS, "match", steps.StepKind("match", original.key, broken))
+    return original
+
+
+def test_failures_are_recorded_and_retried_only_when_asked(tmp_path, monkeypatch):
+    original = _fail_am_matches(monkeypatch)
     summary = run_experiment(load_experiment(TINY), tmp_path, **QUIET)
     assert len(summary.failed) == 6 and len(summary.waiting) == 6  # 6 AM matches, 6 curves
     ledger = Ledger(tmp_path / "ledger.sqlite")
@@ -566,14 +572,7 @@ def test_status_counts_the_planned_jobs_that_have_not_entered_the_ledger(
     from lmckit.experiments.dag import build_jobs
     from lmckit.experiments.spec import model_configs
 
-    original = steps.STEPS["match"]
-
-    def broken(payload, progress):
-        if payload["settings"]["method"] == "am":
-            raise RuntimeError("planted failure")
-        return original.run(payload, progress)
-
-    monkeypatch.setitem(steps.STEPS, "match", steps.StepKind("match", original.key, broken))
+    _fail_am_matches(monkeypatch)
     experiment = load_experiment(TINY)
     run_experiment(experiment, tmp_path, **QUIET)
     ledger = Ledger(tmp_path / "ledger.sqlite", create=False)
