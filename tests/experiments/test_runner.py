@@ -541,8 +541,8 @@ def test_a_run_records_the_commit_of_the_lmckit_it_ran(tmp_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
         env |= {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
                "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
-        done = subprocess.run(["git", "-C", str(repo), *args], env=env, capture_output=True,
-                              text=True, check=True)  # fmt: skip
+        command = ["git", "-c", "commit.gpgsign=false", "-C", str(repo), *args]  # a user's config
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
         return done.stdout.strip()
 
     git("init", "-q")
