@@ -1346,16 +1346,20 @@ def _print_resumable(out: Path, jobs: list[dict[str, Any]]) -> None:
 
 def resumable_line(name: str, progress: dict[str, Any]) -> str:
     """``resumable: NAME saved after epoch E of N (M min of work kept; about T more at its
-    pace)`` for a job's resume file (:func:`lmckit.resume.saved_progress`); the estimate —
-    the kept time per finished epoch times the epochs left — only for a file saved at an
-    epoch's end (within one, how far into it is not known as a fraction)."""
+    pace)`` for a job's resume file (:func:`lmckit.resume.saved_progress`); the estimate is
+    the kept time per epoch done times the epochs left — for a file saved within an epoch
+    only where it records the epoch's steps (STE-MM's do)."""
     seconds, epoch, epochs = progress["seconds"] or 0, progress["epoch"] or 0, progress["epochs"]
+    step, per_epoch = progress["step_in_epoch"] or 0, progress.get("steps_per_epoch")
     where = f"after epoch {epoch}"
-    if progress["step_in_epoch"]:
-        where = f"at step {progress['step_in_epoch']} of epoch {epoch + 1}"
+    done: float | None = epoch
+    if step:
+        where = f"at step {step}" + (f" of {per_epoch}" if per_epoch else "")
+        where += f" of epoch {epoch + 1}"
+        done = epoch + step / per_epoch if per_epoch else None
     kept = f"{seconds / 60:.0f} min of work kept"
-    if epoch and not progress["step_in_epoch"] and isinstance(epochs, int) and epochs > epoch:
-        kept += f"; about {_duration(seconds / epoch * (epochs - epoch))} more at its pace"
+    if done and isinstance(epochs, int) and epochs > done:
+        kept += f"; about {_duration(seconds / done * (epochs - done))} more at its pace"
     return f"resumable: {name} saved {where} of {epochs} ({kept})"
 
 

@@ -641,5 +641,10 @@ def test_a_resumable_job_line_estimates_the_time_left_from_its_own_pace():
     )
     within = resumable_line("t", progress(3, 7, 600))
     assert within == "resumable: t saved at step 7 of epoch 4 of 10 (10 min of work kept)"
+    known = {**progress(3, 50, 700), "steps_per_epoch": 100}  # 3.5 epochs in 700 s
+    assert resumable_line("m", known) == (
+        "resumable: m saved at step 50 of 100 of epoch 4 of 10 (12 min of work kept; about "
+        "22 min more at its pace)"
+    )
     assert "more at its pace" not in resumable_line("t", progress(0, 0, 0))
     assert "more at its pace" not in resumable_line("t", progress(10, 0, 60))

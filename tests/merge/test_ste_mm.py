@@ -184,6 +184,7 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_merge(
                progress=kill_in_epoch_3, **options)  # fmt: skip
     saved = saved_progress(path)
     assert (saved["epoch"], saved["step_in_epoch"]) == (2, kill_at_step - 1)
+    assert saved["steps_per_epoch"] == per_epoch  # for lmckit status's estimate of time left
     if kill_at_step == 1:  # as an lmckit that saved at epochs' ends only wrote it
         _drop_info_entries(path, ("step_in_epoch", "loss_sum", "count"))
     epochs = []

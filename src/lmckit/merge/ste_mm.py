@@ -303,7 +303,8 @@ def ste_mm(
         tensors["rng/weights"] = generator.get_state()
         info = {
             "epoch": epoch, "epochs": epochs, "history": history, "steps": steps,
-            "step_in_epoch": step_in_epoch, "loss_sum": loss_sum, "count": count,
+            "step_in_epoch": step_in_epoch, "steps_per_epoch": per_pass,
+            "loss_sum": loss_sum, "count": count,
             "lap_solves": lap_work[0], "seconds": time.perf_counter() - start,
             "optimizer": optimizer_rest, "duals": dual_flags,
         }  # fmt: skip
