@@ -343,3 +343,38 @@ def test_a_merge_of_one_n_over_a_one_key_grid_is_drawn_against_that_key(tmp_path
             want = [scale * means[(method, c, 3)] for c in cells]
             assert list(line.get_xdata()) == [0, 1, 2]
             assert line.get_ydata().tolist() == pytest.approx(want)
+
+
+def test_a_merge_of_one_n_over_a_two_key_grid_has_a_line_per_method_and_other_value(
+    monkeypatch,
+):
+    """Fig. 5 over width × weight decay: against the key with more values, one line per
+    method and value of the other, each point its row's mean."""
+    import matplotlib.pyplot as plt
+
+    from lmckit.experiments import report
+
+    figures = []
+    monkeypatch.setattr(report, "_png", lambda fig: figures.append(fig) or "")
+    monkeypatch.setattr(plt, "close", lambda fig=None: None)
+    rows, cell = [], 0
+    for decay in (0.0, 0.01):
+        for width in (2, 0.5, 1):
+            for method in ("star-wm", "ste-mm"):
+                mean = width + 10 * decay + (0.5 if method == "ste-mm" else 0.0)
+                rows.append({"kind": "merge", "metric": "loss_gap", "mean": mean, "std": None,
+                             "group": {"block": 0, "cell": cell, "method": method, "n": 10},
+                             "grid": {"model.width_multiplier": width,
+                                      "train.weight_decay": decay}})  # fmt: skip
+            cell += 1
+    [(caption, _)] = report._merge_figures(rows, {})
+    assert "Figs. 3a, 3b, 4, 5" in caption
+    [ax] = figures[0].axes
+    assert ax.get_xlabel() == "width_multiplier (n = 10)"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0.5", "1", "2"]
+    lines = {bars.get_label(): bars.lines[0].get_ydata().tolist() for bars in ax.containers}
+    assert lines == {
+        f"{method}, weight_decay={decay}": [w + 10 * decay + extra for w in (0.5, 1, 2)]
+        for method, extra in (("star-wm", 0.0), ("ste-mm", 0.5))
+        for decay in (0.0, 0.01)
+    }

@@ -510,8 +510,9 @@ def _merge_figures(rows: list[dict[str, Any]], colours: Mapping[str, str]) -> li
     """Per merge block, one panel per quantity of STE-MM's Figs. 3a, 3b and 4 (merged test
     accuracy, loss gap, pairwise gap; mean ± std over seed sets where a block repeats on
     several): against the number of models n, one line per method and grid cell — or, for
-    a block of one n over a grid of one key, against that key, one line per method (Fig. 5:
-    the gap of the ten-model merge against width)."""
+    a block of one n over a grid, against its key (of several, the one with most values),
+    one line per method and value of the other keys (Fig. 5: the gap of the ten-model merge
+    against width)."""
     merges = [r for r in rows if r["kind"] == "merge"]
     figures = []
     for block in sorted({r["group"].get("block") for r in merges}, key=lambda b: b or 0):
@@ -528,21 +529,21 @@ def _merge_figures(rows: list[dict[str, Any]], colours: Mapping[str, str]) -> li
         varying = [
             k for k in sorted(varying) if len({json.dumps(r["grid"].get(k)) for r in part}) > 1
         ]
-        against_key = len(counts) == 1 and len(varying) == 1
+        against_key = len(counts) == 1 and len(varying) >= 1
+        x_key, line_keys = (varying[0], []) if len(varying) == 1 else grid_axes(part) or ("", [])
         fig, axs = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 3.4), squeeze=False)
         methods = sorted({r["group"]["method"] for r in part}, key=_naive_first)
         for ax, (metric, title, scale) in zip(axs[0], panels, strict=True):
             chosen = [r for r in part if r["metric"] == metric]
-            if against_key:  # Fig. 5: the single n's merge against the grid's key
-                x_key = varying[0]
+            if against_key:  # Fig. 5: the single n's merge against a grid key
                 for method in methods:
-                    xs, lines = axis_lines(
-                        [r for r in chosen if r["group"]["method"] == method], x_key, []
-                    )
-                    for points in lines.values():
+                    mine = [r for r in chosen if r["group"]["method"] == method]
+                    lines = axis_lines(mine, x_key, line_keys)[1]
+                    styles = itertools.cycle(("-", "--", ":", "-."))
+                    for (label, points), style in zip(lines.items(), styles, strict=False):
                         _mean_std(
-                            ax, points, scale, color=colours.get(method),
-                            label=_method_label(method),
+                            ax, points, scale, color=colours.get(method), ls=style,
+                            label=_method_label(method) + (f", {label}" if label else ""),
                         )  # fmt: skip
                 xs = axis_lines(chosen, x_key, [])[0]
                 ax.set_xticks(range(len(xs)), [_axis_tick(v) for v in xs], fontsize=8)
