@@ -208,15 +208,21 @@ def grid_axes(rows: Sequence[Mapping[str, Any]]) -> tuple[str, list[str]] | None
     the one with the most values (of a tie, the later key) — and the others, one line per
     combination of their values; ``None`` for a grid of fewer varying keys (the figures
     against the grid cells already read as one line each then)."""
-    values: dict[str, set[str]] = defaultdict(set)
-    for r in rows:
-        for k, v in r["grid"].items():
-            values[k].add(json.dumps(v, sort_keys=True))
+    values = _grid_values(rows)
     varying = [k for k in sorted(values) if len(values[k]) > 1]
     if len(varying) < 2:
         return None
     x_key = max(reversed(varying), key=lambda k: len(values[k]))
     return x_key, [k for k in varying if k != x_key]
+
+
+def _grid_values(rows: Sequence[Mapping[str, Any]]) -> dict[str, set[str]]:
+    """Each grid key's distinct values among ``rows`` (as JSON text)."""
+    values: dict[str, set[str]] = defaultdict(set)
+    for r in rows:
+        for k, v in r["grid"].items():
+            values[k].add(json.dumps(v, sort_keys=True))
+    return values
 
 
 def _value_order(value: Any, first_cell: int = 0) -> tuple[int, float, str]:
@@ -525,10 +531,8 @@ def _merge_figures(rows: list[dict[str, Any]], colours: Mapping[str, str]) -> li
         if not panels:
             continue
         counts = {r["group"].get("n") for r in part}
-        varying = {k for r in part for k in r["grid"]}
-        varying = [
-            k for k in sorted(varying) if len({json.dumps(r["grid"].get(k)) for r in part}) > 1
-        ]
+        values = _grid_values(part)
+        varying = [k for k in sorted(values) if len(values[k]) > 1]
         against_key = len(counts) == 1 and len(varying) >= 1
         x_key, line_keys = (varying[0], []) if len(varying) == 1 else grid_axes(part) or ("", [])
         fig, axs = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 3.4), squeeze=False)
