@@ -1176,6 +1176,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             job_progress=None if args.jobs > 1 and args.executor == "ray" else _JobBars(bars),
             budget=_budget(args),
             reuse_from=args.reuse_from or (),
+            only=args.only or (),
         )
     print(
         f"{len(summary.done)} jobs run, {len(summary.reused)} reused from the store, "
@@ -1224,9 +1225,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             sets = ", ".join(f"{k}={v!r}" for k, v in last["overrides"].items())
             source = str(last["environment"].get("lmckit_source") or "")
             code = source[:12] + (" (modified)" if source.endswith("(modified)") else "")
+            only = last["environment"].get("only") or []
             print(
                 f"run {len(runs)} of {len(runs)}, started {when}"
                 + (f", with --set {sets}" if sets else "")
+                + (f", only {' '.join(only)} and their inputs" if only else "")
                 + (f", lmckit {code}" if code else "")
                 + " (earlier runs are kept in the ledger; this shows the latest)"
             )
@@ -1981,6 +1984,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="KEY=VALUE",
         help="override a value of the file, e.g. --set train.epochs=2 (repeatable)",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="PATTERN",
+        help="run only the jobs whose names match (shell-style, e.g. 'merge/b1/*'; names as "
+        "lmckit status shows them) and the jobs they need (repeatable)",
     )
     p.add_argument("--data-dir", type=_existing_dir, help="where the dataset files are")
     p.add_argument("--no-download", action="store_true", help="never download datasets")

@@ -3,7 +3,9 @@ triplet, spectra and merge."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -11,13 +13,13 @@ from typing import Any
 import torch
 
 from lmckit.data.splits import Split
-from lmckit.experiments.spec import Experiment, train_options
+from lmckit.experiments.spec import Experiment, ExperimentError, train_options
 from lmckit.experiments.steps import Job
 from lmckit.models import build_model, model_config
 from lmckit.params import has_batchnorm
 from lmckit.train import TrainConfig
 
-__all__ = ["build_jobs"]
+__all__ = ["build_jobs", "select_jobs"]
 
 
 def _full_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -269,3 +271,36 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
                             )
                         )
     return jobs
+
+
+def select_jobs(jobs: Sequence[Job], patterns: Sequence[str]) -> list[Job]:
+    """The jobs whose names match one of ``patterns`` and every job they depend on,
+    directly or not, in their order in ``jobs``.
+
+    Patterns are shell-style, matched against the whole name (``*`` also crosses ``/``):
+    ``merge/b1/*`` is every merge of the second block, ``merge/*/ste-mm/n5*`` STE-MM at
+    n = 5 on every seed set, ``train/c0/seed3`` one model.
+
+    Raises:
+        ExperimentError: a pattern that matches no job, with a few of the names there are.
+    """
+    by_name = {job.name: job for job in jobs}
+    chosen: set[str] = set()
+    for pattern in patterns:
+        hits = fnmatch.filter(by_name, pattern)
+        if not hits:
+            first = {}  # one name per kind
+            for job in jobs:
+                first.setdefault(job.kind, job.name)
+            raise ExperimentError(
+                f"--only {pattern!r} matches none of the {len(by_name)} jobs (names look "
+                f"like {', '.join(first.values())}; `*` matches any part, `/` included)"
+            )
+        chosen.update(hits)
+    stack = list(chosen)
+    while stack:  # and everything they need
+        for dep in by_name[stack.pop()].deps:
+            if dep not in chosen:
+                chosen.add(dep)
+                stack.append(dep)
+    return [job for job in jobs if job.name in chosen]

@@ -1101,6 +1101,13 @@ def write_report(out: str | Path) -> Path:
         )
         + f"; the latest of {len(runs)} run(s) into this folder"
         + (
+            " — a slice: only the jobs matching "
+            + html.escape(" ".join(environment["only"]))
+            + " and their inputs"
+            if environment.get("only")
+            else ""
+        )
+        + (
             " — with overrides "
             + html.escape(", ".join(f"{k} = {v!r}" for k, v in overrides.items()))
             if overrides

@@ -42,7 +42,7 @@ from lmckit import __version__
 from lmckit._io import atomic_write_bytes, check_outputs, writes_folder
 from lmckit.budget import Budget
 from lmckit.errors import LmcError, Terminated, UsageError
-from lmckit.experiments.dag import build_jobs
+from lmckit.experiments.dag import build_jobs, select_jobs
 from lmckit.experiments.executors import default_threads, make_executor, usable_cores
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.spec import DEFAULT_NAME, Experiment, model_configs
@@ -268,6 +268,7 @@ def run_experiment(
     job_progress: Callable[[str], ProgressCallback | None] | None = None,
     budget: Budget | None = None,
     reuse_from: Sequence[str | Path] = (),
+    only: Sequence[str] = (),
 ) -> RunSummary:
     """Run ``experiment`` into ``out`` (see the module docstring).
 
@@ -285,10 +286,15 @@ def run_experiment(
             the largest is estimated before anything runs (:func:`check_training_jobs`).
         reuse_from: folders of earlier runs (of any experiment) whose stored results this
             run copies instead of computing them again; they are only read.
+        only: shell-style patterns of job names (:func:`~lmckit.experiments.dag.select_jobs`):
+            run only the matching jobs and what they need — a slice of a long experiment,
+            e.g. the merges one session has time for. Recorded with the run; the resume
+            files of jobs outside the slice are kept for the run that does them.
 
     Raises:
         RunFolderError: ``out`` holds a run of another experiment, or a ``reuse_from``
             folder holds no run.
+        ExperimentError: a pattern of ``only`` matches no job.
     """
     start = time.perf_counter()
     out = Path(out)
@@ -307,6 +313,8 @@ def run_experiment(
     _check_run_folders(experiment, out, reuse)
     configs = model_configs(experiment, data_for)
     all_jobs = build_jobs(experiment, configs)
+    if only:
+        all_jobs = select_jobs(all_jobs, only)
     check_training_jobs(all_jobs, data_for, budget or Budget())
     as_run = experiment.as_run()
     atomic_write_bytes(out / "experiment.toml", as_run.encode())
@@ -314,6 +322,8 @@ def run_experiment(
     facts = environment(threads)
     if reuse:
         facts["reuse_from"] = [str(r) for r in reuse]
+    if only:
+        facts["only"] = list(only)
     planned: dict[str, int] = {}
     for job in all_jobs:
         planned[job.kind] = planned.get(job.kind, 0) + 1
@@ -434,7 +444,9 @@ def run_experiment(
         finally:
             pool.close()
             ledger.close()
-    if summary.complete:  # resume files of jobs no longer in the file (edited, copied runs)
+    # resume files of jobs no longer in the file (edited, copied runs); a slice's run cannot
+    # tell those from the jobs outside it
+    if summary.complete and not only:
         for stale in Store(out / "store").resume_files():
             stale.unlink(missing_ok=True)
     summary.seconds = time.perf_counter() - start
