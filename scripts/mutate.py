@@ -39,6 +39,15 @@ class Mutation:
 
 M = Mutation
 MUTATIONS = [
+    # -- slices of an experiment (--only) --
+    M(
+        "slice-takes-direct-inputs-only",
+        "a slice adds the matching jobs' own inputs but not their inputs' inputs",
+        "src/lmckit/experiments/dag.py",
+        "                stack.append(dep)\n",
+        "                pass\n",
+        ("tests/experiments/test_only.py",),
+    ),
     # -- report figures against one grid key --
     M(
         "grid-values-in-text-order",
