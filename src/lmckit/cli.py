@@ -1990,7 +1990,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="PATTERN",
         help="run only the jobs whose names match (shell-style, e.g. 'merge/b1/*'; names as "
-        "lmckit status shows them) and the jobs they need (repeatable)",
+        "the report's job table lists them) and the jobs they need (repeatable)",
     )
     p.add_argument("--data-dir", type=_existing_dir, help="where the dataset files are")
     p.add_argument("--no-download", action="store_true", help="never download datasets")
