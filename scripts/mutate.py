@@ -48,6 +48,14 @@ MUTATIONS = [
         "                pass\n",
         ("tests/experiments/test_only.py",),
     ),
+    M(
+        "slice-report-counts-shown-jobs",
+        "a slice's report counts every job earlier runs finished, those it shows too",
+        "src/lmckit/experiments/report.py",
+        '            if j["status"] == "done" and j["name"] not in shown\n',
+        '            if j["status"] == "done"\n',
+        ("tests/experiments/test_only.py",),
+    ),
     # -- report figures against one grid key --
     M(
         "grid-values-in-text-order",

@@ -84,10 +84,26 @@ def test_a_slice_runs_only_its_jobs_with_the_whole_runs_results_and_a_whole_run_
     assert main(["report", str(out)]) == 0
     page = (out / "report.html").read_text()
     assert "a slice: only the jobs matching curve/b0/c1/0-1/wm-fast and their inputs" in page
+    assert "finished by earlier runs" not in page  # the earlier run was this same slice
 
-    # the whole file into the same folder: the slice's four jobs are reused, not rerun
+    # another slice: its report says the first slice's jobs are not in it; a run with both
+    # patterns reuses all eight and reports them together
+    other = ["curve/b0/c0/0-1/wm-fast"]
+    assert len(run_experiment(load_experiment(TINY), out, only=other, **QUIET).done) == 4
+    assert main(["report", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert "(4 job(s) finished by earlier runs are not in it: to report slices" in page
+    both = run_experiment(load_experiment(TINY), out, only=only + other, **QUIET)
+    assert len(both.reused) == 8 and not both.done
+    assert main(["report", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert "8 jobs done (8 of them reused from the store)" in page
+    assert "finished by earlier runs" not in page
+
+    # the whole file into the same folder: the slices' eight jobs are reused, not rerun
     summary = run_experiment(load_experiment(TINY), out, **QUIET)
-    assert sorted(summary.reused) == sorted(jobs) and len(summary.done) == 40
+    assert sorted(summary.reused) == sorted(both.reused) and len(summary.done) == 36
+    assert set(jobs) < set(summary.reused)
     assert read_ledger(out)[1] == everything
     assert not elsewhere.exists()  # a whole run that finished removes what no job needs
 

@@ -1045,6 +1045,14 @@ def write_report(out: str | Path) -> Path:
     try:
         jobs, metrics, runs = ledger.jobs(), ledger.metrics(), ledger.runs()
         planned = ledger.planned() if runs else None
+        shown = {j["name"] for j in jobs}
+        # a slice's report shows its own jobs; say what earlier slices finished besides
+        earlier = {
+            j["name"]
+            for r in runs[:-1]
+            for j in ledger.jobs(r["id"])
+            if j["status"] == "done" and j["name"] not in shown
+        } if runs and runs[-1]["environment"].get("only") else set()  # fmt: skip
     finally:
         ledger.close()
     # the file as the latest run ran it, from the ledger (OUT/experiment.toml is a copy)
@@ -1104,6 +1112,13 @@ def write_report(out: str | Path) -> Path:
             " — a slice: only the jobs matching "
             + html.escape(" ".join(environment["only"]))
             + " and their inputs"
+            + (
+                f" ({len(earlier)} job(s) finished by earlier runs are not in it: to report "
+                "slices together, run once more with all their <code>--only</code> patterns, "
+                "which reuses every job)"
+                if earlier
+                else ""
+            )
             if environment.get("only")
             else ""
         )
