@@ -51,9 +51,9 @@ MUTATIONS = [
     M(
         "slice-report-counts-shown-jobs",
         "a slice's report counts every job earlier runs finished, those it shows too",
-        "src/lmckit/experiments/report.py",
-        '            if j["status"] == "done" and j["name"] not in shown\n',
-        '            if j["status"] == "done"\n',
+        "src/lmckit/experiments/ledger.py",
+        '                "AND name NOT IN (SELECT name FROM jobs WHERE run = ?1) "\n',
+        '                "AND ?1 = ?1 "\n',
         ("tests/experiments/test_only.py",),
     ),
     # -- report figures against one grid key --

@@ -279,6 +279,19 @@ class Ledger:
             row["reused"] = bool(row["reused"])
         return rows
 
+    def finished_elsewhere(self, run: int | None = None) -> list[str]:
+        """Names of the jobs earlier runs than ``run`` (default: the latest) finished that
+        ``run`` has no row for — what a slice's report leaves out — sorted."""
+        return [
+            r[0]
+            for r in self.db.execute(
+                "SELECT DISTINCT name FROM jobs WHERE run < ?1 AND status = 'done' "
+                "AND name NOT IN (SELECT name FROM jobs WHERE run = ?1) "
+                "ORDER BY name",
+                (self._run(run),),
+            ).fetchall()
+        ]
+
     def metrics(self, run: int | None = None) -> list[dict[str, Any]]:
         """Every metric row ``{job, name, kind, metric, value}`` of ``run`` (default: the
         latest run); ``job`` is the job's result key."""

@@ -1045,14 +1045,9 @@ def write_report(out: str | Path) -> Path:
     try:
         jobs, metrics, runs = ledger.jobs(), ledger.metrics(), ledger.runs()
         planned = ledger.planned() if runs else None
-        shown = {j["name"] for j in jobs}
-        # a slice's report shows its own jobs; say what earlier slices finished besides
-        earlier = {
-            j["name"]
-            for r in runs[:-1]
-            for j in ledger.jobs(r["id"])
-            if j["status"] == "done" and j["name"] not in shown
-        } if runs and runs[-1]["environment"].get("only") else set()  # fmt: skip
+        # a slice's report shows its own jobs; it says what earlier slices finished besides
+        sliced = bool(runs and runs[-1]["environment"].get("only"))
+        earlier = ledger.finished_elsewhere() if sliced else []
     finally:
         ledger.close()
     # the file as the latest run ran it, from the ledger (OUT/experiment.toml is a copy)
