@@ -52,6 +52,7 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_result(
     _, info = load_resume_state(path, _fingerprint_of(path))
     assert info["epoch"] == 3  # epochs 1-3 were kept; the 4th was lost with the kill
 
+    assert info["resumed_from"] == {"epoch": 0, "seconds": 0.0}  # lmckit status's pace
     resumed_model = init_model(name, config, seed=2)
     seen_epochs = []
     resumed = train(
@@ -200,3 +201,23 @@ def test_the_tensor_digest_tells_names_values_and_dtypes_apart():
     assert tensors_digest({"w": t.reshape(2, 3) + 1}) != base
     assert tensors_digest({"v": t.reshape(2, 3)}) != base
     assert tensors_digest({"w": t.reshape(2, 3).double()}) != base
+
+
+def test_a_resumed_run_saves_where_it_began_for_the_estimate_of_time_left(digits, tmp_path):
+    """Killed in epoch 3, resumed after epoch 2 and killed in epoch 5: the file the second
+    process saved says it began after epoch 2 with the first process's seconds (lmckit
+    status estimates the time left at that process's own pace)."""
+    name, config = MLP
+    cfg = TrainConfig(epochs=5, batch_size=128, seed=0)
+    path = tmp_path / "r.safetensors"
+    with pytest.raises(Killed):
+        train(init_model(name, config, seed=0), digits, cfg, resume=path, resume_every=0,
+              progress=kill_in_epoch(3))  # fmt: skip
+    _, first = load_resume_state(path, _fingerprint_of(path))
+    with pytest.raises(Killed):
+        train(init_model(name, config, seed=0), digits, cfg, resume=path, resume_every=0,
+              progress=kill_in_epoch(5))  # fmt: skip
+    _, second = load_resume_state(path, _fingerprint_of(path))
+    assert (first["epoch"], second["epoch"]) == (2, 4)
+    assert second["resumed_from"] == {"epoch": 2, "seconds": first["seconds"]}
+    assert second["seconds"] > first["seconds"]

@@ -1350,20 +1350,33 @@ def _print_resumable(out: Path, jobs: list[dict[str, Any]]) -> None:
 def resumable_line(name: str, progress: dict[str, Any]) -> str:
     """``resumable: NAME saved after epoch E of N (M min of work kept; about T more at its
     pace)`` for a job's resume file (:func:`lmckit.resume.saved_progress`); the estimate is
-    the kept time per epoch done times the epochs left — for a file saved within an epoch
-    only where it records the epoch's steps (STE-MM's do)."""
+    the time per epoch of the process that saved the file (from where it resumed, when the
+    file says) times the epochs left — for a file saved within an epoch only where it
+    records the epoch's steps (STE-MM's do)."""
     seconds, epoch, epochs = progress["seconds"] or 0, progress["epoch"] or 0, progress["epochs"]
     step, per_epoch = progress["step_in_epoch"] or 0, progress.get("steps_per_epoch")
     where = f"after epoch {epoch}"
-    done: float | None = epoch
+    done = _epochs_done(epoch, step, per_epoch)
     if step:
         where = f"at step {step}" + (f" of {per_epoch}" if per_epoch else "")
         where += f" of epoch {epoch + 1}"
-        done = epoch + step / per_epoch if per_epoch else None
     kept = f"{seconds / 60:.0f} min of work kept"
     if done and isinstance(epochs, int) and epochs > done:
-        kept += f"; about {_duration(seconds / done * (epochs - done))} more at its pace"
+        pace = seconds / done
+        began = progress.get("resumed_from") or {}
+        began_at = _epochs_done(began.get("epoch") or 0, began.get("step_in_epoch"), per_epoch)
+        if began_at is not None and done > began_at and seconds > (began.get("seconds") or 0):
+            pace = (seconds - (began.get("seconds") or 0)) / (done - began_at)
+        kept += f"; about {_duration(pace * (epochs - done))} more at its pace"
     return f"resumable: {name} saved {where} of {epochs} ({kept})"
+
+
+def _epochs_done(epoch: int, step: int | None, per_epoch: int | None) -> float | None:
+    """Epochs done at step ``step`` of epoch ``epoch + 1`` (fractional; ``None`` when the
+    step is within an epoch of unknown length)."""
+    if not step:
+        return epoch
+    return epoch + step / per_epoch if per_epoch else None
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -140,14 +140,17 @@ def load_resume_state(
 def saved_progress(path: str | os.PathLike) -> dict[str, Any] | None:
     """What a resume file says of its run's progress — ``epoch`` (done), ``epochs`` (in
     all), ``step_in_epoch`` (batches of the next epoch done, 0 or absent at an epoch's
-    end), ``steps_per_epoch`` (where the run knows it), ``seconds`` (spent so far) — read
-    from its metadata alone; ``None`` for a file that is missing or unreadable."""
+    end), ``steps_per_epoch`` (where the run knows it), ``seconds`` (spent so far),
+    ``resumed_from`` (the ``epoch``, ``step_in_epoch`` and ``seconds`` the process that
+    saved it started from: its own pace, unlike the whole run's, leaves out earlier
+    processes on busier or stopped machines; absent in files of older lmckits) — read from
+    its metadata alone; ``None`` for a file that is missing or unreadable."""
     try:
         with safe_open(str(path), framework="pt") as f:
             info = json.loads((f.metadata() or {})["info"])
     except (SafetensorError, OSError, KeyError, ValueError):
         return None
-    keys = ("epoch", "epochs", "step_in_epoch", "steps_per_epoch", "seconds")
+    keys = ("epoch", "epochs", "step_in_epoch", "steps_per_epoch", "seconds", "resumed_from")
     return {k: info.get(k) for k in keys}
 
 

@@ -449,6 +449,7 @@ def train(
     start_loss: float | None = None
     diverged: dict[str, Any] | None = None
     first_epoch = 0
+    resumed_from = {"epoch": 0, "seconds": 0.0}  # where this process began: its own pace
     fingerprint = None if resume is None else _resume_fingerprint(model, data, config)
     loaded = None if resume is None else load_resume_state(resume, fingerprint)
     if loaded is not None:
@@ -457,6 +458,7 @@ def train(
         first_epoch, start_loss, diverged = info["epoch"], info["start_loss"], info["diverged"]
         history = [EpochStats(**e) for e in info["history"]]
         start -= info["seconds"]
+        resumed_from = {"epoch": first_epoch, "seconds": info["seconds"]}
         last_good_epoch = info["last_good_epoch"]
         last_good = (
             _state_copy(model)
@@ -557,6 +559,7 @@ def train(
                 "diverged": diverged,
                 "history": [vars(e) for e in history],
                 "seconds": time.perf_counter() - start,
+                "resumed_from": resumed_from,
                 "last_good_epoch": last_good_epoch,
             }
             _save_training(resume, fingerprint, model, optimizer, scheduler, last_good, state)

@@ -648,3 +648,28 @@ def test_a_resumable_job_line_estimates_the_time_left_from_its_own_pace():
     )
     assert "more at its pace" not in resumable_line("t", progress(0, 0, 0))
     assert "more at its pace" not in resumable_line("t", progress(10, 0, 60))
+
+
+def test_the_time_left_follows_the_pace_of_the_process_that_saved_the_file():
+    """A job whose first process crawled (a busy or stopped machine: 1 h for one epoch) and
+    whose second, resumed after epoch 1, did three epochs in 30 min has 6 epochs left at
+    10 min each — not at the whole run's 22.5 min per epoch."""
+    from lmckit.cli import resumable_line
+
+    began = {"epoch": 1, "step_in_epoch": 0, "seconds": 3600}
+    saved = {"epoch": 4, "epochs": 10, "step_in_epoch": 0, "seconds": 5400}
+    assert resumable_line("t", {**saved, "resumed_from": began}).endswith(
+        "(90 min of work kept; about 60 min more at its pace)"
+    )
+    assert resumable_line("t", saved).endswith("about 2.2 h more at its pace)")  # older files
+    # within epochs: from step 50 of 100 in epoch 2 (1.5 epochs, 1 h) to step 50 of epoch 4
+    # (3.5 epochs) in 20 min: 10 min per epoch, 6.5 epochs left
+    began = {"epoch": 1, "step_in_epoch": 50, "seconds": 3600}
+    saved = {"epoch": 3, "epochs": 10, "step_in_epoch": 50, "steps_per_epoch": 100}
+    assert resumable_line("m", {**saved, "seconds": 4800, "resumed_from": began}).endswith(
+        "(80 min of work kept; about 65 min more at its pace)"
+    )
+    fresh = {"epoch": 0, "step_in_epoch": 0, "seconds": 0}  # a run never interrupted
+    assert resumable_line("m", {**saved, "seconds": 700, "resumed_from": fresh}).endswith(
+        "about 22 min more at its pace)"
+    )

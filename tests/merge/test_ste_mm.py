@@ -204,6 +204,41 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_merge(
         ste_mm(spec, params[::-1], model=model, data=digits, resume=path, **options)
 
 
+def test_a_resumed_run_saves_where_it_began_for_the_estimate_of_time_left(
+    trained, digits, tmp_path
+):
+    """The resume file records where the process that wrote it started (lmckit status's
+    pace): a fresh run from the start; a run resumed at step 2 of epoch 2 from there, with
+    the seconds the first process had kept."""
+    model, spec, params = trained
+    options = {"epochs": 3, "lr": 1e-2, "batch_size": 256, "seed": 3}
+    path = tmp_path / "m.resume"
+
+    def kill_at(epoch, step):
+        seen = []
+
+        def progress(event):
+            seen.append(event.metrics["epoch"])
+            if seen.count(epoch) == step:
+                raise Killed
+
+        return progress
+
+    for epoch in (2, 3):
+        with pytest.raises(Killed):
+            ste_mm(spec, params, model=model, data=digits, resume=path, resume_every=0,
+                   progress=kill_at(epoch, 3), **options)  # fmt: skip
+        saved = saved_progress(path)
+        assert (saved["epoch"], saved["step_in_epoch"]) == (epoch - 1, 2)
+        if epoch == 2:
+            assert saved["resumed_from"] == {"epoch": 0, "step_in_epoch": 0, "seconds": 0.0}
+            first = saved
+        else:
+            assert saved["resumed_from"] == {"epoch": 1, "step_in_epoch": 2,
+                                             "seconds": first["seconds"]}  # fmt: skip
+            assert saved["seconds"] > first["seconds"]
+
+
 def _drop_info_entries(path, names):
     """Rewrite a resume file without some entries of its JSON info."""
     import json

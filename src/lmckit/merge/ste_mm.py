@@ -270,6 +270,7 @@ def ste_mm(
     loaded = None if resume is None else load_resume_state(resume, fingerprint)
     first_epoch, history, steps, lap_work = 0, [], 0, [0]
     skip, epoch_loss, epoch_count = 0, 0.0, 0  # a save made within an epoch: how far it got
+    resumed_from = {"epoch": 0, "step_in_epoch": 0, "seconds": 0.0}  # where this process began
     if loaded is not None:
         tensors, info = loaded
         with torch.no_grad():
@@ -286,6 +287,7 @@ def ste_mm(
         epoch_loss, epoch_count = info.get("loss_sum", 0.0), info.get("count", 0)
         lap_work = [info["lap_solves"]]
         start -= info["seconds"]
+        resumed_from = {"epoch": first_epoch, "step_in_epoch": skip, "seconds": info["seconds"]}
         if hasattr(batches, "set_epoch"):  # an lmckit loader: epoch e's order from (seed, e)
             batches.set_epoch(first_epoch)
     if resume is not None:
@@ -306,7 +308,7 @@ def ste_mm(
             "step_in_epoch": step_in_epoch, "steps_per_epoch": per_pass,
             "loss_sum": loss_sum, "count": count,
             "lap_solves": lap_work[0], "seconds": time.perf_counter() - start,
-            "optimizer": optimizer_rest, "duals": dual_flags,
+            "resumed_from": resumed_from, "optimizer": optimizer_rest, "duals": dual_flags,
         }  # fmt: skip
         save_resume_state(resume, tensors, info, fingerprint)
 
