@@ -56,6 +56,22 @@ MUTATIONS = [
         '                "AND ?1 = ?1 "\n',
         ("tests/experiments/test_only.py",),
     ),
+    M(
+        "time-left-at-whole-run-pace",
+        "a resumable job's time left at the whole run's pace, not the saving process's",
+        "src/lmckit/cli.py",
+        "            pace = (seconds - (began.get(\"seconds\") or 0)) / (done - began_at)\n",
+        "            pace = seconds / done\n",
+        ("tests/experiments/test_runner.py",),
+    ),
+    M(
+        "resume-file-forgets-where-it-began",
+        "a resumed STE-MM merge records a fresh start in its resume file",
+        "src/lmckit/merge/ste_mm.py",
+        '        resumed_from = {"epoch": first_epoch, "step_in_epoch": skip, "seconds": info["seconds"]}\n',
+        "        pass\n",
+        ("tests/merge/test_ste_mm.py",),
+    ),
     # -- report figures against one grid key --
     M(
         "grid-values-in-text-order",
