@@ -1363,7 +1363,8 @@ def resumable_line(name: str, progress: dict[str, Any]) -> str:
     kept = f"{seconds / 60:.0f} min of work kept"
     if done and isinstance(epochs, int) and epochs > done:
         pace = seconds / done
-        began = progress.get("resumed_from") or {}
+        began = progress.get("resumed_from")
+        began = began if isinstance(began, dict) else {}  # older files have none
         began_at = _epochs_done(began.get("epoch") or 0, began.get("step_in_epoch"), per_epoch)
         if began_at is not None and done > began_at and seconds > (began.get("seconds") or 0):
             pace = (seconds - (began.get("seconds") or 0)) / (done - began_at)
