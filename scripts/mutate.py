@@ -60,7 +60,7 @@ MUTATIONS = [
         "time-left-at-whole-run-pace",
         "a resumable job's time left at the whole run's pace, not the saving process's",
         "src/lmckit/cli.py",
-        "            pace = (seconds - (began.get(\"seconds\") or 0)) / (done - began_at)\n",
+        '            pace = (seconds - (began.get("seconds") or 0)) / (done - began_at)\n',
         "            pace = seconds / done\n",
         ("tests/experiments/test_runner.py",),
     ),
@@ -68,9 +68,27 @@ MUTATIONS = [
         "resume-file-forgets-where-it-began",
         "a resumed STE-MM merge records a fresh start in its resume file",
         "src/lmckit/merge/ste_mm.py",
-        '        resumed_from = {"epoch": first_epoch, "step_in_epoch": skip, "seconds": info["seconds"]}\n',
+        '        resumed_from = {"epoch": first_epoch, "step_in_epoch": skip, '
+        '"seconds": info["seconds"]}\n',
         "        pass\n",
         ("tests/merge/test_ste_mm.py",),
+    ),
+    M(
+        "dry-run-reads-the-first-run",
+        "the dry run lists each job's row of the folder's first run that has it, not the latest",
+        "src/lmckit/experiments/ledger.py",
+        '            "WHERE j.run = (SELECT MAX(run) FROM jobs WHERE name = j.name)"\n',
+        '            "WHERE j.run = (SELECT MIN(run) FROM jobs WHERE name = j.name)"\n',
+        ("tests/experiments/test_only.py",),
+    ),
+    M(
+        "dry-run-names-every-job",
+        "the dry run marks the jobs a slice needs as named by --only",
+        "src/lmckit/experiments/runner.py",
+        "    named = {job.name for job in selected if not only or "
+        "any(fnmatch(job.name, p) for p in only)}\n",
+        "    named = {job.name for job in selected}\n",
+        ("tests/experiments/test_only.py",),
     ),
     # -- report figures against one grid key --
     M(

@@ -1149,6 +1149,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"experiment {experiment.name}: {experiment.description or '(no description)'}")
     if experiment.expected_runtime:
         print(f"expected run time: {experiment.expected_runtime}")
+    if args.dry_run:
+        return _print_plan(experiment, args)
     if args.executor == "local":
         from lmckit.experiments.executors import usable_cores
 
@@ -1186,6 +1188,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     if summary.failed:
         print(f"see `lmckit status {args.out}` for the errors; rerun with --retry-failed")
     return 0 if summary.complete else 1
+
+
+def _print_plan(experiment, args: argparse.Namespace) -> int:
+    """``lmckit run --dry-run``: one line per job the run would take up, then the counts."""
+    from lmckit.experiments.runner import plan_run
+
+    planned = plan_run(
+        experiment,
+        args.out,
+        data_dir=args.data_dir,
+        download=not args.no_download,
+        budget=_budget(args),
+        reuse_from=args.reuse_from or (),
+        only=args.only or (),
+    )
+    width = max(len(job.name) for job in planned)
+    counts = {"finished before": 0, "resumable": 0, "to run": 0}
+    for job in planned:
+        if job.earlier == "done":
+            state = f"finished in run {job.run} (reused if its inputs are unchanged)"
+            counts["finished before"] += 1
+        elif job.resumable is not None:
+            state = resumable_line(job.name, job.resumable).split(" saved ", 1)[1]
+            state = f"{job.earlier} in run {job.run}; resumes from its file, saved {state}"
+            counts["resumable"] += 1
+        else:
+            state = "to run" if job.earlier is None else f"to run ({job.earlier} in run {job.run})"
+            counts["to run"] += 1
+        needed = "" if job.named else "  (needed)"
+        print(f"  {job.name:<{width}}  {state}{needed}")
+    named = sum(job.named for job in planned)
+    which = f"{named} named by --only, {len(planned) - named} they need" if args.only else "all"
+    tally = ", ".join(f"{n} {what}" for what, n in counts.items())
+    print(f"dry run: {len(planned)} jobs ({which}): {tally}; nothing was run or written")
+    return 0
 
 
 class _JobBars:
@@ -2014,6 +2051,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive,
         metavar="H",
         help="refuse a run whose largest training job is estimated beyond H hours (default 24)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the jobs this command would take up (with --only: the matching ones and "
+        "what they need) and what --out knows of each (finished, failed, resumable), then "
+        "stop: nothing is run or written",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_run)

@@ -66,6 +66,7 @@ def test_a_slice_runs_only_its_jobs_with_the_whole_runs_results_and_a_whole_run_
     ]  # fmt: skip
     assert metrics == {k: v for k, v in everything.items() if k[0] in jobs}
     assert {n: j["key"] for n, j in jobs.items()} == {n: everything_jobs[n]["key"] for n in jobs}
+    _the_dry_run_of_two_slices_lists_the_first_as_finished_and_writes_nothing(out, tmp_path, capsys)
     elsewhere = out / "store" / "partial" / ("0" * 64 + ".resume")  # a job outside, half done
     elsewhere.parent.mkdir(exist_ok=True)
     elsewhere.write_bytes(b"kept for the run that does this job")
@@ -95,6 +96,11 @@ def test_a_slice_runs_only_its_jobs_with_the_whole_runs_results_and_a_whole_run_
     assert "(4 job(s) finished by earlier runs are not in it: to report slices" in page
     both = run_experiment(load_experiment(TINY), out, only=only + other, **QUIET)
     assert len(both.reused) == 8 and not both.done
+    capsys.readouterr()
+    assert main(["run", str(TINY), "--out", str(out), "--dry-run", "--only", only[0]]) == 0
+    planned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    # each job's row of the latest run that has it
+    assert len(planned) == 4 and all("finished in run 4 (reused" in line for line in planned)
     assert main(["report", str(out)]) == 0
     page = (out / "report.html").read_text()
     assert "8 jobs done (8 of them reused from the store)" in page
@@ -106,6 +112,39 @@ def test_a_slice_runs_only_its_jobs_with_the_whole_runs_results_and_a_whole_run_
     assert set(jobs) < set(summary.reused)
     assert read_ledger(out)[1] == everything
     assert not elsewhere.exists()  # a whole run that finished removes what no job needs
+
+
+def _snapshot(folder):
+    return {str(f.relative_to(folder)): f.read_bytes() for f in folder.rglob("*") if f.is_file()}
+
+
+def _the_dry_run_of_two_slices_lists_the_first_as_finished_and_writes_nothing(
+    out, tmp_path, capsys
+):
+    """``lmckit run --dry-run`` after the slice of c1's curve, with c0's curve added: c1's
+    four jobs are finished (run 1), c0's four are to run; the two curves are the named
+    jobs; the folder is byte for byte as it was, and a fresh folder is not created."""
+    before = _snapshot(out)
+    capsys.readouterr()
+    patterns = ["--only", "curve/b0/c1/0-1/wm-fast", "--only", "curve/b0/c0/0-1/wm-fast"]
+    assert main(["run", str(TINY), "--out", str(out), "--dry-run", *patterns]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    for cell, state in ((1, "finished in run 1 (reused if"), (0, "to run")):
+        for name in (f"train/c{cell}/seed0", f"train/c{cell}/seed1", f"match/c{cell}/0-1/wm-fast"):
+            assert state in lines[name] and lines[name].endswith("(needed)"), lines[name]
+        curve = lines[f"curve/b0/c{cell}/0-1/wm-fast"]
+        assert state in curve and not curve.endswith("(needed)")
+    assert lines["dry"] == (
+        "dry run: 8 jobs (2 named by --only, 6 they need): 4 finished before, 0 resumable, "
+        "4 to run; nothing was run or written"
+    )
+    assert _snapshot(out) == before
+    fresh = tmp_path / "fresh"
+    assert main(["run", str(TINY), "--out", str(fresh), "--dry-run", "-q"]) == 0
+    assert "dry run: 44 jobs (all): 0 finished before, 0 resumable, 44 to run" in (
+        capsys.readouterr().out
+    )
+    assert not fresh.exists()
 
 
 def test_the_run_command_refuses_a_pattern_that_matches_no_job(tmp_path, capsys):

@@ -76,6 +76,12 @@ def test_a_killed_training_job_resumes_from_its_last_epoch(tmp_path, monkeypatch
     assert len(saved) == 1
     assert main(["status", str(out)]) == 0
     assert "resumable: train/c0/seed0 saved after epoch 2 of 4" in capsys.readouterr().out
+    assert main(["run", str(tmp_path / "e.toml"), "--out", str(out), "--dry-run"]) == 0
+    planned = capsys.readouterr().out
+    assert "train/c0/seed0  running in run 1; resumes from its file, saved after epoch 2 of 4" in (
+        planned
+    )  # SIGKILL left its row running
+    assert "0 finished before, 1 resumable" in planned
 
     # a run in another folder taking this one's results (--reuse-from) goes on from its
     # resume file too, and leaves the file where it is

@@ -292,6 +292,18 @@ class Ledger:
             ).fetchall()
         ]
 
+    def latest_by_name(self) -> dict[str, dict[str, Any]]:
+        """Each job name's row in the latest run that has one — ``{name: {run, key, kind,
+        status}}`` — what the folder knows of a job, whichever slice ran it last."""
+        cursor = self.db.execute(
+            "SELECT j.name, j.run, j.key, j.kind, j.status FROM jobs j "
+            "WHERE j.run = (SELECT MAX(run) FROM jobs WHERE name = j.name)"
+        )
+        return {
+            name: {"run": run, "key": key, "kind": kind, "status": status}
+            for name, run, key, kind, status in cursor.fetchall()
+        }
+
     def metrics(self, run: int | None = None) -> list[dict[str, Any]]:
         """Every metric row ``{job, name, kind, metric, value}`` of ``run`` (default: the
         latest run); ``job`` is the job's result key."""

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +50,14 @@ from lmckit.experiments.spec import DEFAULT_NAME, Experiment, model_configs
 from lmckit.experiments.steps import ARTIFACT_KIND, STEPS, Job, dataset_for, job_key
 from lmckit.experiments.store import Store
 from lmckit.progress import Progress, ProgressCallback
-from lmckit.resume import save_interval
+from lmckit.resume import save_interval, saved_progress
 
 __all__ = [
+    "PlannedJob",
     "RunFolderError",
     "RunSummary",
     "earlier_experiment",
+    "plan_run",
     "run_experiment",
     "sigterm_as_interrupt",
 ]
@@ -249,6 +252,75 @@ def environment(threads: int | None = None) -> dict[str, Any]:
         "cuda": torch.cuda.is_available(),
         **({"threads_per_job": threads} if threads is not None else {}),
     }
+
+
+@dataclass
+class PlannedJob:
+    """One job a run would do (:func:`plan_run`) and what its folder knows of it.
+
+    ``named``: the job matches an ``only`` pattern (or there are none), else a job it
+    needs. ``earlier``: the status of the folder's latest row for this name (``"done"``,
+    ``"failed"``, ``"interrupted"``, ``"running"``, …; ``None``: no run has had it) and
+    ``run``, that row's run. ``resumable``: what the job's resume file says
+    (:func:`lmckit.resume.saved_progress`) when a job left unfinished has one."""
+
+    name: str
+    kind: str
+    named: bool
+    earlier: str | None = None
+    run: int | None = None
+    resumable: dict[str, Any] | None = None
+
+
+def plan_run(
+    experiment: Experiment,
+    out: str | Path,
+    *,
+    data_dir: str | Path | None = None,
+    download: bool = True,
+    budget: Budget | None = None,
+    reuse_from: Sequence[str | Path] = (),
+    only: Sequence[str] = (),
+) -> list[PlannedJob]:
+    """The jobs :func:`run_experiment` with these arguments would take up, in its order,
+    checked as it checks them (the folders, the ``only`` patterns, the training budget) —
+    and nothing run or written: ``out`` is only read, and need not exist.
+
+    A job the folder's ledger records as done is reused when its inputs are unchanged (its
+    key, known only once its inputs exist, is the one stored); the results of
+    ``reuse_from`` folders are found by key at run time, so they are not listed here.
+    """
+    out = Path(out)
+    data_key = str(data_dir) if data_dir is not None else None
+
+    def data_for(model_name: str):
+        return dataset_for(model_name, experiment.dataset, data_key, download)
+
+    _check_run_folders(experiment, out, [Path(r) for r in reuse_from])
+    jobs = build_jobs(experiment, model_configs(experiment, data_for))
+    selected = select_jobs(jobs, only) if only else jobs
+    check_training_jobs(selected, data_for, budget or Budget())
+    named = {job.name for job in selected if not only or any(fnmatch(job.name, p) for p in only)}
+    known: dict[str, dict[str, Any]] = {}
+    if (out / "ledger.sqlite").is_file():
+        ledger = Ledger(out / "ledger.sqlite", create=False)
+        try:
+            known = ledger.latest_by_name()
+        finally:
+            ledger.close()
+    store = Store(out / "store")
+    planned = []
+    for job in selected:
+        row = known.get(job.name, {})
+        progress = None
+        if row and row["status"] != "done" and row["key"]:
+            progress = saved_progress(store.resume_file(row["key"]))
+        planned.append(
+            PlannedJob(
+                job.name, job.kind, job.name in named, row.get("status"), row.get("run"), progress
+            )
+        )
+    return planned
 
 
 @writes_folder("out")
