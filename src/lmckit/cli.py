@@ -1204,11 +1204,22 @@ def _print_plan(experiment, args: argparse.Namespace) -> int:
         only=args.only or (),
     )
     width = max(len(job.name) for job in planned)
-    counts = {"finished before": 0, "resumable": 0, "to run": 0}
+    counts = {"finished before": 0, "failed before": 0, "waiting": 0, "resumable": 0, "to run": 0}
+    stuck: set[str] = set()  # failed before and not retried, or waiting on such a job
     for job in planned:
-        if job.earlier == "done":
+        blocker = next((d for d in job.deps if d in stuck), None)
+        if blocker is not None and job.earlier != "done":
+            state = f"waits: it needs {blocker}, which will not run"
+            counts["waiting"] += 1
+            stuck.add(job.name)
+        elif job.earlier == "done":
             state = f"finished in run {job.run} (reused if its inputs are unchanged)"
             counts["finished before"] += 1
+        elif job.earlier == "failed" and not args.retry_failed:
+            state = f"failed in run {job.run} (not run again without --retry-failed; "
+            state += "the jobs that need it wait)"
+            counts["failed before"] += 1
+            stuck.add(job.name)
         elif job.resumable is not None:
             state = resumable_line(job.name, job.resumable).split(" saved ", 1)[1]
             state = f"{job.earlier} in run {job.run}; resumes from its file, saved {state}"

@@ -135,15 +135,14 @@ def _the_dry_run_of_two_slices_lists_the_first_as_finished_and_writes_nothing(
         curve = lines[f"curve/b0/c{cell}/0-1/wm-fast"]
         assert state in curve and not curve.endswith("(needed)")
     assert lines["dry"] == (
-        "dry run: 8 jobs (2 named by --only, 6 they need): 4 finished before, 0 resumable, "
-        "4 to run; nothing was run or written"
+        "dry run: 8 jobs (2 named by --only, 6 they need): 4 finished before, 0 failed before, "
+        "0 waiting, 0 resumable, 4 to run; nothing was run or written"
     )
     assert _snapshot(out) == before
     fresh = tmp_path / "fresh"
     assert main(["run", str(TINY), "--out", str(fresh), "--dry-run", "-q"]) == 0
-    assert "dry run: 44 jobs (all): 0 finished before, 0 resumable, 44 to run" in (
-        capsys.readouterr().out
-    )
+    tally = "0 finished before, 0 failed before, 0 waiting, 0 resumable, 44 to run"
+    assert f"dry run: 44 jobs (all): {tally}" in capsys.readouterr().out
     assert not fresh.exists()
 
 

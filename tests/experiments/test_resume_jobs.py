@@ -81,7 +81,7 @@ def test_a_killed_training_job_resumes_from_its_last_epoch(tmp_path, monkeypatch
     assert "train/c0/seed0  running in run 1; resumes from its file, saved after epoch 2 of 4" in (
         planned
     )  # SIGKILL left its row running
-    assert "0 finished before, 1 resumable" in planned
+    assert "0 finished before, 0 failed before, 0 waiting, 1 resumable" in planned
 
     # a run in another folder taking this one's results (--reuse-from) goes on from its
     # resume file too, and leaves the file where it is

@@ -110,7 +110,9 @@ def _fail_am_matches(monkeypatch):
     return original
 
 
-def test_failures_are_recorded_and_retried_only_when_asked(tmp_path, monkeypatch):
+def test_failures_are_recorded_and_retried_only_when_asked(tmp_path, monkeypatch, capsys):
+    from lmckit.cli import main
+
     original = _fail_am_matches(monkeypatch)
     summary = run_experiment(load_experiment(TINY), tmp_path, **QUIET)
     assert len(summary.failed) == 6 and len(summary.waiting) == 6  # 6 AM matches, 6 curves
@@ -122,6 +124,18 @@ def test_failures_are_recorded_and_retried_only_when_asked(tmp_path, monkeypatch
     monkeypatch.setitem(steps.STEPS, "match", original)
     again = run_experiment(load_experiment(TINY), tmp_path, **QUIET)
     assert len(again.failed) == 6 and not again.done  # not retried unasked
+    capsys.readouterr()
+    assert main(["run", str(TINY), "--out", str(tmp_path), "--dry-run"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "failed in run 2 (not run again without --retry-failed" in lines["match/c0/0-1/am"]
+    assert "waits: it needs match/c0/0-1/am, which will not run" in lines["curve/b0/c0/0-1/am"]
+    assert "finished in run" in lines["match/c0/0-1/wm-fast"]
+    assert "6 failed before, 6 waiting, 0 resumable, 0 to run" in lines["dry"]
+    assert main(["run", str(TINY), "--out", str(tmp_path), "--dry-run", "--retry-failed"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["match/c0/0-1/am"].endswith("to run (failed in run 2)")
+    assert lines["curve/b0/c0/0-1/am"].endswith("to run")
+    assert "0 failed before, 0 waiting, 0 resumable, 12 to run" in lines["dry"]
     retried = run_experiment(load_experiment(TINY), tmp_path, retry_failed=True, **QUIET)
     assert retried.complete and len(retried.done) == 12
     jobs, _ = contents(tmp_path)

@@ -261,12 +261,14 @@ class PlannedJob:
     ``named``: the job matches an ``only`` pattern (or there are none), else a job it
     needs. ``earlier``: the status of the folder's latest row for this name (``"done"``,
     ``"failed"``, ``"interrupted"``, ``"running"``, …; ``None``: no run has had it) and
-    ``run``, that row's run. ``resumable``: what the job's resume file says
-    (:func:`lmckit.resume.saved_progress`) when a job left unfinished has one."""
+    ``run``, that row's run. ``deps``: the jobs it needs. ``resumable``: what the job's
+    resume file says (:func:`lmckit.resume.saved_progress`) when a job left unfinished
+    has one."""
 
     name: str
     kind: str
     named: bool
+    deps: tuple[str, ...] = ()
     earlier: str | None = None
     run: int | None = None
     resumable: dict[str, Any] | None = None
@@ -317,7 +319,13 @@ def plan_run(
             progress = saved_progress(store.resume_file(row["key"]))
         planned.append(
             PlannedJob(
-                job.name, job.kind, job.name in named, row.get("status"), row.get("run"), progress
+                job.name,
+                job.kind,
+                job.name in named,
+                tuple(job.deps),
+                row.get("status"),
+                row.get("run"),
+                progress,
             )
         )
     return planned
