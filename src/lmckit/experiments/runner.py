@@ -288,8 +288,10 @@ def plan_run(
     checked as it checks them (the folders, the ``only`` patterns, the training budget) —
     and nothing run or written: ``out`` is only read, and need not exist.
 
-    A job the folder's ledger records as done is reused when its inputs are unchanged (its
-    key, known only once its inputs exist, is the one stored); the results of
+    The folder's ledger is read by job name: a job it records as done is reused, and one
+    it records as failed is not run again (without ``retry_failed``), when its settings and
+    inputs are unchanged (its key, known only once its inputs exist, is the one stored);
+    the results of
     ``reuse_from`` folders are found by key at run time, so they are not listed here.
     """
     out = Path(out)
