@@ -63,6 +63,40 @@ def test_the_permutations_are_projections_of_the_trained_proxies(trained, digits
     assert result.perms[:2] != baseline.perms[:2] and result.perms[2].is_identity()
 
 
+def test_projections_run_side_by_side_to_the_one_thread_result(trained, digits, monkeypatch):
+    """With two torch threads the two projections of a step run in two threads, each with one
+    torch thread, and the merge is a one-thread run's, bit for bit (perms, weights, LAP
+    count); the thread count is restored afterwards."""
+    import threading
+
+    from lmckit.match.weight_matcher import WeightMatcher
+
+    model, spec, params = trained
+    options = {"epochs": 1, "lr": 1e-2, "batch_size": 256, "variant": "paper", "seed": 5}
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = ste_mm(spec, params, model=model, data=digits, **options)
+        seen = []
+        match = WeightMatcher.match
+
+        def spy(self, *args, **kwargs):
+            seen.append((threading.current_thread().name, torch.get_num_threads()))
+            return match(self, *args, **kwargs)
+
+        monkeypatch.setattr(WeightMatcher, "match", spy)
+        torch.set_num_threads(2)
+        side_by_side = ste_mm(spec, params, model=model, data=digits, **options)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert side_by_side.info["projection_threads"] == 2 and alone.info["projection_threads"] == 1
+    assert len({name for name, _ in seen}) == 2 and {t for _, t in seen} == {1}
+    assert side_by_side.perms == alone.perms
+    assert side_by_side.info["lap_solves"] == alone.info["lap_solves"]
+    assert all(torch.equal(side_by_side.merged[k], v) for k, v in alone.merged.items())
+
+
 def test_fixed_mixture_weights_steer_the_merge(trained, digits):
     model, spec, params = trained
     uniform = ste_mm(spec, params, model=model, data=digits, epochs=1, lr=1e-2, weights=[1, 1, 1])
