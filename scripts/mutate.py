@@ -90,6 +90,14 @@ MUTATIONS = [
         "    named = {job.name for job in selected}\n",
         ("tests/experiments/test_only.py",),
     ),
+    M(
+        "side-by-side-projections-keep-every-thread",
+        "STE-MM's projections run side by side, each with all the torch threads",
+        "src/lmckit/merge/ste_mm.py",
+        "    torch.set_num_threads(1)\n",
+        "    torch.set_num_threads(threads)\n",
+        ("tests/merge/test_ste_mm.py",),
+    ),
     # -- report figures against one grid key --
     M(
         "grid-values-in-text-order",
@@ -506,8 +514,7 @@ MUTATIONS = [
         "ste-mm-skips-final-projection",
         "STE-MM returns the projections made before its last step (Alg. 1 line 12 skipped)",
         "src/lmckit/merge/ste_mm.py",
-        "                last_save = time.perf_counter()\n"
-        "        for i in others:\n            project(i)\n",
+        "                last_save = time.perf_counter()\n        project_all()\n",
         "                last_save = time.perf_counter()\n",
         ("tests/merge/test_ste_mm.py",),
     ),
