@@ -116,6 +116,12 @@ class Ledger:
         """Close the database connection."""
         self.db.close()
 
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # -- writes (the driver only) --------------------------------------------------------
     def start_run(
         self,

@@ -146,11 +146,8 @@ def earlier_experiment(out: Path) -> str | None:
         except (OSError, UnicodeDecodeError) as exc:
             raise RunFolderError(f"{toml} is unreadable: {exc}") from None
     elif (out / "ledger.sqlite").is_file():
-        ledger = Ledger(out / "ledger.sqlite", create=False)
-        try:
+        with Ledger(out / "ledger.sqlite", create=False) as ledger:
             runs = ledger.runs()
-        finally:
-            ledger.close()
         text = runs[-1]["experiment"] if runs else None
     if text is None:
         return None
@@ -307,11 +304,8 @@ def plan_run(
     named = {job.name for job in selected if not only or any(fnmatch(job.name, p) for p in only)}
     known: dict[str, dict[str, Any]] = {}
     if (out / "ledger.sqlite").is_file():
-        ledger = Ledger(out / "ledger.sqlite", create=False)
-        try:
+        with Ledger(out / "ledger.sqlite", create=False) as ledger:
             known = ledger.latest_by_name()
-        finally:
-            ledger.close()
     store = Store(out / "store")
     planned = []
     for job in selected:
