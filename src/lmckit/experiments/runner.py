@@ -288,8 +288,8 @@ def plan_run(
     The folder's ledger is read by job name: a job it records as done is reused, and one
     it records as failed is not run again (without ``retry_failed``), when its settings and
     inputs are unchanged (its key, known only once its inputs exist, is the one stored);
-    the results of
-    ``reuse_from`` folders are found by key at run time, so they are not listed here.
+    the results of ``reuse_from`` folders are found by key at run time, so they are not
+    listed here.
     """
     out = Path(out)
     data_key = str(data_dir) if data_dir is not None else None
