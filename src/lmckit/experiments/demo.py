@@ -113,14 +113,11 @@ def run_demo(
 
 def _assemble(experiment: Experiment, out: Path) -> dict[str, Any]:
     """The demo's table, figures and pairwise barriers from the run's ledger and store."""
-    ledger = Ledger(out / "ledger.sqlite")
-    try:
+    with Ledger(out / "ledger.sqlite") as ledger:
         jobs = {j["name"]: j for j in ledger.jobs()}
         metrics: dict[str, dict[str, float]] = {}
         for m in ledger.metrics():
             metrics.setdefault(m["name"], {})[m["metric"]] = m["value"]
-    finally:
-        ledger.close()
     store = Store(out / "store")
     s0, s1 = experiment.seeds[:2]
     distance = metrics[f"match/c0/{s0}-{s1}/wm-fast"]["distance_before"]

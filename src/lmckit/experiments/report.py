@@ -1041,15 +1041,12 @@ def write_report(out: str | Path) -> Path:
         raise OutputPathError(
             f"{existing} exists and is not a report lmckit wrote; refusing to overwrite it"
         )
-    ledger = Ledger(out / "ledger.sqlite", create=False)
-    try:
+    with Ledger(out / "ledger.sqlite", create=False) as ledger:
         jobs, metrics, runs = ledger.jobs(), ledger.metrics(), ledger.runs()
         planned = ledger.planned() if runs else None
         # a slice's report shows its own jobs; it says what earlier slices finished besides
         sliced = bool(runs and runs[-1]["environment"].get("only"))
         earlier = ledger.finished_elsewhere() if sliced else []
-    finally:
-        ledger.close()
     # the file as the latest run ran it, from the ledger (OUT/experiment.toml is a copy)
     if runs:
         text, where = runs[-1]["experiment"], f"the experiment file {out}/ledger.sqlite records"
