@@ -144,6 +144,11 @@ def _the_dry_run_of_two_slices_lists_the_first_as_finished_and_writes_nothing(
     tally = "0 finished before, 0 failed before, 0 waiting, 0 resumable, 44 to run"
     assert f"dry run: 44 jobs (all): {tally}" in capsys.readouterr().out
     assert not fresh.exists()
+    # what the run refuses, the dry run refuses: --out onto the folder of the file itself
+    (fresh / "experiment.toml").parent.mkdir()
+    (fresh / "experiment.toml").write_text(TINY.read_text())
+    code = main(["run", str(fresh / "experiment.toml"), "--out", str(fresh), "--dry-run", "-q"])
+    assert code == 2 and "which is one of the inputs" in capsys.readouterr().err
 
 
 def test_the_run_command_refuses_a_pattern_that_matches_no_job(tmp_path, capsys):

@@ -160,6 +160,14 @@ def earlier_experiment(out: Path) -> str | None:
     return name
 
 
+def _check_outputs(experiment: Experiment, out: Path) -> None:
+    """What a run writes into ``out`` overwrites none of its inputs (the experiment file)."""
+    check_outputs(
+        [out / n for n in ("experiment.toml", "ledger.sqlite", "store")],
+        [experiment.source] if experiment.source is not None else [],
+    )
+
+
 def _check_run_folders(experiment: Experiment, out: Path, reuse_from: list[Path]) -> None:
     """After :func:`check_outputs`: ``out/experiment.toml`` is lmckit's, so it names the
     experiment run there before."""
@@ -297,6 +305,7 @@ def plan_run(
     def data_for(model_name: str):
         return dataset_for(model_name, experiment.dataset, data_key, download)
 
+    _check_outputs(experiment, out)
     _check_run_folders(experiment, out, [Path(r) for r in reuse_from])
     jobs = build_jobs(experiment, model_configs(experiment, data_for))
     selected = select_jobs(jobs, only) if only else jobs
@@ -382,10 +391,7 @@ def run_experiment(
         return dataset_for(model_name, experiment.dataset, data_key, download)
 
     reuse = [Path(r) for r in reuse_from]
-    check_outputs(
-        [out / n for n in ("experiment.toml", "ledger.sqlite", "store")],
-        [experiment.source] if experiment.source is not None else [],
-    )
+    _check_outputs(experiment, out)
     _check_run_folders(experiment, out, reuse)
     configs = model_configs(experiment, data_for)
     all_jobs = build_jobs(experiment, configs)
