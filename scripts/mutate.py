@@ -91,6 +91,23 @@ MUTATIONS = [
         ("tests/experiments/test_only.py",),
     ),
     M(
+        "live-pace-over-the-whole-job",
+        "status's time left for a running job counts the steps an earlier process did as "
+        "done at this run's pace",
+        "src/lmckit/cli.py",
+        '    ran, steps = row["updated"] - row["first_time"], step - row["first_step"]\n',
+        '    ran, steps = row["updated"] - row["first_time"], step\n',
+        ("tests/experiments/test_runner.py",),
+    ),
+    M(
+        "progress-pace-never-restarts",
+        "a job's progress row keeps its first step when a new phase (another total) begins",
+        "src/lmckit/experiments/ledger.py",
+        "        if row is not None and row[1] == total and step >= row[0]:\n",
+        "        if row is not None:\n",
+        ("tests/experiments/test_runner.py",),
+    ),
+    M(
         "side-by-side-projections-keep-every-thread",
         "STE-MM's projections run side by side, each with all the torch threads",
         "src/lmckit/merge/ste_mm.py",

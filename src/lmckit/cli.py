@@ -1310,7 +1310,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "stopped with their run (killed); the same lmckit run command runs them again"
             )
         elif running:
-            for line in running_lines(jobs, time.time()):
+            for line in running_lines(jobs, time.time(), ledger.progress_rows()):
                 print(line)
         for job in jobs:
             if job["status"] in ("failed", "interrupted"):
@@ -1355,10 +1355,16 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def running_lines(jobs: list[dict[str, Any]], now: float) -> list[str]:
+def running_lines(
+    jobs: list[dict[str, Any]],
+    now: float,
+    progress: dict[str, dict[str, Any]] | None = None,
+) -> list[str]:
     """One line per job running at ``now`` (seconds since the epoch): for how long, and
     how long the finished jobs of its step took to compute (shortest–longest; a reused
-    job keeps its time), to judge what is left."""
+    job keeps its time), to judge what is left — and, where the ledger has the job's
+    latest progress event (``progress``: :meth:`Ledger.progress_rows
+    <lmckit.experiments.ledger.Ledger.progress_rows>`), where it is (:func:`progress_text`)."""
     took: dict[str, list[float]] = {}
     for job in jobs:
         if job["status"] == "done" and job["seconds"] is not None:
@@ -1374,8 +1380,32 @@ def running_lines(jobs: list[dict[str, Any]], now: float) -> list[str]:
             if len(done) > 1:
                 span += f" to {_duration(max(done))}"
             line += f" (its step's {len(done)} finished job(s) took {span})"
+        row = (progress or {}).get(job["name"])
+        if row is not None:
+            line += "; " + progress_text(row, now)
         lines.append(line)
     return lines
+
+
+def progress_text(row: dict[str, Any], now: float) -> str:
+    """``at step S of T (epoch E), about D more at this run's pace`` for a job's latest
+    progress event (a ledger progress row): the pace is the time per step since the first
+    step this run saw of it (a resumed job's earlier steps are not in it); ``last report
+    M min ago`` when the event is old — the job may be stuck in a long step or its
+    worker gone."""
+    from lmckit.experiments.ledger import PROGRESS_EVERY
+
+    step, total = row["step"], row["total"]
+    text = f"at step {step}" + (f" of {total}" if total is not None else "")
+    epoch = row["metrics"].get("epoch")
+    if isinstance(epoch, int | float) and not isinstance(epoch, bool):
+        text += f" (epoch {epoch:g})"
+    ran, steps = row["updated"] - row["first_time"], step - row["first_step"]
+    if total is not None and total > step and steps > 0 and ran > 0:
+        text += f", about {_duration(ran / steps * (total - step))} more at this run's pace"
+    if now - row["updated"] > 6 * PROGRESS_EVERY:
+        text += f" (last report {_duration(now - row['updated'])} ago)"
+    return text
 
 
 def _print_resumable(out: Path, jobs: list[dict[str, Any]]) -> None:

@@ -536,6 +536,90 @@ def test_status_says_how_long_each_running_job_has_run_beside_its_steps_finished
     ]
 
 
+def test_status_says_where_a_running_job_is_and_how_long_it_has_left_at_its_pace():
+    from lmckit.cli import running_lines
+
+    now = 10_000.0
+    jobs = [
+        {"name": "train/0", "kind": "train", "status": "running", "started": now - 3600,
+         "seconds": None, "reused": False},
+        {"name": "match/0", "kind": "match", "status": "running", "started": now - 900,
+         "seconds": None, "reused": False},
+        {"name": "curve/0", "kind": "curve", "status": "running", "started": now - 42,
+         "seconds": None, "reused": False},
+    ]  # fmt: skip
+    progress = {
+        # resumed at step 100 (its first event in this run) 600 s before its latest, step
+        # 160: 10 s a step, 200 steps left
+        "train/0": {"step": 160, "total": 360, "metrics": {"epoch": 2, "loss": 0.3},
+                    "first_step": 100, "first_time": now - 605, "updated": now - 5},
+        # a total unknown in advance; last heard of 7 minutes ago
+        "match/0": {"step": 12, "total": None, "metrics": {}, "first_step": 1,
+                    "first_time": now - 900, "updated": now - 420},
+        # one event so far: no pace yet
+        "curve/0": {"step": 1, "total": 11, "metrics": {}, "first_step": 1,
+                    "first_time": now - 2, "updated": now - 2},
+    }  # fmt: skip
+    assert running_lines(jobs, now, progress) == [
+        "running: train/0 for 60 min; at step 160 of 360 (epoch 2), about 33 min more at "
+        "this run's pace",
+        "running: match/0 for 15 min; at step 12 (last report 7 min ago)",
+        "running: curve/0 for 42 s; at step 1 of 11",
+    ]
+
+
+def test_the_ledger_keeps_each_jobs_latest_progress_and_starts_its_pace_anew_per_phase(
+    tmp_path,
+):
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        ledger.start_run("name = 'x'", {}, {}, {"train": 1})
+        ledger.progress("train/0", 5, 100, {"epoch": 1, "loss": float("nan"), "ok": True}, now=1.0)
+        ledger.progress("train/0", 9, 100, {"epoch": 1, "loss": 0.5}, now=3.0)
+        assert ledger.progress_rows()["train/0"] == {
+            "step": 9, "total": 100, "metrics": {"epoch": 1, "loss": 0.5},
+            "first_step": 5, "first_time": 1.0, "updated": 3.0,
+        }  # fmt: skip
+        ledger.progress("train/0", 2, 7, {}, now=4.0)  # another phase: another total
+        assert ledger.progress_rows()["train/0"]["first_step"] == 2
+        ledger.progress("train/0", 1, 7, {}, now=5.0)  # the step went back: anew too
+        assert ledger.progress_rows()["train/0"]["first_time"] == 5.0
+        ledger.start_run("name = 'x'", {}, {}, {"train": 1})
+        assert ledger.progress_rows() == {}  # per run
+        assert ledger.progress_rows(1)["train/0"]["step"] == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_status_shows_the_step_each_job_of_a_live_run_is_at(tmp_path, capsys, jobs):
+    from lmckit.cli import main
+
+    out = tmp_path / "run"
+    run = _start_long_run(out, jobs)
+    workers = _children(run.pid)
+    try:
+        deadline, rows = time.time() + 60, {}
+        while time.time() < deadline and len(rows) < jobs:
+            with Ledger(out / "ledger.sqlite", create=False) as ledger:
+                rows = {n: r for n, r in ledger.progress_rows().items() if n.startswith("train/")}
+            time.sleep(0.2)
+        assert len(rows) == jobs, _stderr(out)[-2000:]
+        assert main(["status", str(out)]) == 0
+        shown = [line for line in capsys.readouterr().out.splitlines() if "running: " in line]
+    finally:
+        run.kill()
+        run.wait()
+        _assert_gone(workers)
+    assert len(shown) == jobs, shown
+    for line in shown:
+        name = line.split()[1]
+        step, total = rows[name]["step"], rows[name]["total"]
+        # TINY's models train 20,000 epochs here: steps are known in advance, and the
+        # status line is at least as far as the row read before it
+        assert total is not None and 1 <= step < total
+        shown_step = int(line.split("; at step ")[1].split()[0])
+        assert step <= shown_step < total and f" of {total} (epoch " in line, line
+
+
 def test_a_run_records_the_commit_of_the_lmckit_it_ran(tmp_path):
     """The ledger names the git commit of a checkout's source, marked when a tracked file
     under it was changed; nothing outside a work tree (an installed lmckit) or without git."""

@@ -7,7 +7,11 @@ result-store key, step kind, settings, status (``pending``/``running``/``done``/
 ``failed``/``interrupted``), whether its result was *reused* from the store rather than
 computed, how many times its result was computed in this folder (``attempts``), when and
 how long it was computed (for a reused result: the original computation's times), host and
-error text; ``metrics`` holds its measurements ``(run, job name, metric, value)``.
+error text; ``metrics`` holds its measurements ``(run, job name, metric, value)``;
+``progress`` the latest progress event of each job that reports them (step of total, the
+event's scalar metrics, when it came, and the first step this run saw with its time — the
+job's pace in this run). The ``progress`` table was added without a schema change: an
+older ledger gains it when opened.
 
 Two jobs whose results coincide (STE returning WM's permutation, so that both curves are
 one stored artifact) are still two rows. Readers (``lmckit status``, ``lmckit report``)
@@ -30,9 +34,11 @@ from typing import Any
 from lmckit._io import claim
 from lmckit.errors import LmcError
 
-__all__ = ["STATUSES", "Ledger", "LedgerError"]
+__all__ = ["PROGRESS_EVERY", "STATUSES", "Ledger", "LedgerError"]
 
 STATUSES = ("pending", "running", "done", "failed", "interrupted")
+# Seconds between two writes of one job's progress by the run (lmckit status reads them).
+PROGRESS_EVERY = 10.0
 SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS info (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -66,6 +72,17 @@ CREATE TABLE IF NOT EXISTS metrics (
     metric TEXT NOT NULL,
     value REAL,
     PRIMARY KEY (run, name, metric)
+);
+CREATE TABLE IF NOT EXISTS progress (
+    run INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    total INTEGER,
+    metrics TEXT NOT NULL,
+    first_step INTEGER NOT NULL,
+    first_time REAL NOT NULL,
+    updated REAL NOT NULL,
+    PRIMARY KEY (run, name)
 );
 """
 JOB_COLUMNS = (
@@ -264,6 +281,42 @@ class Ledger:
         )
         return names
 
+    def progress(
+        self,
+        name: str,
+        step: int,
+        total: int | None,
+        metrics: Mapping[str, Any],
+        *,
+        now: float | None = None,
+    ) -> None:
+        """Job ``name`` of the current run reported ``step`` of ``total`` at ``now``
+        (default: the time). The first event of a job — or of a new phase, whose total
+        differs or whose step went back — also becomes the row's start, from which
+        :meth:`progress_rows` readers measure the pace. Of ``metrics``, the finite numbers
+        and short strings are kept."""
+        now = time.time() if now is None else now
+        kept = {
+            k: v
+            for k, v in metrics.items()
+            if (isinstance(v, int | float) and not isinstance(v, bool) and _number(v) is not None)
+            or (isinstance(v, str) and len(v) <= 80)
+        }
+        run = self._current()
+        row = self.db.execute(
+            "SELECT step, total FROM progress WHERE run = ? AND name = ?", (run, name)
+        ).fetchone()
+        if row is not None and row[1] == total and step >= row[0]:
+            self.db.execute(
+                "UPDATE progress SET step = ?, metrics = ?, updated = ? WHERE run = ? AND name = ?",
+                (step, json.dumps(kept, sort_keys=True), now, run, name),
+            )
+            return
+        self.db.execute(
+            "INSERT OR REPLACE INTO progress VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (run, name, step, total, json.dumps(kept, sort_keys=True), step, now, now),
+        )
+
     # -- reads ---------------------------------------------------------------------------
     def latest_run(self) -> int | None:
         """The id of the latest run (``None`` before the first)."""
@@ -309,6 +362,26 @@ class Ledger:
             name: {"run": run, "key": key, "kind": kind, "status": status}
             for name, run, key, kind, status in cursor.fetchall()
         }
+
+    def progress_rows(self, run: int | None = None) -> dict[str, dict[str, Any]]:
+        """``{job name: {step, total, metrics, first_step, first_time, updated}}`` of
+        ``run`` (default: the latest): each job's latest progress event (:meth:`progress`)."""
+        cursor = self.db.execute(
+            "SELECT name, step, total, metrics, first_step, first_time, updated "
+            "FROM progress WHERE run = ?",
+            (self._run(run),),
+        )
+        out = {}
+        for name, step, total, metrics, first_step, first_time, updated in cursor.fetchall():
+            out[name] = {
+                "step": step,
+                "total": total,
+                "metrics": self._json(metrics, f"job {name}'s progress", dict),
+                "first_step": first_step,
+                "first_time": first_time,
+                "updated": updated,
+            }
+        return out
 
     def metrics(self, run: int | None = None) -> list[dict[str, Any]]:
         """Every metric row ``{job, name, kind, metric, value}`` of ``run`` (default: the

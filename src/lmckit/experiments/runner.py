@@ -6,9 +6,10 @@ executor. Before a job runs, the driver computes its result-store key from its s
 and its dependencies' content hashes; the job then finds its artifact in the store (a
 finished job is never redone) or computes and stores it. The driver alone writes the job
 ledger (``out/ledger.sqlite``): per run, one row per job with its store key, status,
-whether it was reused, attempts, times, host, error text and metrics
-(:mod:`lmckit.experiments.ledger`). ``out/experiment.toml`` is the experiment as it ran,
-overrides applied. A folder holds the runs of one experiment: a run of another one into it
+whether it was reused, attempts, times, host, error text and metrics, and the latest
+progress event of each running job (every :data:`~lmckit.experiments.ledger.PROGRESS_EVERY`
+seconds; :mod:`lmckit.experiments.ledger`). ``out/experiment.toml`` is the experiment as it
+ran, overrides applied. A folder holds the runs of one experiment: a run of another one into it
 is refused. ``reuse_from`` names other runs' folders whose stores are read (never written)
 for the artifacts this run needs (:class:`~lmckit.experiments.store.Store`): how one
 experiment takes another's finished models and matchings.
@@ -45,7 +46,7 @@ from lmckit.budget import Budget
 from lmckit.errors import LmcError, Terminated, UsageError
 from lmckit.experiments.dag import build_jobs, select_jobs
 from lmckit.experiments.executors import default_threads, make_executor, usable_cores
-from lmckit.experiments.ledger import Ledger
+from lmckit.experiments.ledger import PROGRESS_EVERY, Ledger
 from lmckit.experiments.spec import DEFAULT_NAME, Experiment, model_configs
 from lmckit.experiments.steps import ARTIFACT_KIND, STEPS, Job, dataset_for, job_key
 from lmckit.experiments.store import Store
@@ -413,7 +414,16 @@ def run_experiment(
     summary = RunSummary(out)
     bars: dict[str, ProgressCallback | None] = {}
 
+    recorded: dict[str, float] = {}
+
     def on_progress(name: str, event: Progress) -> None:
+        # the ledger keeps each job's latest event, for lmckit status: at most one write
+        # per PROGRESS_EVERY seconds a job, and its first and last events
+        now = time.time()
+        last = event.total is not None and event.step >= event.total
+        if name not in recorded or last or now - recorded[name] >= PROGRESS_EVERY:
+            ledger.progress(name, event.step, event.total, event.metrics, now=now)
+            recorded[name] = now
         if job_progress is None:
             return
         if name not in bars:
