@@ -108,6 +108,23 @@ MUTATIONS = [
         ("tests/experiments/test_runner.py",),
     ),
     M(
+        "mid-epoch-resume-drops-the-epoch-sums",
+        "a training resumed within an epoch starts the epoch's loss and accuracy sums at 0",
+        "src/lmckit/train.py",
+        "        if skip:  # the epoch's sums as saved within it (the float32 sum exactly)\n",
+        "        if False:\n",
+        ("tests/test_train_resume.py",),
+    ),
+    M(
+        "mid-epoch-last-good-is-the-saved-model",
+        "a training resumed within an epoch takes the model saved there for its last good "
+        "state when that epoch's start was good",
+        "src/lmckit/train.py",
+        "            if last_good_epoch == first_epoch and not skip\n",
+        "            if last_good_epoch == first_epoch\n",
+        ("tests/test_train_resume.py",),
+    ),
+    M(
         "side-by-side-projections-keep-every-thread",
         "STE-MM's projections run side by side, each with all the torch threads",
         "src/lmckit/merge/ste_mm.py",

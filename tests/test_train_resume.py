@@ -52,7 +52,8 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_result(
     _, info = load_resume_state(path, _fingerprint_of(path))
     assert info["epoch"] == 3  # epochs 1-3 were kept; the 4th was lost with the kill
 
-    assert info["resumed_from"] == {"epoch": 0, "seconds": 0.0}  # lmckit status's pace
+    # lmckit status's pace
+    assert info["resumed_from"] == {"epoch": 0, "step_in_epoch": 0, "seconds": 0.0}
     resumed_model = init_model(name, config, seed=2)
     seen_epochs = []
     resumed = train(
@@ -219,5 +220,86 @@ def test_a_resumed_run_saves_where_it_began_for_the_estimate_of_time_left(digits
               progress=kill_in_epoch(5))  # fmt: skip
     _, second = load_resume_state(path, _fingerprint_of(path))
     assert (first["epoch"], second["epoch"]) == (2, 4)
-    assert second["resumed_from"] == {"epoch": 2, "seconds": first["seconds"]}
+    assert second["resumed_from"] == {"epoch": 2, "step_in_epoch": 0, "seconds": first["seconds"]}
     assert second["seconds"] > first["seconds"]
+
+
+def kill_at_step(n):
+    """Stands for a kill right after step ``n`` (counted over the whole run) reported."""
+
+    def progress(event):
+        if event.step == n and not event.metrics.get("epoch_done"):
+            raise Killed
+
+    return progress
+
+
+@pytest.mark.parametrize(
+    ("model_def", "options"),
+    [
+        (MLP, {"optimizer": "adam", "lr": 3e-3, "schedule": "warmup_linear"}),
+        (MLP_BN, {"optimizer": "sophia", "lr": 1e-3, "weight_decay": 0.1}),
+        # the augmentation draws of the batches done must be drawn again
+        (MLP_BN, {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "augment": True}),
+    ],
+)
+def test_a_run_killed_within_an_epoch_resumes_from_the_step_saved_to_the_same_result(
+    digits, tmp_path, model_def, options
+):
+    name, config = model_def
+    cfg = TrainConfig(epochs=4, batch_size=128, seed=2, **options)
+    steps = len(digits.train_y) // 128  # 11: the last incomplete batch is dropped
+    straight = init_model(name, config, seed=2)
+    expected = train(straight, digits, cfg)
+
+    path = tmp_path / "run.resume"
+    with pytest.raises(Killed):
+        train(init_model(name, config, seed=2), digits, cfg, resume=path, resume_every=0,
+              progress=kill_at_step(2 * steps + 6))  # fmt: skip
+    _, info = load_resume_state(path, _fingerprint_of(path))
+    # saved after step 5 of epoch 3 (resume_every=0: after every step)
+    assert (info["epoch"], info["step_in_epoch"], info["steps_per_epoch"]) == (2, 5, steps)
+    assert info["epoch_sums"]["seen"] == 5 * 128
+
+    resumed_model = init_model(name, config, seed=2)
+    seen_steps = []
+    resumed = train(resumed_model, digits, cfg, resume=path, resume_every=0,
+                    progress=lambda e: seen_steps.append(e.step))  # fmt: skip
+    assert seen_steps[0] == 2 * steps + 6  # nothing done before was trained again
+    assert all(torch.equal(v, straight.state_dict()[k]) for k, v in weights(resumed_model).items())
+    assert resumed.metrics_dict() == expected.metrics_dict()
+    # the third epoch's mean loss and accuracy go on from the sums saved within it
+    assert [(h.epoch, h.train_loss, h.train_accuracy) for h in resumed.history] == [
+        (h.epoch, h.train_loss, h.train_accuracy) for h in expected.history
+    ]
+    _, info = load_resume_state(path, _fingerprint_of(path))
+    assert info["resumed_from"]["step_in_epoch"] == 5
+
+
+def test_a_save_within_an_epoch_keeps_the_last_good_state_of_the_epoch_before(digits, tmp_path):
+    """Killed within epoch 3 of a healthy run, resumed and poisoned at once: the last good
+    state handed back is the model after epoch 2, not the one saved within epoch 3."""
+    name, config = MLP
+    cfg = TrainConfig(epochs=4, batch_size=128, seed=0)
+    steps = len(digits.train_y) // 128
+    epoch2 = {}
+    straight = init_model(name, config, seed=0)
+    train(straight, digits, cfg, snapshots=[2],
+          on_snapshot=lambda e, r: epoch2.update(weights(straight)))  # fmt: skip
+
+    path = tmp_path / "run.resume"
+    with pytest.raises(Killed):
+        train(init_model(name, config, seed=0), digits, cfg, resume=path, resume_every=0,
+              progress=kill_at_step(2 * steps + 4))  # fmt: skip
+    resumed = init_model(name, config, seed=0)
+
+    def poison(event):
+        with torch.no_grad():
+            for p in resumed.parameters():
+                p.fill_(float("nan"))
+
+    with pytest.raises(TrainingDiverged) as caught:
+        train(resumed, digits, cfg, resume=path, progress=poison)
+    assert caught.value.last_good_epoch == 2
+    for k, v in epoch2.items():
+        assert torch.equal(caught.value.last_good[k], v), k

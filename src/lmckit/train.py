@@ -402,9 +402,12 @@ def train(
     and scheduler state, random-number-generator state, history — is saved at the end of
     an epoch once ``resume_every`` seconds have passed since the last save (default: the
     environment variable ``LMCKIT_RESUME_EVERY``, else 60; the last epoch saves none: the
-    run is over). A run given a file that exists goes on from the epoch
-    saved there, with the same result as a run never interrupted (the data order of an
-    epoch depends only on the seed and the epoch); the file must come from this run — the
+    run is over), and after a step within an epoch once ten times that has passed (with
+    the epoch's running loss and accuracy sums: an epoch of a large model can take an hour).
+    A run given a file that exists goes on from the step saved there, with the same result
+    as a run never interrupted (the data order and augmentation draws of an epoch depend
+    only on the seed and the epoch: the batches done are drawn again and dropped); the
+    file must come from this run — the
     same configuration, data, parameter shapes and *starting* weights — or
     :class:`~lmckit.resume.ResumeError` names what differs. The caller deletes the file
     once the result is kept.
@@ -449,7 +452,9 @@ def train(
     start_loss: float | None = None
     diverged: dict[str, Any] | None = None
     first_epoch = 0
-    resumed_from = {"epoch": 0, "seconds": 0.0}  # where this process began: its own pace
+    # where this process began: its own pace
+    resumed_from = {"epoch": 0, "step_in_epoch": 0, "seconds": 0.0}
+    skip, sums = 0, None  # batches of the first epoch done before a save within it
     fingerprint = None if resume is None else _resume_fingerprint(model, data, config)
     loaded = None if resume is None else load_resume_state(resume, fingerprint)
     if loaded is not None:
@@ -458,16 +463,35 @@ def train(
         first_epoch, start_loss, diverged = info["epoch"], info["start_loss"], info["diverged"]
         history = [EpochStats(**e) for e in info["history"]]
         start -= info["seconds"]
-        resumed_from = {"epoch": first_epoch, "seconds": info["seconds"]}
+        skip, sums = info.get("step_in_epoch") or 0, info.get("epoch_sums")  # older: none
+        resumed_from = {"epoch": first_epoch, "step_in_epoch": skip, "seconds": info["seconds"]}
         last_good_epoch = info["last_good_epoch"]
         last_good = (
             _state_copy(model)
-            if last_good_epoch == first_epoch
+            if last_good_epoch == first_epoch and not skip
             else prefixed(tensors, "last_good/")
         )
     last_save = time.perf_counter()
     if resume is not None:
         resume_every = save_interval(resume_every)
+
+    def save_state(
+        epochs_done: int, step_in_epoch: int = 0, epoch_sums: dict[str, Any] | None = None
+    ) -> None:
+        state = {
+            "epoch": epochs_done,
+            "epochs": config.epochs,
+            "step_in_epoch": step_in_epoch,
+            "steps_per_epoch": steps,
+            "epoch_sums": epoch_sums,
+            "start_loss": start_loss,
+            "diverged": diverged,
+            "history": [vars(e) for e in history],
+            "seconds": time.perf_counter() - start,
+            "resumed_from": resumed_from,
+            "last_good_epoch": last_good_epoch,
+        }
+        _save_training(resume, fingerprint, model, optimizer, scheduler, last_good, state)
 
     def stop(epoch: int, loss: float) -> TrainingDiverged:
         model.load_state_dict(last_good)
@@ -489,7 +513,13 @@ def train(
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), device=device, dtype=torch.long)
         seen = 0
+        if skip:  # the epoch's sums as saved within it (the float32 sum exactly)
+            loss_sum.fill_(sums["loss_sum"])
+            correct.fill_(sums["correct"])
+            seen, t0 = sums["seen"], t0 - sums["seconds"]
         for step, (x, y) in enumerate(loader):
+            if step < skip:  # drawn and dropped: the order and augmentation draws go on alike
+                continue
             lr = optimizer.param_groups[0]["lr"]
             logits, y = per_token(forward(model, None, x), y)
             if step == 0:
@@ -520,6 +550,20 @@ def train(
                     accuracy=correct.item() / seen,
                     lr=lr,
                 )
+            if (  # within an epoch too, ten times as seldom (an epoch can take an hour)
+                resume is not None
+                and step + 1 < steps
+                and time.perf_counter() - last_save >= 10 * resume_every
+            ):
+                sums_now = {
+                    "loss_sum": loss_sum.item(),
+                    "correct": int(correct.item()),
+                    "seen": seen,
+                    "seconds": time.perf_counter() - t0,
+                }
+                save_state(epoch, step + 1, sums_now)
+                last_save = time.perf_counter()
+        skip = 0
         train_loss = loss_sum.item() / seen
         assert start_loss is not None
         if not math.isfinite(train_loss):
@@ -552,17 +596,7 @@ def train(
             and epoch + 1 < config.epochs
             and time.perf_counter() - last_save >= resume_every
         ):
-            state = {
-                "epoch": epoch + 1,
-                "epochs": config.epochs,
-                "start_loss": start_loss,
-                "diverged": diverged,
-                "history": [vars(e) for e in history],
-                "seconds": time.perf_counter() - start,
-                "resumed_from": resumed_from,
-                "last_good_epoch": last_good_epoch,
-            }
-            _save_training(resume, fingerprint, model, optimizer, scheduler, last_good, state)
+            save_state(epoch + 1)
             last_save = time.perf_counter()
     result = _final_result(model, data, history, start, eval_batch_size)
     if diverged is not None:
@@ -589,7 +623,8 @@ def _save_training(path, fingerprint, model, optimizer, scheduler, last_good, st
     tensors["rng/cpu"] = torch.get_rng_state()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         tensors["rng/cuda"] = torch.cuda.get_rng_state()
-    if state["last_good_epoch"] != state["epoch"]:  # else it is the model itself
+    # else it is the model itself (at an epoch's end)
+    if state["last_good_epoch"] != state["epoch"] or state["step_in_epoch"]:
         tensors.update({f"last_good/{k}": v for k, v in last_good.items()})
     scheduler_state = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
     info = {**state, "optimizer": optimizer_rest, "scheduler": scheduler_state}

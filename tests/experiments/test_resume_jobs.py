@@ -52,7 +52,7 @@ def steps_logged(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def test_a_killed_training_job_resumes_from_its_last_epoch(tmp_path, monkeypatch, capsys):
+def test_a_killed_training_job_resumes_from_its_last_save(tmp_path, monkeypatch, capsys):
     (tmp_path / "e.toml").write_text(EXPERIMENT)
     experiment = load_experiment(tmp_path / "e.toml")
     log = tmp_path / "steps.log"
@@ -65,7 +65,8 @@ def test_a_killed_training_job_resumes_from_its_last_epoch(tmp_path, monkeypatch
     log.unlink()
 
     out = tmp_path / "run"
-    kill_at = 2 * STEPS_PER_EPOCH + 3  # in the third epoch: two epochs saved
+    # in the third epoch, after its second step was saved (every step: RESUME_EVERY=0)
+    kill_at = 2 * STEPS_PER_EPOCH + 3
     env = {**os.environ, "LMCKIT_TEST_KILL_AT": str(kill_at), "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "lmckit.cli", "run", str(tmp_path / "e.toml")]
     killed = subprocess.run(
@@ -75,10 +76,11 @@ def test_a_killed_training_job_resumes_from_its_last_epoch(tmp_path, monkeypatch
     saved = list((out / "store" / "partial").glob("*.resume"))
     assert len(saved) == 1
     assert main(["status", str(out)]) == 0
-    assert "resumable: train/c0/seed0 saved after epoch 2 of 4" in capsys.readouterr().out
+    where = f"saved at step 2 of {STEPS_PER_EPOCH} of epoch 3 of 4"
+    assert f"resumable: train/c0/seed0 {where}" in capsys.readouterr().out
     assert main(["run", str(tmp_path / "e.toml"), "--out", str(out), "--dry-run"]) == 0
     planned = capsys.readouterr().out
-    assert "train/c0/seed0  running in run 1; resumes from its file, saved after epoch 2 of 4" in (
+    assert f"train/c0/seed0  running in run 1; resumes from its file, {where}" in (
         planned
     )  # SIGKILL left its row running
     assert "0 finished before, 0 failed before, 0 waiting, 1 resumable" in planned
@@ -89,7 +91,7 @@ def test_a_killed_training_job_resumes_from_its_last_epoch(tmp_path, monkeypatch
     kept = saved[0].read_bytes()
     moved = tmp_path / "moved"
     assert run_experiment(experiment, moved, reuse_from=[out], **QUIET).complete
-    assert steps_logged(log) == 2 * STEPS_PER_EPOCH
+    assert steps_logged(log) == 2 * STEPS_PER_EPOCH - 2
     assert saved[0].read_bytes() == kept
     assert not list((moved / "store" / "partial").glob("*.resume"))
     for metric in ("test_accuracy", "test_loss"):
@@ -99,7 +101,7 @@ def test_a_killed_training_job_resumes_from_its_last_epoch(tmp_path, monkeypatch
     log.unlink()
     summary = run_experiment(experiment, out, **QUIET)
     assert summary.complete
-    assert steps_logged(log) == 2 * STEPS_PER_EPOCH  # epochs 3 and 4 only
+    assert steps_logged(log) == 2 * STEPS_PER_EPOCH - 2  # from step 3 of epoch 3 on
     assert not saved[0].exists()  # the resume file goes once the checkpoint is stored
     jobs, metrics = read_ledger(out)
     ref_jobs, ref_metrics = read_ledger(reference)

@@ -309,7 +309,8 @@ def train_checkpoint(
 ) -> SeedOutcome:
     """Train one model into the checkpoint ``stem`` — or reuse the checkpoint there if it
     records exactly this training's key (and its weights verify). While it trains, its
-    state is saved to ``<stem>.resume`` at epoch ends (at most once a minute): a run killed
+    state is saved to ``<stem>.resume`` at epoch ends (at most once a minute) and within
+    epochs (every ten minutes): a run killed
     half-way and started again goes on from there (:func:`~lmckit.train.train`'s
     ``resume``); the file is deleted once the checkpoint is written.
 
