@@ -9,8 +9,8 @@ ledger (``out/ledger.sqlite``): per run, one row per job with its store key, sta
 whether it was reused, attempts, times, host, error text and metrics, and the latest
 progress event of each running job (every :data:`~lmckit.experiments.ledger.PROGRESS_EVERY`
 seconds; :mod:`lmckit.experiments.ledger`). ``out/experiment.toml`` is the experiment as it
-ran, overrides applied. A folder holds the runs of one experiment: a run of another one into it
-is refused. ``reuse_from`` names other runs' folders whose stores are read (never written)
+ran, overrides applied. A folder holds the runs of one experiment: a run of another one into
+it is refused. ``reuse_from`` names other runs' folders whose stores are read (never written)
 for the artifacts this run needs (:class:`~lmckit.experiments.store.Store`): how one
 experiment takes another's finished models and matchings.
 

@@ -310,9 +310,9 @@ def train_checkpoint(
     """Train one model into the checkpoint ``stem`` — or reuse the checkpoint there if it
     records exactly this training's key (and its weights verify). While it trains, its
     state is saved to ``<stem>.resume`` at epoch ends (at most once a minute) and within
-    epochs (every ten minutes): a run killed
-    half-way and started again goes on from there (:func:`~lmckit.train.train`'s
-    ``resume``); the file is deleted once the checkpoint is written.
+    epochs (every ten minutes): a run killed half-way and started again goes on from there
+    (:func:`~lmckit.train.train`'s ``resume``); the file is deleted once the checkpoint is
+    written.
 
     A run that diverges (:class:`~lmckit.train.TrainingDiverged`) writes no checkpoint at
     ``stem``: its last good state is saved as ``<stem>-last-good`` (recording the
