@@ -303,3 +303,30 @@ def test_a_save_within_an_epoch_keeps_the_last_good_state_of_the_epoch_before(di
     assert caught.value.last_good_epoch == 2
     for k, v in epoch2.items():
         assert torch.equal(caught.value.last_good[k], v), k
+
+
+@pytest.mark.parametrize(
+    "change", [{"epoch_sums": None}, {"step_in_epoch": 99}, {"step_in_epoch": "3"}]
+)
+def test_a_resume_file_whose_step_within_an_epoch_is_not_ours_is_an_error_naming_it(
+    digits, tmp_path, change
+):
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    name, config = MLP
+    cfg = TrainConfig(epochs=3, batch_size=128, seed=0)
+    path = tmp_path / "run.resume"
+    with pytest.raises(Killed):
+        train(init_model(name, config, seed=0), digits, cfg, resume=path, resume_every=0,
+              progress=kill_at_step(15))  # fmt: skip
+    with safe_open(str(path), framework="pt") as f:
+        metadata, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    info = json.loads(metadata["info"])
+    assert info["step_in_epoch"] == 3  # step 14 of the run: the third of epoch 2
+    edited = tmp_path / "edited.resume"
+    save_file(tensors, str(edited), metadata={**metadata, "info": json.dumps({**info, **change})})
+    with pytest.raises(ResumeError, match=r"edited\.resume records step .*delete it"):
+        train(init_model(name, config, seed=0), digits, cfg, resume=edited)

@@ -30,6 +30,7 @@ from lmckit.optim import HESSIAN_INTERVAL, SophiaG
 from lmckit.options import Count, NonNegative, Positive, Range, check_value
 from lmckit.progress import ProgressCallback, notify
 from lmckit.resume import (
+    ResumeError,
     load_resume_state,
     optimizer_state,
     prefixed,
@@ -463,7 +464,7 @@ def train(
         first_epoch, start_loss, diverged = info["epoch"], info["start_loss"], info["diverged"]
         history = [EpochStats(**e) for e in info["history"]]
         start -= info["seconds"]
-        skip, sums = info.get("step_in_epoch") or 0, info.get("epoch_sums")  # older: none
+        skip, sums = _saved_within_epoch(info, steps, resume)
         resumed_from = {"epoch": first_epoch, "step_in_epoch": skip, "seconds": info["seconds"]}
         last_good_epoch = info["last_good_epoch"]
         last_good = (
@@ -629,6 +630,34 @@ def _save_training(path, fingerprint, model, optimizer, scheduler, last_good, st
     scheduler_state = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
     info = {**state, "optimizer": optimizer_rest, "scheduler": scheduler_state}
     save_resume_state(path, tensors, info, fingerprint)
+
+
+def _saved_within_epoch(
+    info: Mapping[str, Any], steps: int, path: str | os.PathLike
+) -> tuple[int, dict[str, Any] | None]:
+    """``(batches of the epoch done, the epoch's sums)`` a resume file records; ``(0,
+    None)`` for one saved at an epoch's end (and every file of older lmckits).
+
+    Raises:
+        ResumeError: the two entries are not what a save within an epoch writes.
+    """
+    skip, sums = info.get("step_in_epoch") or 0, info.get("epoch_sums")
+    keys = {"loss_sum", "correct", "seen", "seconds"}
+    if skip == 0:
+        return 0, None
+    if (
+        not isinstance(skip, int)
+        or isinstance(skip, bool)
+        or not 0 < skip < steps
+        or not isinstance(sums, dict)
+        or set(sums) != keys
+        or not all(isinstance(sums[k], int | float) for k in keys)
+    ):
+        raise ResumeError(
+            f"resume file {path} records step {skip!r} of an epoch of {steps} and sums "
+            f"{sums!r}, which no save within an epoch writes; delete it to start afresh"
+        )
+    return skip, dict(sums)
 
 
 def _restore_training(model, optimizer, scheduler, tensors, info) -> None:
