@@ -6,7 +6,7 @@ import torch
 from lmckit.errors import ParamsError
 from lmckit.evaluate import bn_reset, channel_statistics, evaluate, repair, repair_layers
 from lmckit.match import weight_matching
-from lmckit.models import permutation_spec
+from lmckit.models import build_model, permutation_spec
 from tests.zoo import train_mlp
 
 
@@ -78,3 +78,87 @@ def test_repair_refuses_normalised_networks(bn_model, digits):
     params = bn_model.state_dict()
     with pytest.raises(ParamsError, match="use bn_reset"):
         repair(bn_model, params, params, 0.5, digits)
+
+
+class _OwnForwardBatchNorm(torch.nn.BatchNorm2d):
+    """A BatchNorm subclass with its own ``forward``: bn_reset must measure its inputs
+    itself rather than read the buffers PyTorch's layer updates."""
+
+    def forward(self, x):
+        return super().forward(x)
+
+
+def _bn_inputs(model, params, batches):
+    """Brute force: every BatchNorm layer's inputs over all batches in train mode, float64."""
+    seen = {}
+    bns = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    hooks = [
+        m.register_forward_pre_hook(
+            lambda _m, i, n=n: seen.setdefault(n, []).append(i[0].detach().double())
+        )
+        for n, m in bns
+    ]
+    scratch = {k: v.clone() for k, v in params.items()}
+    model.train()
+    with torch.no_grad():
+        for x, _ in batches:
+            torch.func.functional_call(model, scratch, (x,))
+    for h in hooks:
+        h.remove()
+    return {n: torch.cat(v).movedim(1, -1).reshape(-1, v[0].shape[1]) for n, v in seen.items()}
+
+
+@pytest.mark.parametrize("kind", ["pytorch-layers", "own-forward-layers", "float64"])
+def test_bn_reset_gives_every_layer_the_statistics_of_all_its_inputs(kind):
+    torch.manual_seed(0)
+    model = build_model("resnet20", width_multiplier=0.5, in_channels=1)
+    if kind == "own-forward-layers":
+        for m in model.modules():
+            if type(m) is torch.nn.BatchNorm2d:
+                m.__class__ = _OwnForwardBatchNorm
+    dtype = torch.float64 if kind == "float64" else torch.float32
+    model = model.to(dtype)
+    params = {k: v.clone() for k, v in model.state_dict().items()}
+    for k, v in params.items():  # BN weights away from 1, so each layer's inputs differ
+        if k.endswith(".weight") and v.ndim == 1:
+            v.add_(0.5 * torch.randn_like(v))
+    x = (2 * torch.randn(230, 1, 12, 12) + 0.7).to(dtype)
+    batches = [(x[i : i + 64], None) for i in range(0, len(x), 64)]  # the last has 38
+    fixed = bn_reset(model, params, batches)
+    inputs = _bn_inputs(model, params, batches)
+    assert len(inputs) == 21  # 19 in the residual path, 2 in the projection shortcuts
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    for name, z in inputs.items():
+        mean, var = fixed[f"{name}.running_mean"].double(), fixed[f"{name}.running_var"].double()
+        assert torch.allclose(mean, z.mean(0), rtol=tol, atol=tol * z.std(0).max()), name
+        assert torch.allclose(var, z.var(0), rtol=tol), name
+        assert int(fixed[f"{name}.num_batches_tracked"]) == 4
+    assert all(m.momentum == 0.1 for m in model.modules() if hasattr(m, "momentum"))
+
+
+def test_bn_reset_replaces_non_finite_statistics_and_keeps_unused_layers():
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(1, 3, 3)
+            self.bn = torch.nn.BatchNorm2d(3, momentum=None)
+            self.spare = torch.nn.BatchNorm2d(3)  # never called
+
+        def forward(self, x):
+            return self.bn(self.conv(x)).mean((2, 3))
+
+    model = Net()
+    params = {k: v.clone() for k, v in model.state_dict().items()}
+    params["bn.running_mean"][0] = float("nan")
+    params["bn.running_var"][1] = float("inf")
+    params["spare.running_mean"].fill_(0.25)
+    x = torch.randn(40, 1, 6, 6)
+    fixed = bn_reset(model, params, [(x[:25], None), (x[25:], None)])
+    z = _bn_inputs(model, params, [(x, None)])["bn"]
+    assert torch.allclose(fixed["bn.running_mean"].double(), z.mean(0), atol=1e-6)
+    assert torch.allclose(fixed["bn.running_var"].double(), z.var(0), rtol=1e-5)
+    assert torch.equal(fixed["spare.running_mean"], params["spare.running_mean"])
+    assert torch.equal(fixed["spare.running_var"], params["spare.running_var"])
+    assert model.bn.momentum is None and model.spare.momentum == 0.1
