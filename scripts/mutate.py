@@ -748,6 +748,31 @@ MUTATIONS = [
         ("tests/evaluate/test_bn.py",),
     ),
     M(
+        "curve-resume-evaluates-every-point-again",
+        "a resumed curve keeps the saved points' logits and evaluates those points again too",
+        "src/lmckit/evaluate/interpolation.py",
+        "        if i < done:\n            continue\n",
+        "",
+        ("tests/evaluate/test_interpolation.py",),
+    ),
+    M(
+        "curve-resume-trusts-other-data",
+        "a resumed curve does not compare the saved labels with its data's",
+        "src/lmckit/evaluate/interpolation.py",
+        "if split in labels and not torch.equal(labels[split], y):",
+        "if False:",
+        ("tests/evaluate/test_interpolation.py",),
+    ),
+    M(
+        "curve-resume-file-outlives-the-curve",
+        "a curve job leaves its resume file behind once the curve is stored",
+        "src/lmckit/experiments/interpolation.py",
+        '    artifact, reused = store.get_or_put("curve", key, document, write)\n'
+        "    resume.unlink(missing_ok=True)\n",
+        '    artifact, reused = store.get_or_put("curve", key, document, write)\n',
+        ("tests/experiments/test_resume_jobs.py",),
+    ),
+    M(
         "repair-forgets-target-mean",
         "REPAIR rescales the channels but does not move their means",
         "src/lmckit/evaluate/bn.py",

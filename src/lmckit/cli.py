@@ -1427,13 +1427,14 @@ def _print_resumable(out: Path, jobs: list[dict[str, Any]]) -> None:
 
 def resumable_line(name: str, progress: dict[str, Any]) -> str:
     """``resumable: NAME saved after epoch E of N (M min of work kept; about T more at its
-    pace)`` for a job's resume file (:func:`lmckit.resume.saved_progress`); the estimate is
-    the time per epoch of the process that saved the file (from where it resumed, when the
-    file says) times the epochs left — for a file saved within an epoch only where it
-    records the epoch's steps (STE-MM's do)."""
+    pace)`` (``point`` for an interpolation's λ points) for a job's resume file
+    (:func:`lmckit.resume.saved_progress`); the estimate is the time per epoch of the
+    process that saved the file (from where it resumed, when the file says) times the
+    epochs left — for a file saved within an epoch only where it records the epoch's steps
+    (STE-MM's do)."""
     seconds, epoch, epochs = progress["seconds"] or 0, progress["epoch"] or 0, progress["epochs"]
     step, per_epoch = progress["step_in_epoch"] or 0, progress.get("steps_per_epoch")
-    where = f"after epoch {epoch}"
+    where = f"after {progress.get('unit') or 'epoch'} {epoch}"
     done = _epochs_done(epoch, step, per_epoch)
     if step:
         where = f"at step {step}" + (f" of {per_epoch}" if per_epoch else "")

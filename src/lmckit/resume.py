@@ -143,14 +143,23 @@ def saved_progress(path: str | os.PathLike) -> dict[str, Any] | None:
     end), ``steps_per_epoch`` (where the run knows it), ``seconds`` (spent so far),
     ``resumed_from`` (the ``epoch``, ``step_in_epoch`` and ``seconds`` the process that
     saved it started from: its own pace, unlike the whole run's, leaves out earlier
-    processes on busier or stopped machines; absent in files of older lmckits) — read from
-    its metadata alone; ``None`` for a file that is missing or unreadable."""
+    processes on busier or stopped machines; absent in files of older lmckits), ``unit``
+    (what ``epoch`` counts when not epochs: ``"point"`` for an interpolation's λ points) —
+    read from its metadata alone; ``None`` for a file that is missing or unreadable."""
     try:
         with safe_open(str(path), framework="pt") as f:
             info = json.loads((f.metadata() or {})["info"])
     except (SafetensorError, OSError, KeyError, ValueError):
         return None
-    keys = ("epoch", "epochs", "step_in_epoch", "steps_per_epoch", "seconds", "resumed_from")
+    keys = (
+        "epoch",
+        "epochs",
+        "step_in_epoch",
+        "steps_per_epoch",
+        "seconds",
+        "resumed_from",
+        "unit",
+    )
     return {k: info.get(k) for k in keys}
 
 

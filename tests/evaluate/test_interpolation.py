@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from lmckit.errors import ParamsError
 from lmckit.evaluate import (
@@ -19,6 +20,7 @@ from lmckit.evaluate import (
 from lmckit.match import weight_matching
 from lmckit.models import permutation_spec
 from lmckit.params import lerp_params
+from tests.conftest import clone
 
 
 def loaders(data):
@@ -148,3 +150,97 @@ def test_curves_round_trip_through_their_files(digits_pair, digits, tmp_path):
     with pytest.raises(ParamsError, match="cannot read curves"):
         load_curves(tmp_path / "missing.json")
     assert torch.is_tensor(digits.test_x)
+
+
+class Stop(Exception):
+    pass
+
+
+def stop_after(points):
+    """A progress callback that stops the curve once ``points`` points are done."""
+
+    def callback(p):
+        if p.step == points:
+            raise Stop
+
+    return callback
+
+
+@pytest.fixture(scope="module")
+def bn_pair(digits):
+    from tests.zoo import train_mlp
+
+    a, b = (train_mlp(digits, s, hidden=(32, 32), epochs=3, norm="batch") for s in (0, 1))
+    return a, clone(a.state_dict()), clone(b.state_dict())
+
+
+@pytest.mark.parametrize("case", ["bn-reset", "calibrated-ensemble"])
+def test_an_interrupted_curve_goes_on_from_its_last_saved_point(
+    case, digits_pair, bn_pair, digits, tmp_path
+):
+    from lmckit.resume import saved_progress
+
+    model, a, b = bn_pair if case == "bn-reset" else digits_pair
+    options = (
+        {"bn_reset_data": digits, "bn_reset_batches": 2}
+        if case == "bn-reset"
+        else {"calibrated": True, "ensemble": True}
+    )
+    whole = interpolate(model, a, b, loaders(digits), lambdas=7, seed=3, **options)
+    path = tmp_path / "curve.resume"
+    with pytest.raises(Stop):
+        interpolate(
+            model, a, b, loaders(digits), lambdas=7, seed=3, **options,
+            resume=path, resume_every=0, progress=stop_after(4),
+        )  # fmt: skip
+    # stopped in point 4's progress report, before its save
+    assert saved_progress(path)["epoch"] == 3 and saved_progress(path)["unit"] == "point"
+    counted = {split: CountingLoader(loader) for split, loader in loaders(digits).items()}
+    steps = []
+    resumed = interpolate(
+        model, a, b, counted, lambdas=7, seed=3, **options,
+        resume=path, resume_every=0, progress=lambda p: steps.append(p.step),
+    )  # fmt: skip
+    assert resumed.to_dict() == whole.to_dict()
+    assert steps == [4, 5, 6, 7]  # only the points after those saved
+    assert all(c.passes == 4 for c in counted.values())
+    assert saved_progress(path)["epoch"] == 6  # the last point saves none
+
+
+def test_a_curve_refuses_a_resume_file_of_another_curve(digits_pair, digits, tmp_path):
+    from lmckit.resume import ResumeError, load_resume_state, save_resume_state
+
+    model, a, b = digits_pair
+    path = tmp_path / "curve.resume"
+    kwargs = {"resume": path, "resume_every": 0, "progress": stop_after(2)}
+    with pytest.raises(Stop):
+        interpolate(model, a, b, loaders(digits), lambdas=5, **kwargs)
+    with pytest.raises(ResumeError, match="params_b"):
+        interpolate(model, a, a, loaders(digits), lambdas=5, resume=path)
+    with pytest.raises(ResumeError, match=r"interpolate\.lambdas"):
+        interpolate(model, a, b, loaders(digits), lambdas=6, resume=path)
+    shuffled = {**loaders(digits), "test": digits.loader("test", batch_size=500, shuffle=True)}
+    with pytest.raises(ResumeError, match="other labels for split 'test'"):
+        interpolate(model, a, b, shuffled, lambdas=5, resume=path)
+    # a file whose record was edited is refused, not half-trusted
+    with pytest.raises(Stop):
+        interpolate(model, a, b, loaders(digits), lambdas=5, **kwargs)
+    with safe_open(str(path), framework="pt") as f:
+        fingerprint = json.loads(f.metadata()["fingerprint"])
+    tensors, info = load_resume_state(path, fingerprint)
+    for edit, why in (
+        ({"epoch": 9}, "records 9 of 5 points done"),
+        ({"unit": None}, "records 1 of 5 points done"),
+        ({"seconds": "soon"}, "records 'soon' seconds"),
+    ):
+        save_resume_state(path, tensors, {**info, **edit}, fingerprint)
+        with pytest.raises(ResumeError, match=why):
+            interpolate(model, a, b, loaders(digits), lambdas=5, resume=path)
+    save_resume_state(
+        path,
+        {k: v for k, v in tensors.items() if k != "logits/test/0"},
+        info,
+        fingerprint,
+    )
+    with pytest.raises(ResumeError, match="lacks logits/test/0"):
+        interpolate(model, a, b, loaders(digits), lambdas=5, resume=path)

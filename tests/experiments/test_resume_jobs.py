@@ -23,7 +23,8 @@ STEPS_PER_EPOCH = 1437 // 128  # digits' training set, full batches only
 class CountedMLP(torch.nn.Module):
     """A user's MLP that appends a line to ``$LMCKIT_TEST_STEPS`` for every training step
     and kills its own process (SIGKILL: nothing gets to clean up) at the step numbered
-    ``$LMCKIT_TEST_KILL_AT`` (counted in that file)."""
+    ``$LMCKIT_TEST_KILL_AT`` (counted in that file); likewise for eval-mode passes over the
+    test set with ``$LMCKIT_TEST_EVALS`` and ``$LMCKIT_TEST_EVAL_KILL_AT``."""
 
     def __init__(self):
         super().__init__()
@@ -31,11 +32,16 @@ class CountedMLP(torch.nn.Module):
         self.out = torch.nn.Linear(32, 10)
 
     def forward(self, x):
-        log = os.environ.get("LMCKIT_TEST_STEPS")
-        if log and self.training and torch.is_grad_enabled():
+        training = self.training and torch.is_grad_enabled()
+        # evaluations are counted (and killed) apart: $LMCKIT_TEST_EVALS, ..._EVAL_KILL_AT
+        suffix = "" if training else "_EVAL"
+        log = os.environ.get("LMCKIT_TEST_STEPS" if training else "LMCKIT_TEST_EVALS")
+        # evaluations: passes over digits' 360 test images in one batch (not the run's
+        # timing passes of 256 examples or the checks' passes of two)
+        if log and (training or (not self.training and len(x) == 360)):
             with open(log, "a") as fh:
                 fh.write("step\n")
-            kill_at = os.environ.get("LMCKIT_TEST_KILL_AT")
+            kill_at = os.environ.get(f"LMCKIT_TEST{suffix}_KILL_AT")
             if kill_at and len(Path(log).read_text().splitlines()) == int(kill_at):
                 os.kill(os.getpid(), signal.SIGKILL)
         return self.out(torch.relu(self.fc(x.flatten(1))))
@@ -127,3 +133,56 @@ def test_a_bad_save_interval_fails_the_run_before_any_job(tmp_path, monkeypatch)
     with pytest.raises(ResumeError, match="LMCKIT_RESUME_EVERY must be a number"):
         run_experiment(load_experiment(tmp_path / "e.toml"), tmp_path / "run", **QUIET)
     assert not (tmp_path / "run" / "ledger.sqlite").exists()
+
+
+CURVES = (
+    EXPERIMENT.replace("seeds = [0]", "seeds = [0, 1]").replace("epochs = 4", "epochs = 1")
+    + '[[compare]]\npairs = "all"\nmethods = ["none"]\nlambdas = 5\nsplits = { test = "all" }\n'
+)
+
+
+def test_a_killed_curve_job_goes_on_from_its_last_saved_point(tmp_path, monkeypatch, capsys):
+    (tmp_path / "e.toml").write_text(CURVES)
+    experiment = load_experiment(tmp_path / "e.toml")
+    monkeypatch.setenv("LMCKIT_RESUME_EVERY", "0")
+    reference = tmp_path / "reference"
+    assert run_experiment(experiment, reference, **QUIET).complete
+    out = tmp_path / "run"
+    assert run_experiment(experiment, out, only=["train/*"], **QUIET).complete
+    # the curve's eval-mode forward passes per point, counted in a copy of the run
+    evals = tmp_path / "evals.log"
+    monkeypatch.setenv("LMCKIT_TEST_EVALS", str(evals))
+    assert run_experiment(experiment, tmp_path / "counted", reuse_from=[out], **QUIET).complete
+    per_point = steps_logged(evals) // 5
+    assert per_point * 5 == steps_logged(evals) and per_point >= 1
+    evals.unlink()
+
+    env = {
+        **os.environ,
+        "LMCKIT_TEST_EVAL_KILL_AT": str(3 * per_point + 1),  # in the fourth point
+        "PYTHONPATH": str(ROOT),
+    }
+    command = [sys.executable, "-m", "lmckit.cli", "run", str(tmp_path / "e.toml")]
+    killed = subprocess.run(
+        [*command, "--out", str(out), "-q"], env=env, cwd=ROOT, capture_output=True
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    saved = list((out / "store" / "partial").glob("*.resume"))
+    assert len(saved) == 1
+    assert main(["status", str(out)]) == 0
+    assert "resumable: curve/b0/c0/0-1/none saved after point 3 of 5" in capsys.readouterr().out
+
+    evals.unlink()
+    # as a slice: a whole run that completes would remove any resume file left over
+    assert run_experiment(experiment, out, only=["curve/*"], **QUIET).complete
+    assert steps_logged(evals) == 2 * per_point  # points 4 and 5 only
+    assert not saved[0].exists()  # the curve is stored: its file goes
+    name = "curve/b0/c0/0-1/none"
+    jobs, metrics = read_ledger(out)
+    ref_jobs, ref_metrics = read_ledger(reference)
+    assert jobs[name]["key"] == ref_jobs[name]["key"]
+    curve = [m for m in metrics if m[0] == name]
+    assert curve and all(metrics[m] == ref_metrics[m] for m in curve)
+    key = jobs[name]["key"]
+    stored = f"curve/{key[:2]}/{key}/curve.json"
+    assert (out / "store" / stored).read_bytes() == (reference / "store" / stored).read_bytes()

@@ -21,6 +21,8 @@ import io
 import itertools
 import json
 import math
+import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,9 +41,16 @@ from lmckit.evaluate.bn import bn_reset, channel_statistics, repair, repair_laye
 from lmckit.evaluate.calibration import calibrated_loss, calibration_metrics
 from lmckit.functional import check_model_fits
 from lmckit.metrics import predict
-from lmckit.options import checked
+from lmckit.options import NonNegative, checked
 from lmckit.params import Params, check_finite, check_params_compatible, lerp_params
 from lmckit.progress import ProgressCallback, notify
+from lmckit.resume import (
+    ResumeError,
+    load_resume_state,
+    save_interval,
+    save_resume_state,
+    tensors_digest,
+)
 
 __all__ = ["Curve", "barriers", "interpolate", "lambda_grid", "load_curves", "save_curves"]
 
@@ -208,6 +217,8 @@ def interpolate(
     class_groups: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
     progress: ProgressCallback | None = None,
+    resume: str | os.PathLike | None = None,
+    resume_every: NonNegative | None = None,
 ) -> Curve:
     """Evaluate the linear path from ``params_a`` (λ = 0) to ``params_b`` (λ = 1).
 
@@ -230,7 +241,18 @@ def interpolate(
             examples (Git Re-Basin §5.4: the classes each half of the data favours), and
             reliability diagrams at the endpoints and the best λ.
         seed: fixes the calibration split and the BN-reset batch order.
-        progress: a :class:`~lmckit.progress.Progress` after each λ.
+        progress: a :class:`~lmckit.progress.Progress` after each λ evaluated.
+        resume: a file (:mod:`lmckit.resume`) where the logits and labels of the points
+            done are saved after a point once ``resume_every`` seconds have passed since
+            the last save (default: the environment variable ``LMCKIT_RESUME_EVERY``, else
+            60; the last point saves none) — a point of a BatchNorm network re-estimated on
+            a large training set can take minutes. A call given a file that exists evaluates
+            only the points after those saved, with the same curve as a call never
+            interrupted (each point's logits depend only on the endpoints, λ, the data and
+            the seed); the file must come from this path — the same endpoints, λ grid,
+            BN-reset or REPAIR settings, seed and splits, and labels equal to the data's —
+            or :class:`~lmckit.resume.ResumeError` names what differs. The caller deletes
+            the file once the result is kept.
     """
     if not isinstance(loaders, Mapping) or not loaders:
         raise ParamsError("interpolate() needs loaders={split name: loader}, at least one")
@@ -251,7 +273,34 @@ def interpolate(
         )
     collected: dict[str, list[Tensor]] = {s: [] for s in loaders}
     labels: dict[str, Tensor] = {}
+    fingerprint: dict[str, Any] = {}
+    done, seconds_before = 0, 0.0
+    if resume is not None:
+        resume_every = save_interval(resume_every)
+        fingerprint = {
+            "interpolate": {
+                "lambdas": lams,
+                "bn_reset": bn_reset_data is not None,
+                "bn_reset_batches": bn_reset_batches,
+                "repair": repair_data is not None,
+                "seed": seed,
+                "splits": sorted(loaders),
+            },
+            "params_a": tensors_digest(params_a),
+            "params_b": tensors_digest(params_b),
+        }
+        loaded = load_resume_state(resume, fingerprint)
+        if loaded is not None:
+            done, seconds_before = _saved_points(loaded, loaders, len(lams), resume)
+            tensors = loaded[0]
+            for split in loaders:
+                collected[split] = [tensors[f"logits/{split}/{i}"] for i in range(done)]
+                labels[split] = tensors[f"labels/{split}"]
+    resumed_from = {"epoch": done, "seconds": seconds_before}
+    started = last_save = time.perf_counter()
     for i, lam in enumerate(lams):
+        if i < done:
+            continue
         params = lerp_params(params_a, params_b, lam)
         interior = 0.0 < lam < 1.0
         if interior and repair_data is not None:
@@ -260,9 +309,29 @@ def interpolate(
             params = bn_reset(model, params, bn_reset_data, n_batches=bn_reset_batches, seed=seed)
         for split, loader in loaders.items():
             logits, y = predict(model, params, loader, device=device)
+            if split in labels and not torch.equal(labels[split], y):
+                raise ResumeError(
+                    f"resume file {resume} holds other labels for split {split!r} "
+                    f"({len(labels[split])}) than its data gives ({len(y)}); delete it to "
+                    "start the curve afresh"
+                )
             collected[split].append(logits)
             labels[split] = y
         notify(progress, i + 1, len(lams), lam=lam)
+        now = time.perf_counter()
+        if resume is not None and i + 1 < len(lams) and now - last_save >= resume_every:
+            tensors = {f"labels/{split}": y for split, y in labels.items()}
+            for split, points in collected.items():
+                tensors.update({f"logits/{split}/{j}": t for j, t in enumerate(points)})
+            info = {
+                "epoch": i + 1,
+                "epochs": len(lams),
+                "unit": "point",
+                "seconds": seconds_before + now - started,
+                "resumed_from": resumed_from,
+            }
+            save_resume_state(resume, tensors, info, fingerprint)
+            last_save = now
     splits: dict[str, dict[str, list[float]]] = {}
     curve_barriers: dict[str, dict[str, dict[str, float]]] = {}
     reliability: dict[str, dict[str, Any]] = {}
@@ -316,6 +385,40 @@ def interpolate(
         info["class_groups"] = {g: list(c) for g, c in class_groups.items()}
         info["reliability"] = reliability
     return Curve(lams, splits, curve_barriers, info)
+
+
+def _saved_points(
+    loaded: tuple[dict[str, Tensor], dict[str, Any]],
+    loaders: Mapping[str, Loader],
+    points: int,
+    path: str | os.PathLike,
+) -> tuple[int, float]:
+    """``(points done, seconds spent)`` of a curve's resume file, after checking that it
+    holds the labels and the logits of every split at each of those points."""
+    tensors, info = loaded
+    done, seconds = info.get("epoch"), info.get("seconds")
+    bad = None
+    if not isinstance(done, int) or not 0 < done < points or info.get("unit") != "point":
+        bad = f"records {done!r} of {points} points done"
+    elif not isinstance(seconds, int | float):
+        bad = f"records {seconds!r} seconds"
+    else:
+        for split in loaders:
+            names = [f"labels/{split}", *(f"logits/{split}/{i}" for i in range(done))]
+            missing = [n for n in names if n not in tensors]
+            if missing:
+                bad = f"lacks {missing[0]}"
+                break
+            rows = {len(tensors[n]) for n in names}
+            if len(rows) != 1:
+                bad = f"holds {sorted(rows)} rows for split {split!r}"
+                break
+    if bad is not None:
+        raise ResumeError(
+            f"resume file {path} is not what an interpolation saves ({bad}); delete it to "
+            "start the curve afresh"
+        )
+    return done, float(seconds)
 
 
 def _masked_accuracy(logits: Sequence[Tensor], y: Tensor, mask: Tensor) -> list[float | None]:

@@ -120,12 +120,17 @@ def stored_curve(
             class_groups=class_groups,
             seed=seed,
             progress=progress,
+            resume=resume,
         )
         atomic_write_json(folder / "curve.json", curve.to_dict())
         record = {"barriers": curve.barriers, "seconds": time.perf_counter() - started}
         return content_hash(curve.to_dict()), record
 
+    # a curve killed half-way (minutes per point with a BN reset on a training set) goes on
+    # from its last saved point
+    resume = store.resume_file(key)
     artifact, reused = store.get_or_put("curve", key, document, write)
+    resume.unlink(missing_ok=True)
     curve = Curve.from_dict(json.loads(artifact.file("curve.json").read_text()))
     return curve, artifact, reused
 
