@@ -311,9 +311,9 @@ def interpolate(
             logits, y = predict(model, params, loader, device=device)
             if split in labels and not torch.equal(labels[split], y):
                 raise ResumeError(
-                    f"resume file {resume} holds other labels for split {split!r} "
-                    f"({len(labels[split])}) than its data gives ({len(y)}); delete it to "
-                    "start the curve afresh"
+                    f"resume file {resume} holds other labels for split {split!r} than its "
+                    f"data gives ({len(labels[split])} saved, {len(y)} now: other examples "
+                    "or another order); delete it to start the curve afresh"
                 )
             collected[split].append(logits)
             labels[split] = y
