@@ -58,6 +58,20 @@ def steps_logged(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
+def run_killed(toml: Path, out: Path, **kill_at: int) -> list[Path]:
+    """Run ``lmckit run TOML --out OUT`` in a process that CountedMLP kills where ``kill_at``
+    (one environment variable) says; the one resume file it leaves, after ``lmckit status``
+    (whose output the caller reads) ran on the folder."""
+    env = {**os.environ, **{k: str(v) for k, v in kill_at.items()}, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "lmckit.cli", "run", str(toml), "--out", str(out), "-q"]
+    killed = subprocess.run(command, env=env, cwd=ROOT, capture_output=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    saved = list((out / "store" / "partial").glob("*.resume"))
+    assert len(saved) == 1
+    assert main(["status", str(out)]) == 0
+    return saved
+
+
 def test_a_killed_training_job_resumes_from_its_last_save(tmp_path, monkeypatch, capsys):
     (tmp_path / "e.toml").write_text(EXPERIMENT)
     experiment = load_experiment(tmp_path / "e.toml")
@@ -72,16 +86,7 @@ def test_a_killed_training_job_resumes_from_its_last_save(tmp_path, monkeypatch,
 
     out = tmp_path / "run"
     # in the third epoch, after its second step was saved (every step: RESUME_EVERY=0)
-    kill_at = 2 * STEPS_PER_EPOCH + 3
-    env = {**os.environ, "LMCKIT_TEST_KILL_AT": str(kill_at), "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "lmckit.cli", "run", str(tmp_path / "e.toml")]
-    killed = subprocess.run(
-        [*command, "--out", str(out), "-q"], env=env, cwd=ROOT, capture_output=True
-    )
-    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
-    saved = list((out / "store" / "partial").glob("*.resume"))
-    assert len(saved) == 1
-    assert main(["status", str(out)]) == 0
+    saved = run_killed(tmp_path / "e.toml", out, LMCKIT_TEST_KILL_AT=2 * STEPS_PER_EPOCH + 3)
     where = f"saved at step 2 of {STEPS_PER_EPOCH} of epoch 3 of 4"
     assert f"resumable: train/c0/seed0 {where}" in capsys.readouterr().out
     assert main(["run", str(tmp_path / "e.toml"), "--out", str(out), "--dry-run"]) == 0
@@ -157,19 +162,8 @@ def test_a_killed_curve_job_goes_on_from_its_last_saved_point(tmp_path, monkeypa
     assert per_point * 5 == steps_logged(evals) and per_point >= 1
     evals.unlink()
 
-    env = {
-        **os.environ,
-        "LMCKIT_TEST_EVAL_KILL_AT": str(3 * per_point + 1),  # in the fourth point
-        "PYTHONPATH": str(ROOT),
-    }
-    command = [sys.executable, "-m", "lmckit.cli", "run", str(tmp_path / "e.toml")]
-    killed = subprocess.run(
-        [*command, "--out", str(out), "-q"], env=env, cwd=ROOT, capture_output=True
-    )
-    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
-    saved = list((out / "store" / "partial").glob("*.resume"))
-    assert len(saved) == 1
-    assert main(["status", str(out)]) == 0
+    # in the fourth point
+    saved = run_killed(tmp_path / "e.toml", out, LMCKIT_TEST_EVAL_KILL_AT=3 * per_point + 1)
     assert "resumable: curve/b0/c0/0-1/none saved after point 3 of 5" in capsys.readouterr().out
 
     evals.unlink()
