@@ -124,6 +124,8 @@ def test_a_damaged_resume_file_is_an_error_naming_it(digits, tmp_path):
     name, config = MLP
     with pytest.raises(ResumeError, match=r"r\.safetensors is unreadable.*delete it"):
         train(init_model(name, config, seed=0), digits, TrainConfig(epochs=2), resume=path)
+    with pytest.raises(ResumeError, match="is a directory; give the path of a file"):
+        train(init_model(name, config, seed=0), digits, TrainConfig(epochs=2), resume=tmp_path)
 
 
 def test_saves_are_spaced_by_resume_every_and_the_last_epoch_saves_none(digits, tmp_path):

@@ -116,6 +116,8 @@ def load_resume_state(
     path = Path(path)
     if not path.exists():
         return None
+    if path.is_dir():
+        raise ResumeError(f"resume file {path} is a directory; give the path of a file")
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
