@@ -47,8 +47,7 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_result(
 
     path = tmp_path / "run.resume.safetensors"
     killed = init_model(name, config, seed=2)
-    with pytest.raises(Killed):
-        train(killed, digits, cfg, resume=path, resume_every=0, progress=kill_in_epoch(4))
+    train_until_killed(killed, digits, cfg, path, kill_in_epoch(4))
     _, info = load_resume_state(path, _fingerprint_of(path))
     assert info["epoch"] == 3  # epochs 1-3 were kept; the 4th was lost with the kill
 
@@ -82,6 +81,12 @@ def _fingerprint_of(path):
         return json.loads(f.metadata()["fingerprint"])
 
 
+def train_until_killed(model, digits, cfg, path, progress, **options):
+    """Train with a resume file saved at every chance until ``progress`` raises Killed."""
+    with pytest.raises(Killed):
+        train(model, digits, cfg, resume=path, resume_every=0, progress=progress, **options)
+
+
 def test_resuming_without_the_optimizer_state_would_differ(digits, tmp_path):
     """The check above can fail: a resume that rebuilt Adam afresh gives other weights."""
     name, config = MLP
@@ -89,9 +94,7 @@ def test_resuming_without_the_optimizer_state_would_differ(digits, tmp_path):
     straight = init_model(name, config, seed=1)
     train(straight, digits, cfg)
     path = tmp_path / "r.safetensors"
-    with pytest.raises(Killed):
-        train(init_model(name, config, seed=1), digits, cfg, resume=path, resume_every=0,
-              progress=kill_in_epoch(3))  # fmt: skip
+    train_until_killed(init_model(name, config, seed=1), digits, cfg, path, kill_in_epoch(3))
     tensors, _ = load_resume_state(path, _fingerprint_of(path))
     naive = init_model(name, config, seed=1)
     naive.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model/")})
@@ -103,9 +106,7 @@ def test_a_resume_file_of_another_run_is_refused(digits, tmp_path):
     name, config = MLP
     path = tmp_path / "r.safetensors"
     cfg = TrainConfig(epochs=3, batch_size=128, seed=0)
-    with pytest.raises(Killed):
-        train(init_model(name, config, seed=0), digits, cfg, resume=path, resume_every=0,
-              progress=kill_in_epoch(3))  # fmt: skip
+    train_until_killed(init_model(name, config, seed=0), digits, cfg, path, kill_in_epoch(3))
     before = path.read_bytes()
     longer = TrainConfig(epochs=4, batch_size=128, seed=0)
     with pytest.raises(ResumeError, match=r"another run \(train\.epochs: 3 → 4\)"):
@@ -169,9 +170,14 @@ def test_a_resumed_run_keeps_the_last_good_state_of_before_the_kill(digits, tmp_
     assert straight.value.last_good_epoch == 2
 
     path = tmp_path / "r.safetensors"
-    with pytest.raises(Killed):
-        train(init_model("mlp", config, seed=0), digits, recipe, keep_diverged=True,
-              resume=path, resume_every=0, progress=kill_in_epoch(5))  # fmt: skip
+    train_until_killed(
+        init_model("mlp", config, seed=0),
+        digits,
+        recipe,
+        path,
+        kill_in_epoch(5),
+        keep_diverged=True,
+    )
     resumed = init_model("mlp", config, seed=0)
     with pytest.raises(TrainingDiverged) as again:
         train(resumed, digits, recipe, keep_diverged=True, resume=path,
@@ -213,13 +219,9 @@ def test_a_resumed_run_saves_where_it_began_for_the_estimate_of_time_left(digits
     name, config = MLP
     cfg = TrainConfig(epochs=5, batch_size=128, seed=0)
     path = tmp_path / "r.safetensors"
-    with pytest.raises(Killed):
-        train(init_model(name, config, seed=0), digits, cfg, resume=path, resume_every=0,
-              progress=kill_in_epoch(3))  # fmt: skip
+    train_until_killed(init_model(name, config, seed=0), digits, cfg, path, kill_in_epoch(3))
     _, first = load_resume_state(path, _fingerprint_of(path))
-    with pytest.raises(Killed):
-        train(init_model(name, config, seed=0), digits, cfg, resume=path, resume_every=0,
-              progress=kill_in_epoch(5))  # fmt: skip
+    train_until_killed(init_model(name, config, seed=0), digits, cfg, path, kill_in_epoch(5))
     _, second = load_resume_state(path, _fingerprint_of(path))
     assert (first["epoch"], second["epoch"]) == (2, 4)
     assert second["resumed_from"] == {"epoch": 2, "step_in_epoch": 0, "seconds": first["seconds"]}
@@ -255,9 +257,9 @@ def test_a_run_killed_within_an_epoch_resumes_from_the_step_saved_to_the_same_re
     expected = train(straight, digits, cfg)
 
     path = tmp_path / "run.resume"
-    with pytest.raises(Killed):
-        train(init_model(name, config, seed=2), digits, cfg, resume=path, resume_every=0,
-              progress=kill_at_step(2 * steps + 6))  # fmt: skip
+    train_until_killed(
+        init_model(name, config, seed=2), digits, cfg, path, kill_at_step(2 * steps + 6)
+    )
     _, info = load_resume_state(path, _fingerprint_of(path))
     # saved after step 5 of epoch 3 (resume_every=0: after every step)
     assert (info["epoch"], info["step_in_epoch"], info["steps_per_epoch"]) == (2, 5, steps)
@@ -290,9 +292,9 @@ def test_a_save_within_an_epoch_keeps_the_last_good_state_of_the_epoch_before(di
           on_snapshot=lambda e, r: epoch2.update(weights(straight)))  # fmt: skip
 
     path = tmp_path / "run.resume"
-    with pytest.raises(Killed):
-        train(init_model(name, config, seed=0), digits, cfg, resume=path, resume_every=0,
-              progress=kill_at_step(2 * steps + 4))  # fmt: skip
+    train_until_killed(
+        init_model(name, config, seed=0), digits, cfg, path, kill_at_step(2 * steps + 4)
+    )
     resumed = init_model(name, config, seed=0)
 
     def poison(event):
@@ -321,9 +323,7 @@ def test_a_resume_file_whose_step_within_an_epoch_is_not_ours_is_an_error_naming
     name, config = MLP
     cfg = TrainConfig(epochs=3, batch_size=128, seed=0)
     path = tmp_path / "run.resume"
-    with pytest.raises(Killed):
-        train(init_model(name, config, seed=0), digits, cfg, resume=path, resume_every=0,
-              progress=kill_at_step(15))  # fmt: skip
+    train_until_killed(init_model(name, config, seed=0), digits, cfg, path, kill_at_step(15))
     with safe_open(str(path), framework="pt") as f:
         metadata, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
     info = json.loads(metadata["info"])
