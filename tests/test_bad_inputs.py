@@ -90,6 +90,10 @@ CASES = {
     "predict-model-str": (lambda: predict("m", A, TEST), "model must be a torch.nn.Module"),
     "bn-reset-misfit": (lambda: bn_reset(BN, BNP, WRONG_X), "does not fit MLP"),
     "bn-reset-no-batches": (lambda: bn_reset(BN, BNP, DIGITS, n_batches=0), "no batches"),
+    "bn-reset-negative-batches": (
+        lambda: bn_reset(BN, BNP, DIGITS, n_batches=-1),
+        "n_batches must be an integer ≥ 0, got -1",
+    ),
     "repair-lambda": (lambda: repair(NET, A, B, "x", DIGITS), "lam must be a number in [0.0, 1.0]"),
     "repair-lambda-outside": (lambda: repair(NET, A, B, 2, DIGITS), "lam must be a number in"),
     "repair-misfit": (lambda: repair(NET, A, B, 0.5, WRONG_X), MISFIT),

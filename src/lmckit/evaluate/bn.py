@@ -20,7 +20,7 @@ from itertools import islice
 import torch
 from torch import Tensor, nn
 
-from lmckit._checks import check_number
+from lmckit._checks import check_int, check_number
 from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, forward, module_mode
@@ -125,6 +125,8 @@ def bn_reset(
             ``batch_size``) or ``(x, y)`` batches.
     """
     check_model_fits(model, params)
+    if n_batches is not None:
+        check_int("n_batches", n_batches, minimum=0, where="bn_reset: ")
     new = {k: v.detach().clone() for k, v in params.items()}
     bns = _bn_modules(model)
     if not bns:

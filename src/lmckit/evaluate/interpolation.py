@@ -258,6 +258,8 @@ def interpolate(
         raise ParamsError("interpolate() needs loaders={split name: loader}, at least one")
     if bn_reset_data is not None and repair_data is not None:
         raise ParamsError("pass bn_reset_data or repair_data, not both")
+    if resume is None and resume_every is not None:
+        raise ParamsError("resume_every applies only with resume=FILE")
     check_params_compatible(params_a, params_b)
     check_model_fits(model, params_a, "params_a")
     check_finite(params_a, "params_a")
