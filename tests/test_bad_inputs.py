@@ -126,6 +126,21 @@ CASES = {
         "include_running_stats must be true or false",
     ),
     "sinkhorn-tau-bool": (lambda: sinkhorn_matching(SPEC, A, B, tau=True), "tau must be a pos"),
+    # a save interval without a file to save to would be ignored
+    "train-resume-every-alone": (
+        lambda: train(
+            build_model("mlp", in_dim=64, hidden=[4]), DIGITS, TrainConfig(epochs=1), resume_every=5
+        ),
+        "train: resume_every applies only with resume=FILE",
+    ),
+    "ste-mm-resume-every-alone": (
+        lambda: ste_mm(SPEC, [A, B], model=NET, data=DIGITS, resume_every=5),
+        "ste_mm: resume_every applies only with resume=FILE",
+    ),
+    "interpolate-resume-every-alone": (
+        lambda: interpolate(NET, A, B, {"test": TEST}, lambdas=3, resume_every=5),
+        "interpolate: resume_every applies only with resume=FILE",
+    ),
     "train-data-misfit": (
         lambda: train(build_model("mlp", in_dim=64, hidden=[4]), SYNTHETIC, TrainConfig(epochs=1)),
         "does not fit MLP",

@@ -28,10 +28,11 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from lmckit._io import atomic_path
-from lmckit.errors import LmcError
+from lmckit.errors import LmcError, ParamsError
 
 __all__ = [
     "ResumeError",
+    "check_resume_every",
     "load_resume_state",
     "optimizer_state",
     "prefixed",
@@ -48,6 +49,16 @@ FORMAT_VERSION = 1
 
 class ResumeError(LmcError):
     """A resume file is unreadable or belongs to another run."""
+
+
+def check_resume_every(resume: object, resume_every: object, where: str) -> None:
+    """A save interval given without a resume file would be ignored: refuse it.
+
+    Raises:
+        ParamsError: ``resume_every`` is set and ``resume`` is ``None``.
+    """
+    if resume is None and resume_every is not None:
+        raise ParamsError(f"{where}: resume_every applies only with resume=FILE")
 
 
 def save_interval(seconds: float | None = None) -> float:

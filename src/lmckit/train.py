@@ -31,6 +31,7 @@ from lmckit.options import Count, NonNegative, Positive, Range, check_value
 from lmckit.progress import ProgressCallback, notify
 from lmckit.resume import (
     ResumeError,
+    check_resume_every,
     load_resume_state,
     optimizer_state,
     prefixed,
@@ -417,6 +418,7 @@ def train(
     ``epoch``, ``loss``, ``accuracy``, ``lr``) and, at the end of each epoch, one with
     ``epoch_done=True`` and the epoch's :class:`EpochStats` fields.
     """
+    check_resume_every(resume, resume_every, "train")
     device = next(model.parameters()).device
     if config.split is not None:
         try:

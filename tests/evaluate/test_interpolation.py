@@ -215,8 +215,6 @@ def test_a_curve_refuses_a_resume_file_of_another_curve(digits_pair, digits, tmp
     kwargs = {"resume": path, "resume_every": 0, "progress": stop_after(2)}
     with pytest.raises(Stop):
         interpolate(model, a, b, loaders(digits), lambdas=5, **kwargs)
-    with pytest.raises(ParamsError, match="resume_every applies only with resume=FILE"):
-        interpolate(model, a, b, loaders(digits), lambdas=5, resume_every=5)
     with pytest.raises(ResumeError, match="params_b"):
         interpolate(model, a, a, loaders(digits), lambdas=5, resume=path)
     with pytest.raises(ResumeError, match=r"interpolate\.lambdas"):

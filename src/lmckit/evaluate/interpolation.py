@@ -46,6 +46,7 @@ from lmckit.params import Params, check_finite, check_params_compatible, lerp_pa
 from lmckit.progress import ProgressCallback, notify
 from lmckit.resume import (
     ResumeError,
+    check_resume_every,
     load_resume_state,
     save_interval,
     save_resume_state,
@@ -258,8 +259,7 @@ def interpolate(
         raise ParamsError("interpolate() needs loaders={split name: loader}, at least one")
     if bn_reset_data is not None and repair_data is not None:
         raise ParamsError("pass bn_reset_data or repair_data, not both")
-    if resume is None and resume_every is not None:
-        raise ParamsError("resume_every applies only with resume=FILE")
+    check_resume_every(resume, resume_every, "interpolate")
     check_params_compatible(params_a, params_b)
     check_model_fits(model, params_a, "params_a")
     check_finite(params_a, "params_a")

@@ -43,6 +43,7 @@ from lmckit.params import Params, average_params, detached
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
 from lmckit.resume import (
+    check_resume_every,
     load_resume_state,
     optimizer_state,
     prefixed,
@@ -267,6 +268,7 @@ def ste_mm(
         check_option_combination({"variant": variant, "weights": weights})
         weights, restart_from_identity = "normalized_uniform", True
     model = require_model_and_data("ste_mm", model, data)
+    check_resume_every(resume, resume_every, "ste_mm")
     ref = check_models(spec, params_list, reference, seed=seed)
     check_model_fits(model, params_list[ref])
     check_training_options("ste_mm", epochs=epochs, lr=lr, batch_size=batch_size)
