@@ -569,6 +569,14 @@ MUTATIONS = [
         ("tests/merge/test_ccmm.py",),
     ),
     M(
+        "ccmm-line-search-assumes-two-group-actions",
+        "CCMM's line search takes every aligned tensor as quadratic in the step (three nodes)",
+        "src/lmckit/merge/ccmm.py",
+        "    nodes = np.linspace(0.0, 1.0, max(degree, 1) + 1)",
+        "    nodes = np.linspace(0.0, 1.0, 3)",
+        ("tests/merge/test_ccmm.py",),
+    ),
+    M(
         "repair-fitted-at-half",
         "interpolation applies REPAIR fitted at λ = ½ at every λ",
         "src/lmckit/evaluate/interpolation.py",

@@ -28,13 +28,12 @@ from lmckit.merge.result import MergeResult, canonicalise, check_models, merged_
 from lmckit.merge.star import star
 from lmckit.options import Count, NonNegative, checked
 from lmckit.params import Params, floating_names, pairwise_inner_sum
-from lmckit.perm import Permutation, PermutationSpec
+from lmckit.perm import Permutation, PermutationSpec, axis_groups
 from lmckit.progress import ProgressCallback, notify
 
 
-def _objective(spec, floating, soft_list) -> torch.Tensor:
-    aligned = [soft_apply(spec, p, s) for p, s in zip(floating, soft_list, strict=True)]
-    return pairwise_inner_sum(aligned)
+def _aligned(spec, floating, soft_list) -> list[dict]:
+    return [soft_apply(spec, p, s) for p, s in zip(floating, soft_list, strict=True)]
 
 
 @checked
@@ -67,6 +66,10 @@ def ccmm(
         tol: stop when the Frank–Wolfe gap falls below ``tol · |f|``.
 
     ``history`` is the relaxed objective per iteration; ``info["fw_gap"]`` the last gap.
+
+    Cost per iteration: the objective and its gradient, then an exact line search that
+    aligns every model at two more steps (the objective is a polynomial in the step, see
+    ``_line_search``); memory: the inputs and every model aligned at three steps.
     """
     start = time.perf_counter()
     ref = check_models(spec, params_list, reference, init, seed)
@@ -94,7 +97,8 @@ def ccmm(
     for it in range(max_iter):
         iterations = it + 1
         leaves = [{g: m.detach().requires_grad_(True) for g, m in s.items()} for s in soft]
-        f = _objective(sub, floating, leaves)
+        aligned = _aligned(sub, floating, leaves)
+        f = pairwise_inner_sum(aligned)
         grads = torch.autograd.grad(f, [m for s in leaves for m in s.values()])
         history.append(float(f.detach()))
         vertices, k, gap = [], 0, 0.0
@@ -110,7 +114,8 @@ def ccmm(
         notify(progress, iterations, max_iter, objective=history[-1], gap=gap)
         if gap <= tol * max(abs(history[-1]), 1e-30):
             break
-        step = _line_search(sub, floating, soft, vertices)
+        at_start = [{k: t.detach() for k, t in a.items()} for a in aligned]
+        step = _line_search(sub, floating, soft, vertices, at_start)
         if step <= 0:
             break
         soft = [
@@ -131,21 +136,47 @@ def ccmm(
     )
 
 
-@torch.no_grad()
-def _line_search(spec, floating, soft, vertices) -> float:
-    """Exact line search of ``f(P + γ(V − P))`` on γ ∈ [0, 1].
+_GRAM_CHUNK = 1 << 20  # entries of a tensor per float64 stack in the line search
 
-    Every aligned tensor is at most quadratic in γ (a group acts on at most two of its
-    axes), so each pairwise inner product — and ``f`` — is a polynomial of degree ≤ 4:
-    five evaluations determine it, and its maximum is read off a fine grid."""
-    gammas = np.linspace(0.0, 1.0, 5)
-    values = []
-    for gamma in gammas:
-        mix = [
-            {g: s[g] + float(gamma) * (v[g] - s[g]) for g in s}
-            for s, v in zip(soft, vertices, strict=True)
-        ]
-        values.append(float(_objective(spec, floating, mix)))
-    poly = np.polynomial.Polynomial.fit(gammas, values, 4)
+
+@torch.no_grad()
+def _line_search(spec, floating, soft, vertices, at_start) -> float:
+    """Exact line search of ``f(P + γ(V − P))`` on γ ∈ [0, 1]; ``at_start`` holds the
+    models aligned at γ = 0.
+
+    An aligned tensor is a polynomial in γ of degree at most ``d``, the number of group
+    actions on it (each soft matrix is linear in γ; ``d`` = 2 for a weight matrix), so its
+    values ``a_ij`` at ``d + 1`` nodes give it everywhere: ``a_i(γ) = Σ_j L_j(γ) a_ij``
+    (Lagrange). ``d`` further alignments — matrix products, the costly part — are all the
+    search needs: ``f(γ) = ½ Σ_jl L_j(γ) L_l(γ) M_jl`` with the node Gram
+    ``M_jl = Σ_{i≠i'} ⟨a_ij, a_i'l⟩`` (float64), exact for any γ; its maximum is read
+    off a fine grid."""
+    degree = max(sum(len(axis_groups(e)) for e in spec.axes[k]) for k in at_start[0])
+    nodes = np.linspace(0.0, 1.0, max(degree, 1) + 1)
+    at_nodes = [at_start] + [
+        _aligned(
+            spec,
+            floating,
+            [
+                {g: s[g] + float(gamma) * (v[g] - s[g]) for g in s}
+                for s, v in zip(soft, vertices, strict=True)
+            ],
+        )
+        for gamma in nodes[1:]
+    ]
+    gram = torch.zeros(len(nodes), len(nodes), dtype=torch.float64)
+    models = range(len(at_start))
+    for k in at_start[0]:
+        flat = [at[i][k].reshape(-1) for i in models for at in at_nodes]
+        for lo in range(0, flat[0].numel(), _GRAM_CHUNK):  # bounds the float64 copy
+            x = torch.stack([t[lo : lo + _GRAM_CHUNK] for t in flat]).double()
+            x = x.reshape(len(models), len(nodes), -1)  # (models, nodes, entries)
+            total = x.sum(0)
+            gram += (total @ total.T - torch.bmm(x, x.transpose(1, 2)).sum(0)).cpu()
     grid = np.linspace(0.0, 1.0, 1001)
-    return float(grid[int(np.argmax(poly(grid)))])
+    basis = np.stack(
+        [np.prod([(grid - x) / (node - x) for x in nodes if x != node], axis=0) for node in nodes],
+        axis=1,
+    )  # (grid, nodes): L_j(γ)
+    values = 0.5 * np.einsum("gj,jl,gl->g", basis, gram.numpy(), basis)
+    return float(grid[int(np.argmax(values))])
