@@ -1,7 +1,8 @@
 """Time of CCMM's exact line search (:func:`lmckit.merge.ccmm`), the larger part of a
 Frank–Wolfe iteration: STE-MM Fig. 5 runs CCMM on ten ResNet-20s for 50 iterations.
 
-On ``--models`` random ResNet-20s of each width, one Frank–Wolfe step (a start half-way
+On ``--models`` random ResNet-20s (or the zoo's MLP, ``--model mlp``: 784 → 3 × 512·width
+→ 10, STE-MM Fig. 5's models) of each width, one Frank–Wolfe step (a start half-way
 between the identity and a random permutation per model and group, the vertex from the
 LAP on its gradient), three variants alternating within each round (median of ``--repeats``):
 
@@ -15,7 +16,8 @@ LAP on its gradient), three variants alternating within each round (median of ``
 ``step`` is each search's step; ``objective_rel_diff`` the relative difference of the
 objective at the two steps (0 when they agree). Prints one JSON document.
 
-    python benchmarks/bench_ccmm.py [--widths 1 2] [--models 10] [--threads 1]
+    python benchmarks/bench_ccmm.py [--model resnet20|mlp] [--widths 1 2] [--models 10]
+        [--threads 1]
 """
 
 from __future__ import annotations
@@ -71,9 +73,13 @@ def frank_wolfe_step(spec, floating, device):
     return soft, vertices
 
 
-def measure(width: int, n_models: int, repeats: int, device: str) -> dict:
-    config = {"width_multiplier": width}
-    models = [init_model("resnet20", config, seed=i).to(device) for i in range(n_models)]
+def measure(model: str, width: float, n_models: int, repeats: int, device: str) -> dict:
+    config = (
+        {"width_multiplier": width}
+        if model == "resnet20"
+        else {"in_dim": 784, "hidden": [round(512 * width)] * 3}
+    )
+    models = [init_model(model, config, seed=i).to(device) for i in range(n_models)]
     spec = permutation_spec(models[0])
     states = [m.state_dict() for m in models]
     keys = floating_names(states[0])
@@ -106,6 +112,7 @@ def measure(width: int, n_models: int, repeats: int, device: str) -> dict:
 
     values = {k: objective(v) for k, v in steps.items()}
     return {
+        "model": model,
         "width": width,
         "models": n_models,
         "parameters_per_model": sum(t.numel() for t in floating[0].values()),
@@ -124,14 +131,15 @@ def measure(width: int, n_models: int, repeats: int, device: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--widths", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--model", choices=["resnet20", "mlp"], default="resnet20")
+    parser.add_argument("--widths", type=float, nargs="+", default=[1, 2])
     parser.add_argument("--models", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     add_device_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    results = [measure(w, args.models, args.repeats, args.device) for w in args.widths]
+    results = [measure(args.model, w, args.models, args.repeats, args.device) for w in args.widths]
     print(json.dumps({"machine": machine(args.device), "results": results}, indent=2))
 
 
