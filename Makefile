@@ -35,14 +35,12 @@ docs: $(BIN)/lmckit
 docs-serve: $(BIN)/lmckit
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
 
-# pytest-xdist: two workers (the machine's two cores), each test file on one of them so that
-# its module fixtures are built once; tests/conftest.py gives each worker its share of threads
 test: $(BIN)/lmckit
 	bash scripts/install-browser.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q
 
 clean:
 	rm -rf $(VENV) build site src/*.egg-info .pytest_cache .ruff_cache
