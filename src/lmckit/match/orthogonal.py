@@ -67,16 +67,6 @@ def _mean_free_procrustes(gains: Tensor) -> Tensor:
     return basis @ rotation @ basis.T
 
 
-def _block_solution(block: Tensor, kind: str) -> tuple[float, Tensor]:
-    """Best value and map of one ``d × d`` head block (an index vector for a permutation
-    group, a matrix otherwise)."""
-    if kind == "permutation":
-        rows, cols = linear_sum_assignment(block.numpy(), maximize=True)
-        return float(block.numpy()[rows, cols].sum()), torch.from_numpy(cols).long()
-    m = procrustes(block)
-    return float((m * block).sum()), m
-
-
 def _solve_tie(spec: PermutationSpec, gains: dict[str, Tensor]) -> dict[str, Tensor]:
     """Best maps of a head tie's groups given their gain matrices (see the module
     docstring): block optima per head pair, then the LAP over heads."""
@@ -86,15 +76,19 @@ def _solve_tie(spec: PermutationSpec, gains: dict[str, Tensor]) -> dict[str, Ten
     for g, c in gains.items():
         d = c.shape[0] // heads
         blocks = c.reshape(heads, d, heads, d).transpose(1, 2)
-        kind = spec.kind(g)
-        best[g] = []
-        for i in range(heads):
-            row = []
-            for j in range(heads):
-                value, solution = _block_solution(blocks[i, j], kind)
-                totals[i, j] += value
-                row.append(solution)
-            best[g].append(row)
+        if spec.kind(g) == "permutation":  # a LAP per pair of heads
+            best[g] = []
+            for i in range(heads):
+                row = []
+                for j in range(heads):
+                    rows, cols = linear_sum_assignment(blocks[i, j].numpy(), maximize=True)
+                    totals[i, j] += float(blocks[i, j].numpy()[rows, cols].sum())
+                    row.append(torch.from_numpy(cols).long())
+                best[g].append(row)
+        else:  # Procrustes per pair of heads, all heads² in one batched SVD
+            maps = procrustes(blocks)
+            totals += (maps * blocks.to(torch.float64)).sum((-2, -1)).numpy()
+            best[g] = [list(row) for row in maps]
     _, outer_np = linear_sum_assignment(totals, maximize=True)
     outer = torch.from_numpy(outer_np).long()
     out: dict[str, Tensor] = {}
