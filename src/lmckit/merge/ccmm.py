@@ -68,8 +68,9 @@ def ccmm(
     ``history`` is the relaxed objective per iteration; ``info["fw_gap"]`` the last gap.
 
     Cost per iteration: the objective and its gradient, then an exact line search that
-    aligns every model at two more steps (the objective is a polynomial in the step, see
-    ``_line_search``); memory: the inputs and every model aligned at three steps.
+    aligns every model at two more steps (an aligned weight matrix is quadratic in the
+    step, so three alignments give the objective at every step); memory: the inputs and
+    every model aligned at three steps.
     """
     start = time.perf_counter()
     ref = check_models(spec, params_list, reference, init, seed)
