@@ -1,5 +1,5 @@
 """Time of CCMM's exact line search (:func:`lmckit.merge.ccmm`), the larger part of a
-Frank–Wolfe iteration: STE-MM Fig. 5 runs CCMM on ten ResNet-20s for 50 iterations.
+Frank–Wolfe iteration: STE-MM Fig. 5 runs CCMM on ten MLPs per width, 50 iterations each.
 
 On ``--models`` random ResNet-20s (or the zoo's MLP, ``--model mlp``: 784 → 3 × 512·width
 → 10, STE-MM Fig. 5's models) of each width, one Frank–Wolfe step (a start half-way
