@@ -138,6 +138,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     add_device_argument(parser)
     args = parser.parse_args()
+    if args.models < 2 or args.repeats < 1 or args.threads < 1:
+        parser.error("--models must be at least 2 (CCMM merges two or more), --repeats and "
+                     "--threads at least 1")  # fmt: skip
+    if min(args.widths) <= 0:
+        parser.error(f"--widths must be positive, got {args.widths}")
     torch.set_num_threads(args.threads)
     results = [measure(args.model, w, args.models, args.repeats, args.device) for w in args.widths]
     print(json.dumps({"machine": machine(args.device), "results": results}, indent=2))
