@@ -1720,6 +1720,31 @@ MUTATIONS = [
         "        if False:",
         ("tests/experiments/test_spec.py",),
     ),
+    M(
+        "retire-ignores-other-writers",
+        "a folder's file is removed when its writer stops writing it, though another "
+        "command's last call still shows it",
+        "src/lmckit/_io.py",
+        "        if owners:\n            continue\n",
+        "",
+        ("tests/test_io.py",),
+    ),
+    M(
+        "retire-removes-inputs",
+        "a command removes its earlier output even when this call reads it as an input",
+        "src/lmckit/_io.py",
+        "        if path.resolve() in inputs or any(",
+        "        if False and any(",
+        ("tests/test_io.py",),
+    ),
+    M(
+        "model-folder-keeps-earlier-shards",
+        "a model folder written over an earlier one keeps that model's shards and index",
+        "src/lmckit/model_folder.py",
+        "            path.unlink()\n            stale.append(name)",
+        "            stale.append(name)",
+        ("tests/test_model_folder.py",),
+    ),
 ]
 
 

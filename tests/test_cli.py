@@ -93,6 +93,8 @@ def test_match_command_writes_a_loadable_permutation(tmp_path, capsys):
 
 
 def test_interpolate_command_writes_curves_and_plots(tmp_path, capsys):
+    import json
+
     train = digits_mlp_args(tmp_path, seeds=[0, 1], epochs=3, hidden=[32, 32])
     assert main(train) == 0
     a, b = (str(tmp_path / f"mlp-digits-seed{s}.safetensors") for s in (0, 1))
@@ -145,6 +147,18 @@ def test_interpolate_command_writes_curves_and_plots(tmp_path, capsys):
         )
         == 0
     )
+    # the permutation file names the pair it aligns; a second call into the folder with
+    # another method leaves no permutation file of the first (formerly it stayed, unnamed)
+    assert {k: json.loads((out / "perm-wm-fast.json").read_text())[k] for k in "ab"} == {
+        "a": a,
+        "b": b,
+    }
+    capsys.readouterr()
+    again = ["interpolate", a, b, "--method", "wm", "--lambdas", "3", "--test-only", "-q"]
+    assert main([*again, "--out", str(out)]) == 0
+    assert f"removed from {out} what an earlier run wrote" in capsys.readouterr().out
+    assert not (out / "perm-wm-fast.json").exists() and (out / "perm-wm.json").exists()
+    assert list(json.loads((out / "interpolation.json").read_text())) == ["wm"]
 
 
 def test_analyze_command_writes_measurements_and_figures(tmp_path, capsys):
@@ -264,6 +278,10 @@ def test_merge_command_and_sweep(tmp_path, capsys):
     assert merged.meta["merge_method"] == "merge-many"
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["n"] == 3 and "sharpness_merged" in metrics
+    # merged again without a landscape: the earlier merge's plane is not left beside it
+    assert main(["merge", *ckpts, "--method", "star-wm", "--out", str(out)]) == 0
+    assert "landscape.json, landscape.png" in capsys.readouterr().out
+    assert not (out / "landscape.json").exists() and not (out / "landscape.png").exists()
     sweep = tmp_path / "sweep"
     args = [
         "merge",
@@ -284,6 +302,11 @@ def test_merge_command_and_sweep(tmp_path, capsys):
     assert len(list((sweep / "sweep").glob("*.json"))) == 6
     assert main(args) == 0
     assert capsys.readouterr().out.count("stored result reused") == 6
+    at = args.index("2..3")
+    assert main([*args[:at], "2..2", *args[at + 1 :]]) == 0  # n = 2 only: n = 3's files go
+    assert sorted(p.name for p in (sweep / "sweep").iterdir()) == [
+        f"{m}-n2.json" for m in ("ccmm", "star-wm", "ste-mm")
+    ]
     assert main(["merge", ckpts[0], "--out", str(tmp_path / "x")]) == 2
 
 

@@ -108,3 +108,86 @@ def test_a_refused_command_leaves_a_users_folder_as_it_was(tmp_path):
         atomic_write_json(tmp_path / "curve.json", {})
         raise RuntimeError("failed after writing")
     assert (tmp_path / ".lmckit.lock").exists()
+
+
+def _writer(name):
+    """A command that writes ``name-<item>.json`` for each item (and an always-written
+    summary) into ``out``, and replaces its earlier call's item files."""
+    from lmckit._io import check_outputs, writes_folder
+
+    @writes_folder("out", replaces=(f"{name}-*.json", "sub/*.json"))
+    def command(out, items, inputs=(), log=None):
+        check_outputs([out / f"{name}-{i}.json" for i in items], inputs)
+        for i in items:
+            atomic_write_json(
+                out / (f"sub/{i}.json" if i.startswith("sub") else f"{name}-{i}.json"), {}
+            )
+        atomic_write_json(out / f"{name}.json", {"items": list(items)})
+
+    return command
+
+
+def names(folder):
+    return sorted(
+        str(p.relative_to(folder))
+        for p in folder.rglob("*")
+        if p.is_file() and ".lmckit" not in p.name
+    )
+
+
+def test_a_folder_written_again_keeps_only_what_its_last_call_wrote(tmp_path):
+    """Formerly a second call with other methods (or another pair) left the first call's
+    permutation files beside the new results, with nothing to tell them apart."""
+    out = tmp_path / "out"
+    perm = _writer("perm")
+    said = []
+    perm(out, ["wm", "am", "subx"], log=said.append)
+    assert names(out) == ["perm-am.json", "perm-wm.json", "perm.json", "sub/subx.json"]
+    (out / "perm-mine.json").write_text("the user's")  # matches the pattern, not lmckit's
+    perm(out, ["am"], log=said.append)
+    assert names(out) == ["perm-am.json", "perm-mine.json", "perm.json"]
+    assert said == [f"removed from {out} what an earlier run wrote there and this one did not: "
+                    "perm-wm.json, sub/subx.json"]  # fmt: skip
+    perm(out, ["am"], log=said.append)  # nothing more to remove: nothing said
+    assert len(said) == 1
+
+
+def test_a_shared_folder_keeps_a_file_while_another_commands_last_call_wrote_it(tmp_path):
+    """Two commands writing one folder: a file goes when neither one's last call wrote it."""
+    out = tmp_path / "out"
+    first, second = _writer("perm"), _writer("perm")
+    second.__wrapped__.__qualname__ = "other"  # the name a writer is known by
+    first(out, ["wm", "am"])
+    second(out, ["wm"])
+    first(out, ["am"])  # perm-wm.json: still the other command's output
+    assert "perm-wm.json" in names(out)
+    second(out, ["am"])  # now neither one's: removed
+    assert "perm-wm.json" not in names(out)
+
+
+def test_what_an_earlier_call_wrote_stays_when_it_is_an_input_or_its_writer_is_unknown(tmp_path):
+    import json
+
+    from lmckit._io import MANIFEST
+
+    out = tmp_path / "out"
+    perm = _writer("perm")
+    perm(out, ["wm", "am"])
+    perm(out, ["sinkhorn"], inputs=[out / "perm-wm.json"])  # e.g. --perm out/perm-wm.json
+    assert names(out) == ["perm-sinkhorn.json", "perm-wm.json", "perm.json"]
+    # a folder an lmckit before this bookkeeping wrote: its files have no recorded writer
+    manifest = json.loads((out / MANIFEST).read_text())
+    del manifest["written_by"]
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    perm(out, ["am"])
+    assert names(out) == ["perm-am.json", "perm-sinkhorn.json", "perm-wm.json", "perm.json"]
+
+
+def test_a_failed_call_removes_nothing(tmp_path):
+    out = tmp_path / "out"
+    perm = _writer("perm")
+    perm(out, ["wm"])
+    with pytest.raises(OutputPathError):  # refused: perm-x.json is a folder of the user's
+        (out / "perm-x.json").mkdir()
+        perm(out, ["x"])
+    assert "perm-wm.json" in names(out)

@@ -131,6 +131,28 @@ def test_written_folder_has_the_source_files_and_a_sidecar(folders, tmp_path):
             assert torch.equal(fh.get_tensor(key), expected[key]), key
 
 
+def test_a_folder_written_again_keeps_none_of_the_earlier_models_files(folders, tmp_path):
+    """Formerly a model folder written over a sharded one kept the old shards and an index
+    naming them beside the new single file: two models' files in one folder (lmckit and
+    transformers read the single file; anything that follows the index gets the old one)."""
+    out = tmp_path / "out"
+    sharded = load_model_folder(folders["llama0"])
+    write_model_folder(out, sharded, perm=Permutation.random(sharded.spec, 3))
+    assert (out / "model.safetensors.index.json").exists()
+    (out / "notes.txt").write_text("the user's")
+    single_dir = save(tmp_path / "single", T.LlamaForCausalLM, llama_config(), 2, shard="1GB")
+    single = load_model_folder(single_dir)
+    said = []
+    write_model_folder(out, single, log=said.append)
+    layout = read_layout(single_dir)
+    assert layout.index is None  # one file: the index and every shard of the first must go
+    found = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    assert found == sorted([*output_names(layout), "notes.txt"])
+    assert "model.safetensors.index.json" in said[0]
+    reloaded = load_model_folder(out)
+    assert all(torch.equal(reloaded.params[k], v) for k, v in single.params.items())
+
+
 def test_writing_over_the_source_is_refused(folders):
     from lmckit.errors import OutputPathError
 

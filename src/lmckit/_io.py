@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import functools
 import inspect
 import json
@@ -86,6 +87,7 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
         yield Path(tmp)
         os.chmod(tmp, _default_mode())
         os.replace(tmp, dest)
+        _wrote(dest)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -213,11 +215,20 @@ class _Manifest:
         self.folder = folder
         self.path = folder / MANIFEST
         self.entries: set[str] = set()
+        # the outputs that describe only their writer's last call (writes_folder's
+        # ``replaces``): relative path -> the functions whose last call wrote it
+        self.owners: dict[str, list[str]] = {}
+        self.written: set[str] = set()  # relative paths written while this process holds it
+        self.inputs: list[Path] = []  # the inputs of the command writing it (never removed)
+        self.writer: tuple[str, tuple[str, ...]] | None = None  # (function, its patterns)
         if self.path.is_file():
             try:
                 data = json.loads(self.path.read_text())
                 self.entries = {str(e) for e in data["entries"]}
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+                self.owners = {
+                    str(k): [str(w) for w in v] for k, v in data.get("written_by", {}).items()
+                }
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise OutputPathError(
                     f"{self.path} (lmckit's list of the files it wrote there) is unreadable: "
                     f"{exc}; delete it only if everything in {folder} is lmckit's output"
@@ -249,13 +260,38 @@ class _Manifest:
         self.entries.add(top)
         self._save()  # before the write: an interrupted write leaves its entry claimed
 
+    def wrote(self, path: Path) -> None:
+        """Note that ``path`` (in this folder) was written, and by whom if it is one of the
+        writing function's replaceable outputs."""
+        rel = path.relative_to(self.folder).as_posix()
+        self.written.add(rel)
+        if self.writer is not None and _matches(rel, self.writer[1]):
+            owners = self.owners.setdefault(rel, [])
+            if self.writer[0] not in owners:
+                owners.append(self.writer[0])
+                self._save()
+
     def _save(self) -> None:
-        data = (json.dumps({"entries": sorted(self.entries)}, indent=1) + "\n").encode()
+        state: dict[str, Any] = {"entries": sorted(self.entries)}
+        if self.owners:
+            state["written_by"] = {k: sorted(v) for k, v in sorted(self.owners.items())}
+        data = (json.dumps(state, indent=1) + "\n").encode()
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=scratch_prefix(MANIFEST), suffix=".part")
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.chmod(tmp, _default_mode())  # readable like the files it lists, not mkstemp's 0o600
         os.replace(tmp, self.path)
+
+
+def _matches(rel: str, patterns: Iterable[str]) -> bool:
+    """Whether the relative path ``rel`` matches one of the glob ``patterns`` part by part
+    (``*`` never crosses a ``/``)."""
+    parts = rel.split("/")
+    for pattern in patterns:
+        pieces = pattern.split("/")
+        if len(pieces) == len(parts) and all(map(fnmatch.fnmatchcase, parts, pieces)):
+            return True
+    return False
 
 
 def _internal(name: str) -> bool:
@@ -264,6 +300,13 @@ def _internal(name: str) -> bool:
 
 
 _GUARDS: dict[Path, _Manifest] = {}  # guarded output folders this process holds
+
+
+def _absolute(path: str | os.PathLike) -> Path:
+    """``path`` absolute with its folder's symbolic links resolved (as the held folders
+    are), the last component as named."""
+    path = Path(os.path.abspath(path))
+    return path.parent.resolve() / path.name
 
 
 def _guard_of(path: Path) -> _Manifest | None:
@@ -284,10 +327,79 @@ def claim(path: str | os.PathLike) -> None:
     """
     if not _GUARDS:
         return
-    path = Path(os.path.abspath(path))
+    path = _absolute(path)
     guard = _guard_of(path)
     if guard is not None:
         guard.claim(path)
+
+
+def _wrote(path: Path) -> None:
+    """Note that ``path`` was written (for :func:`retire_unwritten`)."""
+    if not _GUARDS:
+        return
+    path = _absolute(path)
+    guard = _guard_of(path)
+    if guard is not None:
+        guard.wrote(path)
+
+
+def held_inputs(path: str | os.PathLike) -> list[Path]:
+    """The inputs (as given to :func:`check_outputs`) of the command holding the output
+    folder that is or contains ``path``; none when no held folder does."""
+    guard = _GUARDS.get(Path(path).resolve()) or _guard_of(_absolute(path))
+    return list(guard.inputs) if guard is not None else []
+
+
+def retire_unwritten(
+    folder: str | os.PathLike,
+    writer: str,
+    patterns: Iterable[str],
+    log: Callable[[str], None] | None = None,
+) -> list[Path]:
+    """End ``writer``'s call into the held ``folder`` (:func:`locked_output`): each file
+    matching the glob ``patterns`` (relative to ``folder``) that an earlier call of
+    ``writer`` wrote and this one has not is no longer ``writer``'s output, and is removed
+    once no other function's last call wrote it — so that a folder a command writes again
+    describes only its last run (no permutation file of a method or a pair no longer in
+    it, no landscape of other models beside a new merge), and a folder two commands share
+    keeps what each still shows. Files the user put there, lmckit's bookkeeping, files
+    written before lmckit kept track of their writers and the command's inputs (as given to
+    :func:`check_outputs`) are never removed; ``log`` gets one line naming what was.
+
+    Returns:
+        The removed paths.
+    """
+    guard = _GUARDS.get(Path(folder).resolve())
+    if guard is None:
+        raise RuntimeError(f"retire_unwritten: {folder} is not held by this process")
+    folder = guard.folder
+    inputs = {p.resolve() for p in guard.inputs}
+    removed: list[Path] = []
+    changed = False
+    for rel, owners in sorted(guard.owners.items()):
+        if writer not in owners or rel in guard.written or not _matches(rel, patterns):
+            continue
+        owners.remove(writer)
+        changed = True
+        path = folder / rel
+        if owners:
+            continue
+        del guard.owners[rel]
+        gone = not (path.is_file() and not path.is_symlink())
+        if gone or any(_internal(part) for part in path.relative_to(folder).parts):
+            continue
+        if path.resolve() in inputs or any(
+            p.exists() and os.path.samefile(p, path) for p in guard.inputs
+        ):
+            continue
+        path.unlink()
+        removed.append(path)
+    if changed:
+        guard._save()
+    if removed and log is not None:
+        names = ", ".join(str(p.relative_to(folder)) for p in removed)
+        log(f"removed from {folder} what an earlier run wrote there and this one did not: {names}")
+    return removed
 
 
 _HELD: dict[Path, int] = {}  # locks this process holds: folder -> nesting depth
@@ -404,15 +516,19 @@ def check_outputs(
     (:func:`claim`) — so a folder holding a file of the user's under an output's name is
     refused before the work, not after it."""
     outputs = [Path(p) for p in outputs]
+    inputs = [Path(p) for p in inputs]
     check_not_inputs(outputs, inputs, what)
     for path in outputs:  # every output checked before any is claimed (listed as lmckit's)
-        path = Path(os.path.abspath(path))
+        path = _absolute(path)
         guard = _guard_of(path)
         why = guard.conflict(path) if guard is not None else None
         if why is not None:
             raise OutputPathError(why)
     for path in outputs:
         claim(path)
+        guard = _guard_of(_absolute(path))
+        if guard is not None:
+            guard.inputs.extend(p for p in inputs if p not in guard.inputs)
 
 
 def check_output_file(
@@ -444,18 +560,33 @@ def check_output_file(
     return path
 
 
-def writes_folder(argument: str = "out") -> Callable[[F], F]:
+def writes_folder(argument: str = "out", *, replaces: Iterable[str] = ()) -> Callable[[F], F]:
     """Decorate a function that writes into the folder passed as ``argument``: the folder
-    is locked (:func:`locked_output`) for the whole call."""
+    is locked (:func:`locked_output`) for the whole call. ``replaces``: glob patterns of its
+    outputs that describe only its last call — after a call that returns, the matching files
+    an earlier call wrote and this one did not are removed (:func:`retire_unwritten`, logged
+    through the function's ``log`` argument where it has one)."""
+    patterns = tuple(replaces)
 
     def decorate(fn: F) -> F:
         signature = inspect.signature(fn)
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            folder = signature.bind(*args, **kwargs).arguments[argument]
-            with locked_output(folder, "--out"):
-                return fn(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            folder = bound.arguments[argument]
+            with locked_output(folder, "--out") as held:
+                guard = _GUARDS.get(held) if patterns else None
+                if guard is None:
+                    return fn(*args, **kwargs)
+                outer, guard.writer = guard.writer, (fn.__qualname__, patterns)
+                try:
+                    result = fn(*args, **kwargs)
+                finally:
+                    guard.writer = outer
+                retire_unwritten(held, fn.__qualname__, patterns, bound.arguments.get("log"))
+                return result
 
         return wrapper  # type: ignore[return-value]
 

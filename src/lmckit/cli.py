@@ -738,6 +738,7 @@ def cmd_match(args: argparse.Namespace) -> int:
                         "after": result.distance_after,
                     },
                 },
+                log=print,
             )
     objective = f"{result.history[-1]:.6g}" if result.history else "n/a"
     print(f"method        {result.method}")
@@ -814,6 +815,7 @@ def _match_with_rotations(args: argparse.Namespace, method: str, a, b, data) -> 
                     "layout": "B moved by the transform, with A's norm gains (the same "
                     "function as B; interpolating it with A is the folded path)",
                 },
+                log=print,
             )
     spec = result.perm.spec
     counts = spec.kind_counts()

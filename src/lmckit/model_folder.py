@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from lmckit import __version__
-from lmckit._io import atomic_path, atomic_write_json, check_not_inputs
+from lmckit._io import atomic_path, atomic_write_json, check_not_inputs, held_inputs
 from lmckit.checkpoint import SAFETENSORS_DTYPES, Checkpoint, parse_safetensors_header
 from lmckit.errors import CheckpointError, ParamsError, UsageError
 from lmckit.params import check_finite
@@ -606,6 +606,7 @@ def write_model_folder(
     params: Mapping[str, Tensor] | None = None,
     about: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> dict[str, str]:
     """Write ``source``'s model — permuted by ``perm``, or the tensors ``params`` instead
     (a merge) — as a model folder ``out`` of the same files: config and small files copied,
@@ -614,6 +615,9 @@ def write_model_folder(
     Tensors are produced one at a time: ``perm`` applied to the source's tensor (memory-
     mapped), or ``params[name]`` cast to the stored dtype. ``about`` goes into
     ``lmckit.json`` beside the SHA-256 of every file written; returns those digests.
+    Written over an earlier lmckit model folder, the files its ``lmckit.json`` lists and this
+    one does not write (another model's shards or index) are removed — never an input of
+    the command — and named to ``log``: a loader must not find the earlier model's files.
 
     Raises:
         CheckpointError: ``source`` is not a model folder.
@@ -634,6 +638,7 @@ def write_model_folder(
     spec = source.spec if perm is not None else PermutationSpec({}, {})
     # the source's shards are read (memory-mapped) while the new ones are written
     check_not_inputs([out / n for n in output_names(layout)], source.files, "out")
+    earlier = _earlier_files(out)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, str] = {}
     done, total = 0, len(layout.tensors)
@@ -666,4 +671,30 @@ def write_model_folder(
             "files_sha256": written,
         },
     )
+    inputs = [*source.files, *held_inputs(out)]
+    stale = []
+    for name in sorted(earlier - set(written)):
+        path = out / name
+        ours = path.is_file() and not path.is_symlink()
+        if ours and not any(p.exists() and os.path.samefile(p, path) for p in inputs):
+            path.unlink()
+            stale.append(name)
+    if stale and log is not None:
+        log(f"removed from {out} the earlier model's files this one does not have: {stale}")
     return written
+
+
+def _earlier_files(out: Path) -> set[str]:
+    """The files an earlier :func:`write_model_folder` wrote into ``out`` (its sidecar's
+    list; plain names only), or none."""
+    try:
+        meta = json.loads((out / SIDECAR).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return set()
+    if not isinstance(meta, dict) or meta.get("format") != FOLDER_FORMAT:
+        return set()
+    listed = meta.get("files_sha256")
+    if not isinstance(listed, dict):
+        return set()
+    plain = {n for n in listed if isinstance(n, str) and n and n == Path(n).name}
+    return {n for n in plain if not n.startswith(".")} - {SIDECAR}

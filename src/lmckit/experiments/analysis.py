@@ -177,7 +177,13 @@ def layerwise_pair(
     return out
 
 
-@writes_folder("out")
+@writes_folder(
+    "out",
+    replaces=(
+        "perm-*.json", "operator-spectra.png", "cosines-*.png", "taylor.png", "layerwise.json",
+        "layerwise.png", "moments-*.png", "flatness.png", "random-permutations.png",
+    ),
+)  # fmt: skip
 def run_analyze(
     a: Checkpoint,
     b: Checkpoint,
@@ -209,7 +215,9 @@ def run_analyze(
     :func:`layerwise_pair` on the test split, and once the flatness proxy and the random
     permutation merges — with ``layerwise.png`` (the width study's Fig. 3, 4, 6–8, 11, 14,
     20 per method), ``moments-<method>.png`` (Fig. 5/21), ``flatness.png`` (Fig. 12–13) and
-    ``random-permutations.png`` (Fig. 18–19).
+    ``random-permutations.png`` (Fig. 18–19). Permutation files and figures of an earlier
+    call into ``out`` that this one does not write (another method's heat map, a Taylor plot
+    now skipped) are removed.
 
     Returns:
         ``{"results": {label: analyze_pair(...)}, "layerwise": {...} (with ``layerwise``),

@@ -135,7 +135,7 @@ def stored_curve(
     return curve, artifact, reused
 
 
-@writes_folder("out")
+@writes_folder("out", replaces=("perm-*.json",))
 def run_interpolate(
     a: Checkpoint,
     b: Checkpoint,
@@ -161,7 +161,9 @@ def run_interpolate(
     ``repair`` BN-free networks are REPAIRed instead. Writes ``perm-<method>.json``,
     ``interpolation.json``/``.csv``/``.png`` and ``barriers.json``/``.png`` into ``out``;
     permutations and curves are kept in ``out/store`` under keys of everything that
-    determines them, so a rerun reuses exactly the results that still apply.
+    determines them, so a rerun reuses exactly the results that still apply. A
+    ``perm-<method>.json`` of an earlier call into ``out`` that this one does not write (a
+    method or a pair no longer there) is removed, so the folder describes this call only.
 
     Returns:
         ``{"curves": {label: Curve}, "files": [...]}``.

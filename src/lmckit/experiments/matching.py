@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from lmckit._io import atomic_write_bytes, atomic_write_json
+from lmckit._io import atomic_write_json
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset
 from lmckit.errors import DataError, ParamsError, PermutationError, UsageError
@@ -365,7 +365,7 @@ def stored_matches(
 ) -> dict[str, Permutation | Transform]:
     """``{label: permutation or transform}`` for each of ``methods`` through the store
     (``naive`` is the identity, labelled ``"naive"``), each copied to
-    ``out/perm-<method>.json`` and logged."""
+    ``out/perm-<method>.json`` (with the paths of A and B) and logged."""
     perms: dict[str, Permutation | Transform] = {}
     for method in methods:
         if method == naive:
@@ -380,7 +380,12 @@ def stored_matches(
             seed=seed,
             progress=progress(f"match {method}") if progress else None,
         )
-        atomic_write_bytes(out / f"perm-{method}.json", artifact.file("perm.json").read_bytes())
+        # the copy names the pair it aligns (as lmckit match's file does); the stored one is
+        # keyed by the weights alone, so it names none
+        found = json.loads(artifact.file("perm.json").read_text())
+        atomic_write_json(
+            out / f"perm-{method}.json", {**found, "a": str(a.path), "b": str(b.path)}
+        )
         r = artifact.record
         log(
             f"{method}: L2 {r['distance_before']:.3f} -> {r['distance_after']:.3f} in "

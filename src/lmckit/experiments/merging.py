@@ -121,7 +121,7 @@ def _bn_data(ckpt: Checkpoint, data: Dataset):
     )
 
 
-@writes_folder("out")
+@writes_folder("out", replaces=("landscape.json", "landscape.png"))
 def run_merge(
     ckpts: Sequence[Checkpoint],
     method: str,
@@ -131,6 +131,7 @@ def run_merge(
     seed: int = 0,
     sharpness_probes: int = 0,
     landscape: int = 0,
+    log: Callable[[str], None] = print,
     progress: Callable[[str], ProgressCallback | None] | None = None,
     **options: Any,
 ) -> dict[str, Any]:
@@ -139,6 +140,8 @@ def run_merge(
 
     A merger that saves its state between epochs (STE-MM) keeps it in ``out/<method>.resume``
     until the merged checkpoint is written: the same command after a kill goes on from there.
+    An earlier call's ``landscape.json``/``.png`` that this one does not compute is removed
+    (named to ``log``): it was another merge's plane.
 
     Returns the report written to ``metrics.json``.
     """
@@ -236,6 +239,7 @@ def run_merge_folders(
     out: str | Path,
     *,
     seed: int = 0,
+    log: Callable[[str], None] = print,
     progress: Callable[[str], ProgressCallback | None] | None = None,
     **options: Any,
 ) -> dict[str, Any]:
@@ -244,7 +248,8 @@ def run_merge_folders(
     reference's (last folder's) architecture, config and sharding — beside
     ``permutations.json`` and ``metrics.json`` (each model's L2 distance to the merged one,
     before and after alignment). Methods that need data are refused: a model folder records
-    no dataset.
+    no dataset. Over an earlier merge, ``out/merged`` keeps none of its files that this one
+    does not write (:func:`lmckit.model_folder.write_model_folder`).
 
     Returns the report written to ``metrics.json``."""
     from lmckit.model_folder import output_names, provenance, write_model_folder
@@ -284,7 +289,7 @@ def run_merge_folders(
         "inputs": provenance({str(i): c for i, c in enumerate(ckpts)}),
         "reference": str(reference.path),
     }
-    write_model_folder(Path(out) / "merged", reference, params=result.merged, about=about)
+    write_model_folder(Path(out) / "merged", reference, params=result.merged, about=about, log=log)
     atomic_write_json(
         Path(out) / "permutations.json",
         {"groups": dict(reference.spec.groups), "perms": [p.to_dict() for p in result.perms]},
@@ -486,7 +491,7 @@ def parse_range(text: str) -> list[int]:
     return list(range(lo, hi + 1))
 
 
-@writes_folder("out")
+@writes_folder("out", replaces=("sweep/*.json",))
 def sweep(
     ckpts: Sequence[Checkpoint],
     methods: Sequence[str],
@@ -503,7 +508,8 @@ def sweep(
     model on the test set. Each finished (method, n) is kept in ``out/store`` at once, keyed
     by everything that determines it (:func:`stored_merge_metrics`), and reused on a rerun
     only when that key matches; ``out/sweep/<method>-n<n>.json``, ``out/sweep.json`` and
-    ``out/sweep.png`` are written from the results."""
+    ``out/sweep.png`` are written from the results (an earlier call's ``out/sweep/*.json`` of
+    a method or ``n`` not in this one is removed)."""
     check_checkpoints(ckpts, data)
     outputs = [Path(out) / n for n in ("sweep.json", "sweep.png")]
     outputs += [Path(out) / "sweep" / f"{m}-n{n}.json" for m in methods for n in ns]
