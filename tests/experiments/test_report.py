@@ -41,6 +41,22 @@ def test_the_report_is_written_from_the_ledger(run):
     assert html.escape(TINY.read_text()) in text  # the experiment file is embedded
 
 
+def test_the_job_counts_read_as_english(run, tmp_path):
+    """A run with one job still going read "1 jobs running"."""
+    import sqlite3
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    with sqlite3.connect(copy / "ledger.sqlite") as db:
+        total = db.execute("select count(*) from jobs").fetchone()[0]
+        db.execute(
+            "update jobs set status = 'running', finished = null "
+            "where rowid = (select min(rowid) from jobs)"
+        )
+    text = write_report(copy).read_text()
+    assert f"{total - 1} jobs done" in text and "1 job running" in text
+
+
 def test_a_curve_changed_in_the_store_fails_the_report_instead_of_being_drawn(
     run, tmp_path, capsys
 ):

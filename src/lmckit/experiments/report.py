@@ -1091,7 +1091,7 @@ def write_report(out: str | Path) -> Path:
         f"<h1>{html.escape(raw.get('name', 'experiment'))}</h1>",
         f"<p class='sub'>{html.escape(raw.get('description', ''))}</p>",
         "<p>"
-        + ", ".join(f"{n} jobs {s}" for s, n in sorted(counts.items()))
+        + ", ".join(f"{n} job{'s' * (n != 1)} {s}" for s, n in sorted(counts.items()))
         + (f" ({reused} of them reused from the store)" if reused else "")
         + (
             f", {waiting} more of the run's plan not started (waiting for their inputs, "
