@@ -686,6 +686,25 @@ def test_spec_prints_the_report_and_writes_json(tmp_path, capsys):
     assert data["aliases"] == {"head.weight": "embed.weight"}
 
 
+def test_spec_of_a_checkpoint_reads_the_example_input_from_its_dataset(tmp_path, capsys):
+    """Formerly `lmckit spec CKPT` asked for --input-shape though the sidecar names the
+    dataset; an explicit shape still wins, and a weight file without a sidecar still asks."""
+    assert main(digits_mlp_args(tmp_path, seeds=[0], epochs=1, hidden=[16])) == 0
+    ckpt = str(tmp_path / "mlp-digits-seed0.safetensors")
+    capsys.readouterr()
+    assert main(["spec", ckpt]) == 0
+    printed = capsys.readouterr().out
+    assert "example input: 1 8 8 (Gaussian inputs), from the checkpoint's dataset digits" in printed
+    assert "1 groups" in printed and "16 units" in printed
+    assert main(["spec", ckpt, "--input-shape", "64"]) == 0  # the MLP flattens: 64 fits too
+    assert "example input" not in capsys.readouterr().out
+    import shutil
+
+    shutil.copy(ckpt, tmp_path / "bare.safetensors")  # weights without a sidecar
+    assert main(["spec", str(tmp_path / "bare.safetensors")]) == 2
+    assert "spec needs --input-shape" in capsys.readouterr().err
+
+
 def test_match_and_interpolate_take_a_users_state_dicts(tmp_path, capsys):
     """Plain state dicts (safetensors and a weights_only .pt) of a user's class: the spec is
     traced, a planted permutation is found exactly, and the path is evaluated."""

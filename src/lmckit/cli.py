@@ -388,9 +388,12 @@ def cmd_spec(args: argparse.Namespace) -> int:
         ckpt = load_model_folder(path)  # traced from its config's example input
         report, inputs = ckpt.trace_report, list(ckpt.files)
     else:
+        checkpoint = ":" not in args.target or path.is_file()  # MODULE:CLASS has a colon
+        if args.input_shape is None and checkpoint:
+            _input_from_sidecar(path, args)
         if args.input_shape is None:
             raise UsageError("spec needs --input-shape (one example's shape) for this target")
-        if ":" not in args.target or path.is_file():  # MODULE:CLASS always has a colon
+        if checkpoint:
             lmckit_checkpoint = argparse.Namespace(model_class=None, device="cpu")
             ckpt = _load_user_checkpoints([path], lmckit_checkpoint)[0]
             model, inputs = ckpt.model, list(ckpt.files)
@@ -530,6 +533,35 @@ def _load_checkpoints(paths: Sequence[Path], device: str):
     from lmckit.checkpoint import load_checkpoint
 
     return [load_checkpoint(p, device=device) for p in paths]
+
+
+def _input_from_sidecar(path: Path, args: argparse.Namespace) -> None:
+    """Set ``args.input_shape`` (and ``args.tokens`` for a language model) from the
+    dataset an lmckit checkpoint's sidecar records, saying so; unchanged when it records
+    none that lmckit knows (a user's weight file, synthetic data of another size)."""
+    from lmckit.checkpoint import read_meta
+    from lmckit.data.datasets import INPUT_SHAPES
+
+    try:
+        meta = read_meta(path)
+    except LmcError:
+        return
+    dataset, model = meta.get("dataset"), meta["model"]
+    if dataset not in INPUT_SHAPES or dataset == "synthetic":
+        return
+    if dataset == "python-stdlib":
+        context, vocab = model.get("context"), model.get("vocab_size")
+        if not (isinstance(context, int) and isinstance(vocab, int)):
+            return
+        shape, tokens = (context,), vocab
+    else:
+        shape, tokens = INPUT_SHAPES[dataset], None
+    args.input_shape = list(shape)
+    if args.tokens is None:
+        args.tokens = tokens
+    said = f"token ids below {args.tokens}" if args.tokens is not None else "Gaussian inputs"
+    print(f"example input: {' '.join(map(str, shape))} ({said}), from the checkpoint's dataset "
+          f"{dataset} (--input-shape sets another)")  # fmt: skip
 
 
 def _example_input(args: argparse.Namespace):
@@ -2121,7 +2153,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--input-shape", type=_int_at_least(1), nargs="+", metavar="N",
         help="one example's shape without the batch axis, e.g. 1 28 28 (tokens: the length); "
-        "a model folder's comes from its config",
+        "a model folder's comes from its config, an lmckit checkpoint's from the dataset its "
+        "sidecar records",
     )  # fmt: skip
     p.add_argument("--batch", type=_int_at_least(1), default=4, help="examples in the trace")
     p.add_argument(

@@ -215,3 +215,11 @@ def test_the_cli_trains_and_interpolates_gpts_and_prints_perplexities(tmp_path, 
     assert float(row[-1]) == pytest.approx(
         (math.exp(losses[0]) + math.exp(losses[-1])) / 2, rel=1e-3
     )
+    # the checkpoint records its dataset: spec reads the example input from it (token ids
+    # over the model's context), as it formerly asked for --input-shape and --tokens
+    capsys.readouterr()
+    assert main(["spec", a]) == 0
+    printed = capsys.readouterr().out
+    context = json.loads((out / "gpt-python-stdlib-seed0.json").read_text())["model"]["context"]
+    assert f"example input: {context} (token ids below 256)" in printed
+    assert "verified in eval and train mode" in printed
