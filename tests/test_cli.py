@@ -191,6 +191,11 @@ def test_analyze_command_writes_measurements_and_figures(tmp_path, capsys):
     assert main([*perm, "--out", str(tmp_path / "given")]) == 0
     given = json.loads((tmp_path / "given" / "analysis.json").read_text())["results"]["given"]
     assert given["R"] == wm["R"] and "taylor" not in given
+    # into its own folder: the earlier call's heat map and Taylor plot go (this one draws
+    # neither), the permutation file it reads stays
+    assert main([*perm, "--out", str(out)]) == 0
+    assert (out / "perm-wm-fast.json").exists()
+    assert not (out / "cosines-wm-fast.png").exists() and not (out / "taylor.png").exists()
 
 
 def test_analyze_layerwise_writes_the_width_study_diagnostics(tmp_path, capsys):

@@ -243,7 +243,9 @@ def run_analyze(
     out = Path(out)
     names = ["analysis.json", "store", "spectra.png", "alignment.png", "alignment-merged.png"]
     names += ["distances.png", "taylor.png", "layerwise.json", "flatness.png"]
-    check_outputs([out / n for n in names], [*a.files, *b.files])
+    check_outputs(
+        [out / n for n in names], [*a.files, *b.files, *([perm_file] if perm_file else [])]
+    )
     perms: dict[str, Permutation] = {}
     if perm_file is not None:
         perms["given"] = load_permutation(perm_file, a.spec)
