@@ -159,6 +159,9 @@ def test_interpolate_command_writes_curves_and_plots(tmp_path, capsys):
     assert f"removed from {out} what an earlier run wrote" in capsys.readouterr().out
     assert not (out / "perm-wm-fast.json").exists() and (out / "perm-wm.json").exists()
     assert list(json.loads((out / "interpolation.json").read_text())) == ["wm"]
+    given = ["interpolate", a, b, "--perm", str(out / "perm-wm.json"), "--lambdas", "3", "-q"]
+    assert main([*given, "--test-only", "--out", str(out)]) == 0
+    assert (out / "perm-wm.json").exists()  # read by this call: kept
 
 
 def test_analyze_command_writes_measurements_and_figures(tmp_path, capsys):
