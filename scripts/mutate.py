@@ -1738,6 +1738,15 @@ MUTATIONS = [
         ("tests/test_io.py",),
     ),
     M(
+        "guard-compares-unresolved-paths",
+        "paths written into a held folder are compared without resolving its links: through "
+        "a link in --out nothing is guarded",
+        "src/lmckit/_io.py",
+        "    return path.parent.resolve() / path.name",
+        "    return path",
+        ("tests/test_io.py",),
+    ),
+    M(
         "model-folder-keeps-earlier-shards",
         "a model folder written over an earlier one keeps that model's shards and index",
         "src/lmckit/model_folder.py",

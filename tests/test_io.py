@@ -191,3 +191,20 @@ def test_a_failed_call_removes_nothing(tmp_path):
         (out / "perm-x.json").mkdir()
         perm(out, ["x"])
     assert "perm-wm.json" in names(out)
+
+
+def test_a_folder_reached_through_a_symbolic_link_is_guarded_too(tmp_path):
+    """The held folder is resolved; the paths written into it were compared unresolved, so
+    through a link in --out nothing was guarded and a user's file was overwritten."""
+    from lmckit._io import locked_output
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    (tmp_path / "real" / "mine.json").write_text("the user's")
+    with locked_output(tmp_path / "link"):
+        with pytest.raises(OutputPathError, match="was not written by lmckit"):
+            atomic_write_json(tmp_path / "link" / "mine.json", {"x": 1})
+        atomic_write_json(tmp_path / "link" / "ours.json", {"x": 1})
+    assert (tmp_path / "real" / "mine.json").read_text() == "the user's"
+    with locked_output(tmp_path / "link"):  # its own output, claimed through the link
+        atomic_write_json(tmp_path / "link" / "ours.json", {"x": 2})
