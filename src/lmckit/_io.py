@@ -325,22 +325,26 @@ def claim(path: str | os.PathLike) -> None:
         OutputPathError: ``path`` (or the top-level entry of the folder it is in) exists and
             lmckit did not create it.
     """
-    if not _GUARDS:
-        return
-    path = _absolute(path)
-    guard = _guard_of(path)
-    if guard is not None:
-        guard.claim(path)
+    held = _held(path)
+    if held is not None:
+        held[0].claim(held[1])
 
 
 def _wrote(path: Path) -> None:
     """Note that ``path`` was written (for :func:`retire_unwritten`)."""
+    held = _held(path)
+    if held is not None:
+        held[0].wrote(held[1])
+
+
+def _held(path: str | os.PathLike) -> tuple[_Manifest, Path] | None:
+    """The guarded folder ``path`` lies in, with ``path`` as that folder sees it; ``None``
+    outside every held folder."""
     if not _GUARDS:
-        return
+        return None
     path = _absolute(path)
     guard = _guard_of(path)
-    if guard is not None:
-        guard.wrote(path)
+    return None if guard is None else (guard, path)
 
 
 def held_inputs(path: str | os.PathLike) -> list[Path]:
