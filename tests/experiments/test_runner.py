@@ -771,3 +771,19 @@ def test_the_time_left_follows_the_pace_of_the_process_that_saved_the_file():
     assert resumable_line("m", {**saved, "seconds": 700, "resumed_from": fresh}).endswith(
         "about 22 min more at its pace)"
     )
+
+
+def test_an_evaluation_subset_larger_than_its_split_is_said(tmp_path):
+    """`splits = { train = 5000 }` on digits (1,437 training images) evaluated on all of
+    them with only the curve's record saying so (the demo's fallback to digits does this)."""
+    from lmckit.experiments.spec import parse_experiment
+
+    raw = tomllib.loads(TINY.read_text())
+    raw.pop("grid"), raw.pop("merge")
+    raw.update(seeds=[0, 1], model={"name": "mlp", "hidden": [8]}, train={"epochs": 1})
+    splits = {"train": 5000, "test": 100}
+    raw["compare"] = [{"pairs": "first", "methods": ["none"], "lambdas": 3, "splits": splits}]
+    said = []
+    run_experiment(parse_experiment(raw), tmp_path / "run", log=said.append)
+    note = "note: compare[0].splits.train asks 5,000 examples; digits has 1,437 train examples"
+    assert [line for line in said if line.startswith("note:")] == [f"{note}, all used"]

@@ -337,6 +337,23 @@ def plan_run(
     return planned
 
 
+def short_splits(experiment: Experiment, data: Any) -> list[str]:
+    """One line for each evaluation subset (``splits = { train = N }`` of a compare or
+    triplet block) larger than the split ``data`` has: the whole split is used, as the
+    curve's record says — said here too, where the user reads the run."""
+    sizes = {"train": len(data.train_x), "test": len(data.test_x)}
+    lines = []
+    for kind, blocks in (("compare", experiment.compare), ("triplets", experiment.triplets)):
+        for i, block in enumerate(blocks):
+            for split, asked in block.splits.items():
+                if asked != "all" and int(asked) > sizes[split]:
+                    lines.append(
+                        f"note: {kind}[{i}].splits.{split} asks {int(asked):,} examples; "
+                        f"{experiment.dataset} has {sizes[split]:,} {split} examples, all used"
+                    )
+    return lines
+
+
 @writes_folder("out")
 def run_experiment(
     experiment: Experiment,
@@ -399,6 +416,8 @@ def run_experiment(
     if only:
         all_jobs = select_jobs(all_jobs, only)
     check_training_jobs(all_jobs, data_for, budget or Budget())
+    for line in short_splits(experiment, data_for(configs[0][0])):  # the same sizes for all
+        log(line)
     as_run = experiment.as_run()
     atomic_write_bytes(out / "experiment.toml", as_run.encode())
     ledger = Ledger(out / "ledger.sqlite")
