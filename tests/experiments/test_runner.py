@@ -773,9 +773,13 @@ def test_the_time_left_follows_the_pace_of_the_process_that_saved_the_file():
     )
 
 
-def test_an_evaluation_subset_larger_than_its_split_is_said(tmp_path):
+def test_an_evaluation_subset_larger_than_its_split_is_said(tmp_path, capsys):
     """`splits = { train = 5000 }` on digits (1,437 training images) evaluated on all of
-    them with only the curve's record saying so (the demo's fallback to digits does this)."""
+    them with only the curve's record saying so (the demo's fallback to digits does this);
+    the dry run says it too."""
+    import tomli_w
+
+    from lmckit.cli import main
     from lmckit.experiments.spec import parse_experiment
 
     raw = tomllib.loads(TINY.read_text())
@@ -787,3 +791,6 @@ def test_an_evaluation_subset_larger_than_its_split_is_said(tmp_path):
     run_experiment(parse_experiment(raw), tmp_path / "run", log=said.append)
     note = "note: compare[0].splits.train asks 5,000 examples; digits has 1,437 train examples"
     assert [line for line in said if line.startswith("note:")] == [f"{note}, all used"]
+    (tmp_path / "e.toml").write_text(tomli_w.dumps(raw))
+    assert main(["run", str(tmp_path / "e.toml"), "--out", str(tmp_path / "dry"), "--dry-run"]) == 0
+    assert f"{note}, all used" in capsys.readouterr().out.splitlines()
