@@ -1733,8 +1733,8 @@ MUTATIONS = [
         "retire-removes-inputs",
         "a command removes its earlier output even when this call reads it as an input",
         "src/lmckit/_io.py",
-        "        if path.resolve() in inputs or any(",
-        "        if False and any(",
+        "        if ours and input_at(path, guard.inputs) is None:",
+        "        if ours:",
         ("tests/test_io.py",),
     ),
     M(

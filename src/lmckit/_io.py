@@ -377,7 +377,6 @@ def retire_unwritten(
     if guard is None:
         raise RuntimeError(f"retire_unwritten: {folder} is not held by this process")
     folder = guard.folder
-    inputs = {p.resolve() for p in guard.inputs}
     removed: list[Path] = []
     changed = False
     for rel, owners in sorted(guard.owners.items()):
@@ -389,15 +388,10 @@ def retire_unwritten(
         if owners:
             continue
         del guard.owners[rel]
-        gone = not (path.is_file() and not path.is_symlink())
-        if gone or any(_internal(part) for part in path.relative_to(folder).parts):
-            continue
-        if path.resolve() in inputs or any(
-            p.exists() and os.path.samefile(p, path) for p in guard.inputs
-        ):
-            continue
-        path.unlink()
-        removed.append(path)
+        ours = path.is_file() and not path.is_symlink()  # a link replaced it: not ours
+        if ours and input_at(path, guard.inputs) is None:
+            path.unlink()
+            removed.append(path)
     if changed:
         guard._save()
     if removed and log is not None:
@@ -492,17 +486,24 @@ def locked_output(
         os.close(fd)
 
 
+def input_at(path: str | os.PathLike, inputs: Iterable[str | os.PathLike]) -> Path | None:
+    """The one of ``inputs`` that ``path`` is — by path (symbolic links resolved) or as the
+    same file (a hard link) — or ``None``."""
+    path, inputs = Path(path), [Path(p) for p in inputs]
+    same = next((p for p in inputs if p.resolve() == path.resolve()), None)
+    if same is None and path.exists():
+        same = next((p for p in inputs if p.exists() and os.path.samefile(p, path)), None)
+    return same
+
+
 def check_not_inputs(
     outputs: Iterable[str | os.PathLike], inputs: Iterable[str | os.PathLike], what: str = "--out"
 ) -> None:
     """Raise :class:`OutputPathError` if a file a command will write is one of its inputs —
     by path (symbolic links resolved) or as the same file (a hard link)."""
     inputs = [Path(p) for p in inputs]
-    taken = {p.resolve(): p for p in inputs}
     for out in map(Path, outputs):
-        same = taken.get(out.resolve())
-        if same is None and out.exists():
-            same = next((p for p in inputs if p.exists() and os.path.samefile(p, out)), None)
+        same = input_at(out, inputs)
         if same is not None:
             raise OutputPathError(
                 f"{what} would write {out}, which is one of the inputs ({same}); choose "

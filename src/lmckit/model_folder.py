@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from lmckit import __version__
-from lmckit._io import atomic_path, atomic_write_json, check_not_inputs, held_inputs
+from lmckit._io import atomic_path, atomic_write_json, check_not_inputs, held_inputs, input_at
 from lmckit.checkpoint import SAFETENSORS_DTYPES, Checkpoint, parse_safetensors_header
 from lmckit.errors import CheckpointError, ParamsError, UsageError
 from lmckit.params import check_finite
@@ -676,7 +676,7 @@ def write_model_folder(
     for name in sorted(earlier - set(written)):
         path = out / name
         ours = path.is_file() and not path.is_symlink()
-        if ours and not any(p.exists() and os.path.samefile(p, path) for p in inputs):
+        if ours and input_at(path, inputs) is None:
             path.unlink()
             stale.append(name)
     if stale and log is not None:
