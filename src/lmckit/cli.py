@@ -1236,6 +1236,7 @@ def _print_plan(experiment, args: argparse.Namespace) -> int:
         budget=_budget(args),
         reuse_from=args.reuse_from or (),
         only=args.only or (),
+        log=print,
     )
     width = max(len(job.name) for job in planned)
     counts = {"finished before": 0, "failed before": 0, "waiting": 0, "resumable": 0, "to run": 0}
@@ -1263,14 +1264,6 @@ def _print_plan(experiment, args: argparse.Namespace) -> int:
             counts["to run"] += 1
         needed = "" if job.named else "  (needed)"
         print(f"  {job.name:<{width}}  {state}{needed}")
-    from lmckit.experiments.runner import short_splits
-    from lmckit.experiments.steps import dataset_for
-
-    data_key = str(args.data_dir) if args.data_dir is not None else None
-    model_name = experiment.cells()[0]["model"]["name"]  # the same sizes for every model
-    data = dataset_for(model_name, experiment.dataset, data_key, not args.no_download)
-    for line in short_splits(experiment, data):  # as the run would say it
-        print(line)
     named = sum(job.named for job in planned)
     which = f"{named} named by --only, {len(planned) - named} they need" if args.only else "all"
     tally = ", ".join(f"{n} {what}" for what, n in counts.items())

@@ -289,10 +289,12 @@ def plan_run(
     budget: Budget | None = None,
     reuse_from: Sequence[str | Path] = (),
     only: Sequence[str] = (),
+    log: Callable[[str], None] | None = None,
 ) -> list[PlannedJob]:
     """The jobs :func:`run_experiment` with these arguments would take up, in its order,
     checked as it checks them (the folders, the ``only`` patterns, the training budget) —
-    and nothing run or written: ``out`` is only read, and need not exist.
+    and nothing run or written: ``out`` is only read, and need not exist. ``log`` gets the
+    notes the run would print (:func:`short_splits`).
 
     The folder's ledger is read by job name: a job it records as done is reused, and one
     it records as failed is not run again (without ``retry_failed``), when its settings and
@@ -308,9 +310,13 @@ def plan_run(
 
     _check_outputs(experiment, out)
     _check_run_folders(experiment, out, [Path(r) for r in reuse_from])
-    jobs = build_jobs(experiment, model_configs(experiment, data_for))
+    configs = model_configs(experiment, data_for)
+    jobs = build_jobs(experiment, configs)
     selected = select_jobs(jobs, only) if only else jobs
     check_training_jobs(selected, data_for, budget or Budget())
+    if log is not None:
+        for line in short_splits(experiment, data_for(configs[0][0])):
+            log(line)
     named = {job.name for job in selected if not only or any(fnmatch(job.name, p) for p in only)}
     known: dict[str, dict[str, Any]] = {}
     if (out / "ledger.sqlite").is_file():
