@@ -194,6 +194,11 @@ def test_bad_folders_are_one_clear_line(folders, tmp_path):
     (no_config / "config.json").unlink()
     with pytest.raises(CheckpointError, match=r"has no config\.json"):
         load_model_folder(no_config)
+    (tmp_path / "folders.txt").write_text("a file given where a folder belongs\n")
+    with pytest.raises(CheckpointError, match=r"is a file, not a model folder"):
+        read_layout(tmp_path / "folders.txt")
+    with pytest.raises(CheckpointError, match=r"model folder .* not found"):
+        read_layout(no_config / "absent")
 
     missing = broken(folders, tmp_path, "missing-shard")
     shard = sorted(read_layout(missing).shards)[1]

@@ -164,6 +164,11 @@ def read_layout(folder: str | os.PathLike) -> FolderLayout:
     """
     folder = Path(folder)
     if not folder.is_dir():
+        if folder.exists():
+            raise CheckpointError(
+                f"{folder} is a file, not a model folder (a Hugging Face model folder holds "
+                "config.json beside its weights)"
+            )
         raise CheckpointError(f"model folder {folder} not found")
     if not (folder / "config.json").is_file():
         raise CheckpointError(
