@@ -124,8 +124,9 @@ def test_build_model_rebuilds_a_custom_model_from_its_config():
     ],
 )
 def test_bad_custom_models_are_named_before_anything_runs(tmp_path, digits, model, message):
-    with pytest.raises(ExperimentError, match=message):
+    with pytest.raises(ExperimentError, match=message) as error:
         model_configs(_experiment(tmp_path, model), lambda _name: digits)
+    assert str(error.value).startswith(f"{tmp_path}")  # the file is named, as for every check
 
 
 USER_MODULE = """

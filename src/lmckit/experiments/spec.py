@@ -818,7 +818,9 @@ def model_configs(experiment: Experiment, data_for) -> list[tuple[str, dict[str,
             with torch.device("meta"):
                 build_model(name, **config)
         except (LmcError, TypeError) as exc:
-            raise ExperimentError(f"cell {cell['values'] or '(no grid)'}: {exc}") from None
+            where = f"cell {cell['values']}" if cell["values"] else "model"
+            source = f"{experiment.source}: " if experiment.source else ""
+            raise ExperimentError(f"{source}{where}: {exc}") from None
         out.append((name, config))
     return out
 
