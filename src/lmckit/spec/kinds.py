@@ -449,12 +449,10 @@ def _weight(node: Any, names: Mapping[str, str], contracted: int):
     of its axes the product contracts."""
     flips = 0
     while isinstance(node, fx.Node) and node.op == "call_function":
-        if node.target in (aten.t.default, aten.transpose.int) or (
-            node.target == aten.permute.default and list(node.args[1]) == [1, 0]
-        ):
-            flips += 1
-        elif node.target not in (aten._to_copy.default, aten.to.dtype, aten.alias.default):
+        flip = _flips_2d(node)
+        if flip is None:
             return None
+        flips += flip
         node = node.args[0]
     if not isinstance(node, fx.Node) or node.op != "placeholder" or node.name not in names:
         return None
@@ -462,3 +460,25 @@ def _weight(node: Any, names: Mapping[str, str], contracted: int):
     if not isinstance(meta, Tensor) or meta.ndim != 2:
         return None
     return names[node.name], contracted if flips % 2 == 0 else 1 - contracted
+
+
+# every spelling of a 2-D weight's transpose: ``w.t()``, ``w.T``, ``w.mT``, ``w.mH`` and
+# ``w.adjoint()`` (real weights), ``w.transpose(0, 1)``, ``w.permute(1, 0)``
+_TRANSPOSES = (aten.t.default, aten.numpy_T.default, aten.mT.default, aten.mH.default,
+               aten.adjoint.default)  # fmt: skip
+_CASTS = (aten._to_copy.default, aten.to.dtype, aten.alias.default)
+
+
+def _flips_2d(node: fx.Node) -> int | None:
+    """1 if ``node`` transposes a 2-D operand, 0 if it only casts or aliases it, ``None``
+    for anything else."""
+    if node.target in _TRANSPOSES:
+        return 1
+    if node.target in _CASTS:
+        return 0
+    if node.target == aten.transpose.int:
+        return int(node.args[1] % 2 != node.args[2] % 2)
+    if node.target == aten.permute.default:
+        dims = [d % 2 for d in node.args[1]]
+        return {(1, 0): 1, (0, 1): 0}.get(tuple(dims))
+    return None

@@ -446,6 +446,16 @@ def t(node: fx.Node, ax: Axes) -> None:
     ax.same_all(x, node, [(n - 1 - j, j) for j in range(n)])
 
 
+def swap_last_two(node: fx.Node, ax: Axes) -> None:
+    """``x.mT``, ``x.mH``, ``x.adjoint()``: the last two axes swapped."""
+    x = node.args[0]
+    n = len(ax.shape(x) or ())
+    order = list(range(n))
+    if n >= 2:
+        order[-1], order[-2] = order[-2], order[-1]
+    ax.same_all(x, node, [(order[j], j) for j in range(n)])
+
+
 def permute(node: fx.Node, ax: Axes) -> None:
     x, dims = node.args[0], node.args[1]
     n = len(ax.shape(x) or ())
@@ -963,6 +973,7 @@ _TABLE: list[tuple[Rule, tuple[str, ...]]] = [
     (attention, ("scaled_dot_product_attention",)),
     (transpose, ("transpose", "swapaxes")),
     (t, ("t", "numpy_T")),
+    (swap_last_two, ("mT", "mH", "adjoint")),
     (permute, ("permute",)),
     (movedim, ("movedim", "moveaxis")),
     (unsqueeze, ("unsqueeze",)),
