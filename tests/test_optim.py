@@ -104,3 +104,31 @@ def test_bad_settings_are_refused():
         SophiaG(p, lr=-1)
     with pytest.raises(ValueError, match="invalid Sophia"):
         SophiaG(p, weight_decay=-0.1)
+
+
+@pytest.mark.parametrize(
+    "name, cls, settings",
+    [
+        ("sgd", torch.optim.SGD, {"momentum": 0.9, "nesterov": True}),
+        ("adam", torch.optim.Adam, {"decoupled_weight_decay": False}),
+        ("adamw", torch.optim.AdamW, {}),
+        ("sophia", SophiaG, {"coupled_weight_decay": False}),
+        ("sophia-l2", SophiaG, {"coupled_weight_decay": True}),
+    ],
+)
+def test_each_optimizer_name_builds_its_own_optimizer(name, cls, settings):
+    """Option routing: every name reaches its own class and settings — a swap of two names
+    (sophia ↔ sophia-l2) gives two runs that still differ, so only the built optimiser
+    tells them apart."""
+    from lmckit.train import _make_optimizer
+
+    cfg = TrainConfig(
+        optimizer=name, lr=0.01, weight_decay=0.25, momentum=0.9, nesterov=name == "sgd"
+    )
+    model = init_model("mlp", {"in_dim": 4, "hidden": [3], "out_dim": 2}, seed=0)
+    opt = _make_optimizer(model, cfg)
+    assert type(opt) is cls
+    group = opt.param_groups[0]
+    assert group["lr"] == 0.01 and group["weight_decay"] == 0.25
+    for key, value in settings.items():
+        assert group[key] == value, (name, key)

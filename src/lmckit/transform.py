@@ -193,12 +193,15 @@ class Transform:
         dtype: torch.dtype = torch.float64,
     ) -> Transform:
         """A random element of the spec's symmetry group: Haar-random orthogonal matrices
-        for groups of an orthogonal kind (per head, after a uniform head permutation, for
+        for groups of an orthogonal kind (per head, after a head permutation, for
         head-structured groups); for invertible groups ``Q₁ diag(s) Q₂`` with Haar ``Qᵢ``
         and singular values ``s = exp(U(−½, ½))`` (condition number below e); for scaling
-        groups a uniform permutation times scales ``exp(U(−1, 1))``; uniform permutations
-        elsewhere. Seeded by ``generator`` (a CPU generator or an integer), drawn in the
-        spec's group order."""
+        groups a uniform permutation times scales ``exp(U(−1, 1))``; permutations
+        elsewhere. Every permutation part of size > 1 (a group's, a head permutation, one
+        head's inside) is uniform over those that move — the identity is redrawn
+        (:func:`~lmckit.perm.random_index_vectors` with ``moving=True``), so a probe never
+        tests a part it left in place. Seeded by ``generator`` (a CPU generator or an
+        integer), drawn in the spec's group order."""
         if isinstance(generator, int):
             generator = torch.Generator().manual_seed(generator)
         perms = random_index_vectors(spec, generator, moving=True)

@@ -124,3 +124,29 @@ def test_bad_requests_are_refused(pair):
         transform_ste_matching(spec, a, b, model=model, data=data, n_batches=0)
     with pytest.raises(ParamsError, match="labelled batches"):
         transform_ste_matching(spec, a, b, model=model, data=[(x, None) for x, _ in data])
+
+
+def test_the_first_loss_is_the_loss_at_the_midpoint_of_a_and_the_moved_b(pair):
+    """The derivation checked at its start, against the transform's own application (which
+    moves readers of invertible groups by ``M⁻ᵀ``): with ``M₀`` a random element of the
+    whole group, invertible head maps included, the first step's loss is the loss at
+    ``½(θ_A + M₀ θ_B)`` — a dual side moved by ``M⁻¹`` or a midpoint without the ½ is
+    another number."""
+    from lmckit.transform import Transform
+
+    model, spec, a, b, data = pair
+    assert "invertible" in {spec.kind(g) for g in spec.groups}
+    start = Transform.random(spec, 3)
+    x, y = data[0]
+    moved = start.apply(b)
+    with torch.no_grad():  # M₀ is a symmetry of B, so the check below is of the midpoint
+        ref = torch.func.functional_call(model, b, (x,))
+        out = torch.func.functional_call(model, moved, (x,))
+    assert ((ref - out).abs().max() / ref.abs().max()).item() < 1e-10
+    expected = float(_midpoint_loss(model, a, moved, x, y))
+    result = transform_ste_matching(
+        spec, a, b, model=model, data=[(x, y)], init=start, epochs=1, lr=1e-9
+    )
+    assert result.history[0] == pytest.approx(expected, rel=1e-10, abs=1e-12)
+    # and the naive midpoint of A and the unmoved B is not that number
+    assert abs(float(_midpoint_loss(model, a, b, x, y)) - expected) > 1e-3
