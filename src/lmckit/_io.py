@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -21,6 +22,83 @@ from typing import Any, TypeVar
 from lmckit.errors import OutputPathError
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+_SPECIAL = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+HEAD_BYTES = 4096
+"""How much of an existing output file is read to tell whether lmckit wrote it."""
+
+
+def special_kind(path: str | os.PathLike) -> str | None:
+    """``"a FIFO (named pipe)"``, ``"a character device"``, ``"a block device"`` or ``"a
+    socket"`` when ``path`` (its links followed) is one — something that is neither a
+    regular file nor a folder, where reading may never end (``/dev/zero``) or block (a FIFO
+    with no writer) and writing goes somewhere else than a file; ``None`` otherwise
+    (regular file, folder, or nothing there)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return next((name for test, name in _SPECIAL if test(mode)), None)
+
+
+def describe_path(path: str | os.PathLike) -> str:
+    """What is at ``path``, for a message: ``"a file"``, ``"a folder"``, a special kind
+    (:func:`special_kind`), ``"a broken symbolic link"`` or ``"nothing"``."""
+    path = Path(path)
+    special = special_kind(path)
+    if special is not None:
+        return special
+    if path.is_dir():
+        return "a folder"
+    if path.is_file():
+        return "a file"
+    return "a broken symbolic link" if path.is_symlink() else "nothing"
+
+
+def require_regular_file(
+    path: str | os.PathLike, what: str, error: type[Exception] = OutputPathError
+) -> Path:
+    """``path`` if it is a regular file (links followed); else ``error`` naming ``what``, the
+    path and what is there instead — before anything opens it, so a FIFO is never waited
+    on and a device never read."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    found = describe_path(path)
+    if found == "nothing":
+        raise error(f"{what} {path} not found")
+    raise error(f"{what} {path} is {found}, not a regular file")
+
+
+def read_head(path: str | os.PathLike, limit: int = HEAD_BYTES) -> bytes:
+    """At most the first ``limit`` bytes of the regular file ``path`` (``b""`` for anything
+    that is not a regular file): what an output's check reads of what is there, never the
+    whole of a large file."""
+    path = Path(path)
+    if not path.is_file():
+        return b""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit)
+    except OSError:
+        return b""
+
+
+_LEADING_FORMAT = re.compile(rb'^\s*\{\s*"format"\s*:\s*"([^"\\]*)"')
+
+
+def leading_format(path: str | os.PathLike) -> str | None:
+    """The ``"format"`` an lmckit JSON file names first (every one of lmckit's starts with
+    it), read from the file's first bytes only; ``None`` when the file does not start so."""
+    found = _LEADING_FORMAT.match(read_head(path))
+    return found.group(1).decode(errors="replace") if found else None
 
 
 def _default_mode() -> int:
@@ -79,6 +157,9 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``dest``; on success it is renamed to ``dest``, on any
     exception (including KeyboardInterrupt) it is removed and ``dest`` is left as it was."""
     dest = Path(dest)
+    special = special_kind(dest)
+    if special is not None:
+        raise OutputPathError(f"{dest} is {special}, not a regular file; refusing to replace it")
     claim(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=scratch_prefix(dest.name), suffix=".part")
@@ -152,7 +233,8 @@ def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> Pa
         )
     existing = _first_existing(path)
     if not existing.is_dir():
-        where = "is a file" if existing == path else f"is under a file ({existing})"
+        found = describe_path(existing)
+        where = f"is {found}" if existing == path else f"is under {found} ({existing})"
         raise OutputPathError(f"{what} {path} {where}; a folder is needed")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise OutputPathError(f"{what} {path}: no permission to write in {existing}")
@@ -190,10 +272,16 @@ def prepare_output_file(
     path = Path(path)
     if path.is_dir():
         raise OutputPathError(f"{what} {path} is a folder; a file name is needed")
+    special = special_kind(path)
+    if special is not None:
+        raise OutputPathError(
+            f"{what} {path} is {special}, not a regular file; lmckit writes its outputs as "
+            "regular files (choose a file name)"
+        )
     parent = path.parent
     existing = _first_existing(parent)
     if not existing.is_dir():
-        raise OutputPathError(f"{what} {path} is under a file ({existing})")
+        raise OutputPathError(f"{what} {path} is under {describe_path(existing)} ({existing})")
     if create:
         prepare_output_dir(parent, what=f"folder of {what}")
     else:
@@ -552,16 +640,18 @@ def check_output_file(
     """
     path = Path(path)
     check_not_inputs([path], inputs, what)
-    if path.is_symlink() or path.exists():
-        try:
-            found = json.loads(path.read_text()).get("format")
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-            found = None
-        if found != file_format:
-            raise OutputPathError(
-                f"{what} {path} exists and is not a file lmckit wrote ({file_format}); "
-                "refusing to overwrite it (choose another name, or remove it first)"
-            )
+    special = special_kind(path)
+    if special is not None:
+        raise OutputPathError(
+            f"{what} {path} is {special}, not a regular file; lmckit writes its outputs as "
+            "regular files (choose a file name)"
+        )
+    # its first bytes only: a large file of the user's is never read whole
+    if (path.is_symlink() or path.exists()) and leading_format(path) != file_format:
+        raise OutputPathError(
+            f"{what} {path} exists and is not a file lmckit wrote ({file_format}); "
+            "refusing to overwrite it (choose another name, or remove it first)"
+        )
     return path
 
 

@@ -144,12 +144,18 @@ def _out_path(text: str) -> Path:
 def _weights(text: str) -> Path:
     """A checkpoint's weights: an existing file, an lmckit checkpoint by stem, or a Hugging
     Face model folder."""
+    from lmckit._io import special_kind
     from lmckit.checkpoint import checkpoint_paths
     from lmckit.model_folder import is_model_folder
 
     path = Path(text)
     if path.is_file():
         return path
+    special = special_kind(path)
+    if special is not None:
+        raise argparse.ArgumentTypeError(
+            f"{text} is {special}, not a checkpoint file or a model folder"
+        )
     if path.is_dir():
         if is_model_folder(path):
             return path
@@ -168,14 +174,17 @@ def _weights(text: str) -> Path:
 
 def _existing(kind: str) -> Callable[[str], Path]:
     """An argument type for an existing ``"file"`` or ``"folder"``."""
-    other = "folder" if kind == "file" else "file"
 
     def parse(text: str) -> Path:
+        from lmckit._io import describe_path
+
         path = Path(text)
         if not (path.is_file() if kind == "file" else path.is_dir()):
-            exists = path.exists()
+            found = describe_path(path)
             raise argparse.ArgumentTypeError(
-                f"{text} is a {other}, not a {kind}" if exists else f"{text} does not exist"
+                f"{text} does not exist"
+                if found == "nothing"
+                else f"{text} is {found}, not a {kind}"
             )
         return path
 
@@ -368,12 +377,15 @@ SPEC_FORMAT = "lmckit-trace-report"
 def cmd_spec(args: argparse.Namespace) -> int:
     import inspect
 
-    from lmckit._io import atomic_write_json, check_output_file, prepare_output_file
+    from lmckit._io import atomic_write_json, check_output_file, prepare_output_file, special_kind
     from lmckit.spec import trace_report
 
     if args.out is not None:
         prepare_output_file(args.out, "--out", create=False)  # written once traced
     path = Path(args.target)
+    special = special_kind(path)
+    if special is not None:
+        raise UsageError(f"{args.target} is {special}, not a checkpoint or a model folder")
     if path.is_dir():
         from lmckit.model_folder import is_model_folder, load_model_folder
 
@@ -589,6 +601,7 @@ def _load_pair(args: argparse.Namespace):
 def _load_user_checkpoints(paths: Sequence[Path], args: argparse.Namespace):
     """lmckit checkpoints, or with ``--model-class`` a user's weight files loaded into that
     class, with the spec traced once for it."""
+    from lmckit._io import special_kind
     from lmckit.checkpoint import checkpoint_paths, load_foreign
     from lmckit.spec import trace
 

@@ -40,7 +40,17 @@ import torch
 from torch import Tensor, nn
 
 from lmckit import __version__
-from lmckit._io import atomic_path, atomic_write_json, check_not_inputs, held_inputs, input_at
+from lmckit._io import (
+    atomic_path,
+    atomic_write_json,
+    check_not_inputs,
+    describe_path,
+    held_inputs,
+    input_at,
+    leading_format,
+    require_regular_file,
+    special_kind,
+)
 from lmckit.checkpoint import SAFETENSORS_DTYPES, Checkpoint, parse_safetensors_header
 from lmckit.errors import CheckpointError, ParamsError, UsageError
 from lmckit.params import check_finite
@@ -127,6 +137,8 @@ def is_model_folder(path: str | os.PathLike) -> bool:
 def _read_header(path: Path) -> dict[str, TensorEntry]:
     """``{name: TensorEntry}`` from a safetensors file's header alone, checked against the
     file's size (offsets within the file, each tensor's byte count its shape's)."""
+    if special_kind(path) is not None:
+        require_regular_file(path, "weights file", CheckpointError)
     try:
         size = path.stat().st_size
         with open(path, "rb") as fh:
@@ -142,6 +154,8 @@ def _read_header(path: Path) -> dict[str, TensorEntry]:
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
+    if special_kind(path) is not None:
+        require_regular_file(path, what, CheckpointError)
     try:
         value = json.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
@@ -166,8 +180,8 @@ def read_layout(folder: str | os.PathLike) -> FolderLayout:
     if not folder.is_dir():
         if folder.exists():
             raise CheckpointError(
-                f"{folder} is a file, not a model folder (a Hugging Face model folder holds "
-                "config.json beside its weights)"
+                f"{folder} is {describe_path(folder)}, not a model folder (a Hugging Face "
+                "model folder holds config.json beside its weights)"
             )
         raise CheckpointError(f"model folder {folder} not found")
     if not (folder / "config.json").is_file():
@@ -692,6 +706,8 @@ def write_model_folder(
 def _earlier_files(out: Path) -> set[str]:
     """The files an earlier :func:`write_model_folder` wrote into ``out`` (its sidecar's
     list; plain names only), or none."""
+    if leading_format(out / SIDECAR) != FOLDER_FORMAT:  # its head only: never a FIFO's wait
+        return set()
     try:
         meta = json.loads((out / SIDECAR).read_text())
     except (OSError, UnicodeDecodeError, ValueError):

@@ -28,7 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
-from lmckit._io import atomic_write_bytes
+from lmckit._io import atomic_write_bytes, read_head, special_kind
 from lmckit.errors import OutputPathError, UsageError
 from lmckit.experiments.ledger import Ledger, LedgerError
 from lmckit.experiments.spec import VARIANT_KEY
@@ -1035,7 +1035,10 @@ def write_report(out: str | Path) -> Path:
     if not (out / "ledger.sqlite").is_file():
         raise UsageError(f"{out} holds no experiment run (no ledger.sqlite)")
     existing = out / "report.html"
-    head = existing.read_bytes()[:4096] if existing.is_file() else b""
+    special = special_kind(existing)
+    if special is not None:
+        raise OutputPathError(f"{existing} is {special}, not a regular file; refusing to write it")
+    head = read_head(existing)  # never the whole of a large file
     ours = GENERATOR.encode() in head or b"lmckit report</title>" in head  # older reports
     if (existing.exists() or existing.is_symlink()) and not ours:
         raise OutputPathError(

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from lmckit import __version__
-from lmckit._io import atomic_write_bytes, check_outputs, writes_folder
+from lmckit._io import atomic_write_bytes, check_outputs, special_kind, writes_folder
 from lmckit.budget import Budget
 from lmckit.errors import LmcError, Terminated, UsageError
 from lmckit.experiments.dag import build_jobs, select_jobs
@@ -141,6 +141,8 @@ def earlier_experiment(out: Path) -> str | None:
 
     toml = out / "experiment.toml"
     text = None
+    if special_kind(toml) is not None:
+        raise RunFolderError(f"{toml} is {special_kind(toml)}, not the run's experiment file")
     if toml.is_file():
         try:
             text = toml.read_text()
