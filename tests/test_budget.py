@@ -31,3 +31,30 @@ def test_a_request_beyond_the_budget_is_refused_with_its_estimate():
     with pytest.raises(ResourceError, match=r"would need at least 2 GiB of memory.*1 GiB is"):
         check_budget("w", memory=2 << 30, budget=Budget(memory=1 << 30))
     assert available_memory() > 0
+
+
+def test_available_memory_is_in_bytes_as_the_system_counts_them():
+    """``MemAvailable`` is given in KiB: read as bytes, the budget would believe the machine
+    has 1/1024 of its memory. Checked against the page counts the kernel reports through
+    ``sysconf`` (another interface, in pages): between half the free pages and all pages."""
+    import os
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = os.sysconf("SC_PHYS_PAGES") * page
+    free = os.sysconf("SC_AVPHYS_PAGES") * page
+    available = available_memory()
+    assert free / 2 <= available <= total, (free, available, total)
+    assert Budget().memory_limit() == pytest.approx(available, rel=0.25)
+    assert Budget(memory=123).memory_limit() == 123
+
+
+def test_memory_sizes_on_the_command_line_are_binary_units():
+    import argparse
+
+    from lmckit.cli import _size
+
+    assert _size("4096") == 4096 and _size("12G") == 12 << 30 and _size("800M") == 800 << 20
+    assert _size("1.5GiB") == 3 << 29 and _size("2T") == 2 << 40 and _size("64k") == 64 << 10
+    for bad in ("0.5", "12X", "", "-1G"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _size(bad)

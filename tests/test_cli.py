@@ -910,3 +910,19 @@ def test_help_imports_no_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_a_value_that_starts_with_a_dash_is_named_not_called_missing(tmp_path, capsys):
+    """`--max-memory -1G`: argparse reads -1G as an option and said the option had no
+    argument; the message names the value and how to give it."""
+    out = str(tmp_path / "p.json")
+    assert main(["match", "--max-memory", "-1G", "a", "b", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert "'-1G' was read as an option" in err and "--max-memory=-1G" in err
+    assert main(["match", "--max-memory=-1G", "a", "b", "--out", out]) == 2
+    assert "is not a size" in capsys.readouterr().err
+    # a real missing argument (or a known option in its place) keeps argparse's message
+    assert main(["match", "--out"]) == 2
+    assert "expected one argument" in capsys.readouterr().err
+    assert main(["match", "--out", "--quiet"]) == 2
+    assert "expected one argument" in capsys.readouterr().err

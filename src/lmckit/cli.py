@@ -621,6 +621,9 @@ def _load_user_checkpoints(paths: Sequence[Path], args: argparse.Namespace):
     if args.model_class is None:
         for path in paths:
             weights, sidecar = checkpoint_paths(path)
+            for part in (weights, sidecar):
+                if special_kind(part) is not None:
+                    raise UsageError(f"checkpoint {path}: {part} is {special_kind(part)}")
             missing = [str(p) for p in (weights, sidecar) if not p.is_file()]
             if missing:
                 raise UsageError(
@@ -1694,9 +1697,35 @@ def given_options(argv: Sequence[str]) -> frozenset[str]:
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (usage is one ``--help`` away)."""
 
+    _argv: list[str] | None = None  # what main() parses (sys.argv otherwise)
+
     def error(self, message: str) -> NoReturn:
+        message = self._dash_value(message) or message
         print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
+
+    def _dash_value(self, message: str) -> str | None:
+        """argparse reads a value that starts with ``-`` (``--max-memory -1G``) as an option
+        and says the option lacks its argument: say what was given instead."""
+        import re
+
+        found = re.fullmatch(r"argument (\S+): expected (one|at least one) argument", message)
+        if found is None:
+            return None
+        names = found.group(1).split("/")
+        argv = self._argv if self._argv is not None else sys.argv[1:]
+        for i, token in enumerate(argv[:-1]):
+            value = argv[i + 1]
+            if (
+                token in names
+                and value.startswith("-")
+                and value not in self._option_string_actions
+            ):
+                return (
+                    f"argument {token}: {value!r} was read as an option, not as its value; "
+                    f"write {token}={value} to give a value that starts with '-'"
+                )
+        return None
 
 
 def _add_data_arguments(p: argparse.ArgumentParser) -> None:
@@ -2203,6 +2232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (see the module docstring)."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    _Parser._argv = argv
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a one-line usage error already printed

@@ -165,6 +165,32 @@ def test_labels_outside_the_classes_are_refused(tmp_path):
         load_dataset("cifar10", tmp_path, download=False)
 
 
+@pytest.mark.parametrize("top", [9, 10])
+def test_a_label_equal_to_the_number_of_classes_is_outside_them(tmp_path, top):
+    """The bound is strict: labels run 0 … classes − 1, so a file whose only stray label is
+    exactly 10 of 10 classes is refused (IDX and CIFAR alike) and one whose top label is 9
+    loads."""
+    arrays = write_tiny_idx(tmp_path / "fm", gz=False)
+    labels = arrays["train-labels-idx1-ubyte"].copy()
+    labels[:] = np.minimum(labels, 9)
+    labels[3] = top
+    write_idx(tmp_path / "fm" / "train-labels-idx1-ubyte", labels)
+    write_cifar_dir(tmp_path / "cifar-10-batches-py")
+    write_cifar_batch(
+        tmp_path / "cifar-10-batches-py" / "test_batch", np.zeros((2, 3, 32, 32)), [0, top]
+    )
+    if top == 9:
+        assert (
+            int(load_dataset("fashion-mnist", tmp_path / "fm", download=False).train_y.max()) == 9
+        )
+        assert int(load_dataset("cifar10", tmp_path, download=False).test_y.max()) == 9
+        return
+    with pytest.raises(DataError, match=r"1 label\(s\) outside \[0, 10\) \(found 0\.\.10\)"):
+        load_dataset("fashion-mnist", tmp_path / "fm", download=False)
+    with pytest.raises(DataError, match=r"test_batch: 1 label\(s\) outside \[0, 10\)"):
+        load_dataset("cifar10", tmp_path, download=False)
+
+
 def test_as_batches_takes_datasets_and_reiterable_batches():
     from lmckit.data import as_batches
 

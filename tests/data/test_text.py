@@ -102,3 +102,26 @@ def test_class_based_splits_refuse_next_token_targets_and_random_ones_work(tmp_p
     halves = [Split.from_dict({"kind": "random", "part": p, "clients": 2}) for p in (0, 1)]
     parts = [h.indices(data.train_y, data.num_classes) for h in halves]
     assert sorted(torch.cat(parts).tolist()) == list(range(len(data.train_y)))
+
+
+def test_windows_are_every_whole_window_with_its_next_byte_by_brute_force(tmp_path):
+    """For every stream length around the multiples of the context — exactly k·context,
+    one more, one less — the windows are all the non-overlapping ones whose next byte
+    exists, none lost and none miscounted."""
+    from lmckit.data.text import _windows
+
+    context = 5
+    stream = bytes(range(7, 7 + 4 * context + 3))
+    for length in range(1, len(stream) + 1):
+        part = stream[:length]
+        expected = [
+            (list(part[i : i + context]), list(part[i + 1 : i + context + 1]))
+            for i in range(0, length, context)
+            if i + context + 1 <= length
+        ]
+        if not expected:
+            with pytest.raises(DataError, match="fewer than one window"):
+                _windows(part, context, "train", tmp_path)
+            continue
+        x, y = _windows(part, context, "train", tmp_path)
+        assert [(a.tolist(), b.tolist()) for a, b in zip(x, y, strict=True)] == expected, length

@@ -794,3 +794,24 @@ def test_an_evaluation_subset_larger_than_its_split_is_said(tmp_path, capsys):
     (tmp_path / "e.toml").write_text(tomli_w.dumps(raw))
     assert main(["run", str(tmp_path / "e.toml"), "--out", str(tmp_path / "dry"), "--dry-run"]) == 0
     assert f"{note}, all used" in capsys.readouterr().out.splitlines()
+
+
+def test_every_block_kind_with_evaluation_subsets_says_when_a_subset_is_the_whole_split():
+    """Compare and triplet blocks alike, each split of each block: one note per subset
+    larger than its split, none for a subset that fits or for "all"."""
+    from types import SimpleNamespace
+
+    from lmckit.experiments.runner import short_splits
+
+    data = SimpleNamespace(train_x=[0] * 100, test_x=[0] * 20)
+    block = SimpleNamespace
+    experiment = SimpleNamespace(
+        dataset="tiny",
+        compare=[block(splits={"train": 50, "test": 30}), block(splits={"train": "all"})],
+        triplets=[block(splits={"train": 100}), block(splits={"train": 101, "test": 21})],
+    )
+    assert short_splits(experiment, data) == [
+        "note: compare[0].splits.test asks 30 examples; tiny has 20 test examples, all used",
+        "note: triplets[1].splits.train asks 101 examples; tiny has 100 train examples, all used",
+        "note: triplets[1].splits.test asks 21 examples; tiny has 20 test examples, all used",
+    ]

@@ -88,3 +88,44 @@ def test_seed_sets_need_enough_seeds(tmp_path):
         _load(tmp_path, 0)
     with pytest.raises(ExperimentError, match="seed_sets must be an integer"):
         _load(tmp_path, '"three"')
+
+
+def test_split_experiments_train_every_set_and_each_set_covers_every_part(tmp_path, digits):
+    """Over parts of the data, seed k trains on part k mod parts: with two seed sets of a
+    two-part split, four models train (not the first set's two only) and each set merges
+    one model of each part."""
+    text = TOML.format(sets=2).replace("n = [2, 3]", 'n = ["parts"]')
+    text = text.replace("seeds = [0, 1, 2, 3, 4, 5]", "seeds = [0, 1, 2, 3]")
+    text = text.replace(
+        "batch_size = 128", 'batch_size = 128\nsplit = { kind = "random", clients = 2 }'
+    )
+    path = tmp_path / "e.toml"
+    path.write_text(text)
+    exp = load_experiment(path)
+    jobs = {j.name: j for j in build_jobs(exp, model_configs(exp, lambda _name: digits))}
+    trained = sorted(n for n, j in jobs.items() if j.kind == "train")
+    assert trained == [f"train/c0/seed{s}" for s in range(4)]
+    sets = [jobs["merge/b0/c0/average/n2"], jobs["merge/b0/c0/average/n2/s1"]]
+    assert [s.deps for s in sets] == [
+        ("train/c0/seed0", "train/c0/seed1"),
+        ("train/c0/seed2", "train/c0/seed3"),
+    ]
+    for merge in sets:
+        assert sorted(jobs[d].labels["part"] for d in merge.deps) == [0, 1]
+
+
+def test_the_spread_over_sets_is_the_sample_standard_deviation():
+    """Two values 1 and 3: sample standard deviation √2 (n − 1), not the population's 1;
+    three values 1, 2, 6: √7, not √(14/3)."""
+    for values, std in (([1.0, 3.0], 2**0.5), ([1.0, 2.0, 6.0], 7**0.5)):
+        jobs = [
+            {"key": f"k{i}", "kind": "merge", "status": "done", "settings": {"labels": {
+                "method": "average", "n": 2, "block": 0, "set": i
+            }}}
+            for i in range(len(values))
+        ]  # fmt: skip
+        metrics = [
+            {"job": f"k{i}", "metric": "merged_accuracy", "value": v} for i, v in enumerate(values)
+        ]
+        (row,) = metric_groups(jobs, metrics)
+        assert row["values"] == values and row["std"] == pytest.approx(std, rel=1e-12)
