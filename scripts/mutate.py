@@ -1970,6 +1970,14 @@ MUTATIONS = [
         '("compare", experiment.compare),):',
         ("tests/experiments/test_runner.py",),
     ),
+    M(
+        "folder-written-under-module-names",
+        "a model folder loaded under other names (ViT) is written back under the module's",
+        "src/lmckit/model_folder.py",
+        "    return replace(layout, module_names=module_names)",
+        "    return replace(layout, module_names={})",
+        ("tests/test_model_folder_architectures.py",),
+    ),
 ]
 
 

@@ -726,6 +726,10 @@ def cmd_match(args: argparse.Namespace) -> int:
     check_same_architecture(a, b)
     if args.aligned is not None and not b.folder:
         raise UsageError("--aligned writes a model folder; B is not one")
+    if args.aligned is not None:
+        from lmckit.model_folder import check_writable
+
+        check_writable(b)  # before the match: its result is written in B's layout
     method = args.method
     if args.symmetries != "perm":
         start = {"wm": "wm", "wm-fast": "wm", "am": "am", "ste": "ste"}[args.method]

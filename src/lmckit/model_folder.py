@@ -31,7 +31,7 @@ import shutil
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -101,6 +101,13 @@ class FolderLayout:
         shards: ``{file name: [tensor names in the order of their bytes]}``.
         tensors: ``{tensor name: TensorEntry}``.
         index: ``model.safetensors.index.json`` as parsed, or ``None`` for a single file.
+        module_names: ``{tensor name in the folder: name in the loaded model's
+            state_dict}`` where the two differ (``transformers`` renames some architectures'
+            tensors as it loads them: a ViT folder's ``…attention.attention.key.weight`` is
+            the model's ``…attention.k_proj.weight``); empty where they agree. Set by
+            :func:`load_model_folder`.
+        unwritable: why the model cannot be written back in the folder's layout (its
+            tensors are converted on load, not only renamed), or ``None``.
     """
 
     folder: Path
@@ -108,6 +115,12 @@ class FolderLayout:
     shards: dict[str, list[str]]
     tensors: dict[str, TensorEntry]
     index: dict[str, Any] | None
+    module_names: Mapping[str, str] = field(default_factory=dict)
+    unwritable: str | None = None
+
+    def module_name(self, name: str) -> str:
+        """The loaded model's name for the folder's tensor ``name``."""
+        return self.module_names.get(name, name)
 
     @property
     def weight_files(self) -> list[Path]:
@@ -399,6 +412,7 @@ def load_model_folder(
     model.eval()
     model.to(device)
     params = dict(model.state_dict())
+    layout = _with_module_names(layout, model, params)
     try:
         check_finite(params, str(layout.folder))
     except ParamsError as exc:
@@ -548,6 +562,67 @@ def frozen_summary(ckpt: Checkpoint, limit: int = 6) -> str | None:
     )
 
 
+def _with_module_names(
+    layout: FolderLayout, model: nn.Module, params: Mapping[str, Tensor]
+) -> FolderLayout:
+    """``layout`` with :attr:`FolderLayout.module_names` read from ``transformers``' own map
+    between the names it loads and the names it saves (``revert_weight_conversion``, what
+    ``save_pretrained`` applies), run on markers that stand for the model's tensors: a
+    folder tensor whose marker comes back is that model tensor under another name. A
+    conversion that is more than a renaming (tensors fused or split on load) leaves the
+    model unwritable in the folder's layout, and says so."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # a transformers that loads every tensor under its folder name
+        return layout
+    names = sorted(params)
+    markers = {k: torch.tensor(float(i)) for i, k in enumerate(names)}
+    try:
+        reverted = revert_weight_conversion(model, markers)
+    except Exception as exc:  # a converter that needs the real tensors: not a renaming
+        why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+        return replace(layout, unwritable=f"transformers converts its tensors on load ({why})")
+    found: dict[str, str] = {}
+    for name, marker in reverted.items():
+        value = marker[0] if isinstance(marker, list) else marker
+        if (
+            isinstance(value, Tensor)
+            and value.ndim == 0
+            and float(value) == int(value)
+            and 0 <= int(value) < len(names)
+        ):
+            found[name] = names[int(value)]
+    lacking = sorted(n for n in layout.tensors if n not in found and n not in params)
+    if lacking:
+        return replace(
+            layout,
+            unwritable=(
+                f"transformers converts {len(lacking)} of its tensors on load, not only renames "
+                f"them ({lacking[0]!r} has no one tensor of the loaded model)"
+            ),
+        )
+    module_names = {n: found.get(n, n) for n in layout.tensors if found.get(n, n) != n}
+    return replace(layout, module_names=module_names)
+
+
+def check_writable(source: Checkpoint) -> FolderLayout:
+    """``source``'s layout if :func:`write_model_folder` can write its model back in it —
+    called before the work whose result is written.
+
+    Raises:
+        CheckpointError: ``source`` is not a model folder, or its tensors are converted on
+            load beyond renaming (the layout they would be written in is unknown).
+    """
+    layout = source.layout
+    if layout is None:
+        raise CheckpointError(f"{source.path} is not a model folder")
+    if layout.unwritable is not None:
+        raise CheckpointError(
+            f"{layout.folder}: cannot be written back as a model folder: {layout.unwritable}"
+        )
+    return layout
+
+
 def _output_tensor(
     name: str,
     entry: TensorEntry,
@@ -643,12 +718,10 @@ def write_model_folder(
         OutputPathError: ``out`` would write over one of the source's files.
         ParamsError: ``params`` lacks a tensor of the folder or has one of another shape.
     """
-    layout: FolderLayout | None = source.layout
-    if layout is None:
-        raise CheckpointError(f"{source.path} is not a model folder")
+    layout = check_writable(source)
     out = Path(out)
     if params is not None:
-        missing = sorted(set(layout.tensors) - set(params))
+        missing = sorted({layout.module_name(n) for n in layout.tensors} - set(params))
         if missing:
             raise ParamsError(f"the merged parameters lack {missing[0]!r} (of {len(missing)})")
         take: Callable[[str], Tensor] = params.__getitem__
@@ -664,7 +737,7 @@ def write_model_folder(
 
     def make(name: str) -> Tensor:
         nonlocal done
-        t = _output_tensor(name, layout.tensors[name], take, spec, perm)
+        t = _output_tensor(layout.module_name(name), layout.tensors[name], take, spec, perm)
         done += 1
         if progress is not None:
             progress(done, total)

@@ -252,7 +252,7 @@ def run_merge_folders(
     does not write (:func:`lmckit.model_folder.write_model_folder`).
 
     Returns the report written to ``metrics.json``."""
-    from lmckit.model_folder import output_names, provenance, write_model_folder
+    from lmckit.model_folder import check_writable, output_names, provenance, write_model_folder
     from lmckit.params import params_distance
 
     check_checkpoints(ckpts)
@@ -265,6 +265,7 @@ def run_merge_folders(
             f"them by their weights with {', '.join(usable)}"
         )
     reference = ckpts[-1]
+    check_writable(reference)  # before the merge, not after it
     names = [f"merged/{n}" for n in output_names(reference.layout)]
     outputs = [Path(out) / n for n in (*names, "permutations.json", "metrics.json")]
     check_outputs(outputs, [f for c in ckpts for f in c.files])
