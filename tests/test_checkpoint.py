@@ -172,3 +172,45 @@ def test_the_sidecar_is_checked_against_the_weights_before_anything_is_built(tmp
     sidecar.write_text(json.dumps(dict(meta, model={**meta["model"], "hidden": "wide"})))
     with pytest.raises(CheckpointError, match="cannot rebuild the model"):
         load_checkpoint(tmp_path / "m")
+
+
+def test_weights_stored_as_integers_or_complex_numbers_are_refused_on_every_path(tmp_path):
+    """int64 weights with a consistent sidecar were cast on load (a trained weight's values
+    |w| < 1 all became 0) and matched from the command line as zeros, objective 0, exit 0.
+    Refused by lmckit checkpoints, foreign weight files and model folders alike, naming the
+    tensor and both dtypes."""
+    import hashlib
+    import json
+
+    from safetensors.torch import save_file
+
+    from lmckit.checkpoint import (
+        CHUNK_BYTES,
+        chunk_digests,
+        load_checkpoint,
+        load_foreign,
+        save_checkpoint,
+    )
+    from lmckit.errors import CheckpointError
+    from lmckit.models import build_model
+
+    model = build_model("mlp", in_dim=4, hidden=[3], out_dim=2)
+    weights = save_checkpoint(tmp_path / "ck", model, {"dataset": "digits"})
+    meta = json.loads(weights.with_suffix(".json").read_text())
+    for dtype in (torch.int64, torch.bool, torch.complex64):
+        state = {k: v.to(dtype) for k, v in model.state_dict().items()}
+        path = tmp_path / f"{dtype}".replace("torch.", "")
+        save_file(state, path.with_suffix(".safetensors"))
+        data = path.with_suffix(".safetensors").read_bytes()
+        hashes = {
+            "weights_sha256": hashlib.sha256(data).hexdigest(),
+            "weights_sha256_chunks": {"bytes": CHUNK_BYTES, "digests": chunk_digests(data)},
+        }
+        path.with_suffix(".json").write_text(json.dumps({**meta, **hashes}))
+        name = str(dtype).replace("torch.", "")
+        said = rf"stored as 'C64'|another kind.*\(torch.{name}, the"
+        with pytest.raises(CheckpointError, match=said):
+            load_checkpoint(path)
+        with pytest.raises(CheckpointError, match=said):
+            fresh = build_model("mlp", in_dim=4, hidden=[3], out_dim=2)
+            load_foreign(path.with_suffix(".safetensors"), fresh, None, description={})

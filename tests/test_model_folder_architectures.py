@@ -104,7 +104,7 @@ def test_a_folder_whose_tensors_are_converted_on_load_is_refused_before_any_work
     )).save_pretrained(tmp_path / "mixtral")  # fmt: skip
     ckpt = load_model_folder(tmp_path / "mixtral", trace=False)
     assert "experts" in "".join(read_layout(tmp_path / "mixtral").tensors)
-    with pytest.raises(CheckpointError, match="cannot be written back.*converts its tensors"):
+    with pytest.raises(CheckpointError, match=r"cannot be written back.*converts its tensors"):
         check_writable(ckpt)
     with pytest.raises(CheckpointError, match="cannot be written back"):
         write_model_folder(tmp_path / "out", ckpt, params=ckpt.params)
@@ -128,3 +128,18 @@ def test_vit_folders_align_and_merge_from_the_command_line(tmp_path, capsys):
     names = set(read_layout(b).tensors)
     assert set(read_layout(aligned).tensors) == names
     assert set(read_layout(merged / "merged").tensors) == names
+
+
+def test_a_model_folder_of_integer_weights_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from lmckit.errors import CheckpointError
+
+    torch.manual_seed(0)
+    ARCHITECTURES["gpt2"]().save_pretrained(tmp_path / "gpt2")
+    tensors = load_file(tmp_path / "gpt2" / "model.safetensors")
+    name = next(k for k in sorted(tensors) if k.endswith("attn.c_attn.weight"))
+    tensors[name] = tensors[name].to(torch.int64)
+    save_file(tensors, tmp_path / "gpt2" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=rf"another kind.*{name} \(torch.int64"):
+        load_model_folder(tmp_path / "gpt2", trace=False)

@@ -206,12 +206,41 @@ def fit_shapes(shapes: Mapping[str, torch.Size], model: nn.Module, what: str) ->
 
 
 def fit_state_dict(model: nn.Module, params: Mapping[str, Tensor], what: str) -> dict[str, Tensor]:
-    """Check ``params`` against ``model.state_dict()`` (names, shapes, finiteness) and cast
-    to the model's dtypes; raises :class:`CheckpointError` naming every mismatch."""
+    """Check ``params`` against ``model.state_dict()`` (names, shapes, dtype kinds,
+    finiteness) and cast to the model's dtypes; raises :class:`CheckpointError` naming
+    every mismatch."""
     fit_shapes({k: v.shape for k, v in params.items()}, model, what)
-    check_finite(params, what, error=CheckpointError)
     expected = model.state_dict()
+    check_dtype_kinds({k: v.dtype for k, v in params.items()}, expected, what)
+    check_finite(params, what, error=CheckpointError)
     return {k: params[k].to(dtype=expected[k].dtype) for k in expected}
+
+
+def check_dtype_kinds(
+    stored: Mapping[str, torch.dtype], expected: Mapping[str, Tensor], what: str
+) -> None:
+    """Refuse tensors stored as another kind of number than the model holds them: a
+    floating weight stored as integers or booleans (its values cast on load — most of a
+    trained weight's become 0, and the match then runs on zeros) or as complex numbers.
+
+    Raises:
+        CheckpointError: naming the first such tensors, their stored and expected dtypes.
+    """
+    bad = [
+        f"{k} ({stored[k]}, the model's {expected[k].dtype})"
+        for k in sorted(stored)
+        if k in expected
+        and (
+            stored[k].is_complex
+            or (expected[k].dtype.is_floating_point and not stored[k].is_floating_point)
+        )
+    ]
+    if bad:
+        more = f", … {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise CheckpointError(
+            f"{what}: {len(bad)} tensor(s) stored as another kind of number than the model "
+            f"holds them, which no match or merge can use: {', '.join(bad[:3])}{more}"
+        )
 
 
 def load_checkpoint(
@@ -444,7 +473,12 @@ def parse_safetensors_header(
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
-            dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+            dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
+            if dtype is None:
+                raise ValueError(
+                    f"tensor {name!r} is stored as {entry['dtype']!r}, which no model of real "
+                    f"weights holds (lmckit reads {', '.join(SAFETENSORS_DTYPES)})"
+                )
             shape = tuple(int(d) for d in entry["shape"])
             start, end = (8 + length + int(o) for o in entry["data_offsets"])
             itemsize = torch.empty((), dtype=dtype).element_size()
@@ -513,6 +547,7 @@ def load_foreign(
     params = import_state_dict(path, data=data)
     try:
         check_model_fits(model, params, str(path))
+        check_dtype_kinds({k: v.dtype for k, v in params.items()}, model.state_dict(), str(path))
         check_finite(params, str(path))
     except ParamsError as exc:
         raise CheckpointError(str(exc)) from None

@@ -51,7 +51,12 @@ from lmckit._io import (
     require_regular_file,
     special_kind,
 )
-from lmckit.checkpoint import SAFETENSORS_DTYPES, Checkpoint, parse_safetensors_header
+from lmckit.checkpoint import (
+    SAFETENSORS_DTYPES,
+    Checkpoint,
+    check_dtype_kinds,
+    parse_safetensors_header,
+)
 from lmckit.errors import CheckpointError, ParamsError, UsageError
 from lmckit.params import check_finite
 from lmckit.perm import Permutation, PermutationSpec, permute_tensor
@@ -413,6 +418,8 @@ def load_model_folder(
     model.to(device)
     params = dict(model.state_dict())
     layout = _with_module_names(layout, model, params)
+    stored = {layout.module_name(n): e.dtype for n, e in layout.tensors.items()}
+    check_dtype_kinds(stored, params, str(layout.folder))
     try:
         check_finite(params, str(layout.folder))
     except ParamsError as exc:
