@@ -1986,6 +1986,14 @@ MUTATIONS = [
         "            or False",
         ("tests/test_checkpoint.py", "tests/test_model_folder_architectures.py"),
     ),
+    M(
+        "read-only-ledger-given-the-schema",
+        "status/report open the ledger as a writer: an empty file is given the ledger's schema",
+        "src/lmckit/experiments/ledger.py",
+        "        if not create:\n            self._open_read_only()\n            return\n",
+        "",
+        ("tests/experiments/test_ledger.py",),
+    ),
 ]
 
 

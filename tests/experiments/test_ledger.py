@@ -133,3 +133,44 @@ def test_status_names_the_commit_the_run_ran(tmp_path, capsys):
     assert main(["status", str(out)]) == 0
     assert "run 2 of 2, started" in (text := capsys.readouterr().out)
     assert ", lmckit 0123456789ab (earlier runs" in text
+
+
+def test_a_ledger_opened_to_read_is_never_written(tmp_path):
+    """``lmckit status`` and ``lmckit report`` open the ledger with ``create=False``: an
+    empty file is refused and stays empty (it was given the schema), a real ledger is read
+    with neither its bytes nor its side files changed, and the connection cannot write."""
+    import sqlite3
+
+    from lmckit.cli import main
+    from lmckit.experiments.ledger import Ledger, LedgerError
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "ledger.sqlite").write_bytes(b"")
+    with pytest.raises(LedgerError, match="holds no experiment ledger"):
+        Ledger(empty / "ledger.sqlite", create=False)
+    assert main(["status", str(empty)]) != 0 and main(["report", str(empty)]) != 0
+    assert sorted(p.name for p in empty.iterdir()) == ["ledger.sqlite"]
+    assert (empty / "ledger.sqlite").read_bytes() == b""
+    foreign = tmp_path / "foreign.sqlite"
+    db = sqlite3.connect(foreign)
+    db.execute("CREATE TABLE notes (x)")
+    db.commit()
+    db.close()
+    before = foreign.read_bytes()
+    with pytest.raises(LedgerError, match="holds no experiment ledger"):
+        Ledger(foreign, create=False)
+    assert foreign.read_bytes() == before
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with Ledger(run / "ledger.sqlite") as ledger:
+        ledger.start_run("e", {"lmckit": "test"})
+    before = (run / "ledger.sqlite").read_bytes()
+    files = sorted(p.name for p in run.iterdir())
+    with Ledger(run / "ledger.sqlite", create=False) as ledger:
+        assert len(ledger.runs()) == 1
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            ledger.db.execute("DELETE FROM jobs")
+    assert (run / "ledger.sqlite").read_bytes() == before
+    assert sorted(p.name for p in run.iterdir()) == files

@@ -96,16 +96,21 @@ class LedgerError(LmcError):
 
 
 class Ledger:
-    """The ledger at ``path``, created if missing (``create=False``: it must exist)."""
+    """The ledger at ``path``, created if missing. ``create=False``: it must exist, and it
+    is opened read-only — what ``lmckit status`` and ``lmckit report`` read is never
+    written, an empty or foreign SQLite file never given the ledger's schema (with no run
+    writing it, not even SQLite's side files are made)."""
 
     def __init__(self, path: str | Path, *, create: bool = True) -> None:
         self.path = Path(path)
         if not create and not self.path.is_file():
             raise LedgerError(f"{self.path} holds no experiment ledger")
         self.run_id: int | None = None
-        if create:
-            for suffix in ("", "-wal", "-shm"):
-                claim(self.path.with_name(self.path.name + suffix))
+        if not create:
+            self._open_read_only()
+            return
+        for suffix in ("", "-wal", "-shm"):
+            claim(self.path.with_name(self.path.name + suffix))
         try:
             self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -128,6 +133,35 @@ class Ledger:
             raise LedgerError(
                 f"{self.path} has ledger schema {version[0]}; this lmckit reads {SCHEMA_VERSION}"
             )
+
+    def _open_read_only(self) -> None:
+        # a run writing the ledger keeps its write-ahead log beside it: read through it;
+        # without one the file is all there is, read as immutable (no side files made)
+        live = self.path.with_name(self.path.name + "-wal").exists()
+        uri = f"{self.path.resolve().as_uri()}?mode=ro" + ("" if live else "&immutable=1")
+        try:
+            self.db = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=30)
+            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master")}
+            if "jobs" in tables and "info" not in tables:
+                raise LedgerError(
+                    f"{self.path} was written by an older lmckit (one row per job, not per "
+                    "run); move it away (the store's results are reused) and run again"
+                )
+            if "info" not in tables:
+                raise LedgerError(
+                    f"{self.path} holds no experiment ledger (an empty or foreign SQLite file)"
+                )
+            version = self.db.execute("SELECT value FROM info WHERE name = 'schema'").fetchone()
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            raise LedgerError(f"{self.path} is not a readable job ledger: {exc}") from None
+        except LedgerError:
+            self.db.close()
+            raise
+        if version is None or int(version[0]) != SCHEMA_VERSION:
+            self.db.close()
+            found = "no schema version" if version is None else f"ledger schema {version[0]}"
+            raise LedgerError(f"{self.path} has {found}; this lmckit reads {SCHEMA_VERSION}")
 
     def close(self) -> None:
         """Close the database connection."""
