@@ -167,6 +167,12 @@ def cases(f):
         ("probes-huge", ["merge", a, b, "--sharpness-probes", "100000000", "--out", m], 2, "wo"),
         ("model-huge", [*train, "--width-multiplier", "10000"], 2, "of memory"),
         ("ste-epochs-huge", [*match, "--method", "ste", "--epochs", "100000000"], 2, "would take"),
+        (
+            "demo-ste-epochs-huge",
+            ["demo", "--dataset", "digits", "--ste-epochs", "100000000", "--out", str(r / "d")],
+            2,
+            "match job match/c0/0-1/ste (ste) for 100000000 epoch(s) would take at least",
+        ),
         # outputs over inputs or over files lmckit did not write
         (
             "out-plain-input",
@@ -304,7 +310,7 @@ def test_every_input_that_was_ignored_is_one_clear_line_and_touches_nothing(f, c
     after = {str(p.relative_to(root)): _digest(p) for p in root.rglob("*") if p.is_file()}
     changed = [n for n, d in f["digests"].items() if after.get(n) != d]
     assert not changed, changed
-    for folder in ("t", "i", "m"):
+    for folder in ("t", "i", "m", "d"):
         assert not (root / folder).exists(), folder
     assert [p.name for p in (root / "run" / "store").iterdir()] == ["checkpoint"]
     assert not any((root / "run" / "store" / "checkpoint").iterdir())

@@ -77,6 +77,17 @@ def require_regular_file(
     raise error(f"{what} {path} is {found}, not a regular file")
 
 
+def refuse_special(
+    path: str | os.PathLike, what: str, error: type[Exception] = OutputPathError
+) -> None:
+    """``error`` naming ``what`` if ``path`` is a FIFO, a device or a socket
+    (:func:`special_kind`) — called before a file is opened to read, so that a FIFO is
+    never waited on and a device never read; anything else is the caller's to open."""
+    special = special_kind(path)
+    if special is not None:
+        raise error(f"{what} {path} is {special}, not a regular file")
+
+
 def read_head(path: str | os.PathLike, limit: int = HEAD_BYTES) -> bytes:
     """At most the first ``limit`` bytes of the regular file ``path`` (``b""`` for anything
     that is not a regular file): what an output's check reads of what is there, never the

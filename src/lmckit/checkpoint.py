@@ -43,7 +43,7 @@ from safetensors.torch import save as save_tensors
 from torch import Tensor, nn
 
 from lmckit import __version__
-from lmckit._io import atomic_write_bytes, atomic_write_json, require_regular_file, special_kind
+from lmckit._io import atomic_write_bytes, atomic_write_json, refuse_special, require_regular_file
 from lmckit.errors import CheckpointError, LmcError, ParamsError
 from lmckit.functional import check_model_fits
 from lmckit.models import build_model, model_config, permutation_spec
@@ -164,8 +164,7 @@ class Checkpoint:
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     """The sidecar of a checkpoint, validated as lmckit's."""
     _, sidecar = checkpoint_paths(path)
-    if special_kind(sidecar) is not None:
-        require_regular_file(sidecar, "checkpoint sidecar", CheckpointError)
+    refuse_special(sidecar, "checkpoint sidecar", CheckpointError)
     try:
         meta = json.loads(sidecar.read_text())
     except FileNotFoundError:
@@ -360,8 +359,7 @@ def read_checked(path: Path, meta: Mapping[str, Any]) -> tuple[bytearray, str]:
         raise CheckpointError(f"{path}: its sidecar's weights_sha256_chunks is malformed")
     if whole is not None and not isinstance(whole, str):
         raise CheckpointError(f"{path}: its sidecar's weights_sha256 is not a digest")
-    if special_kind(path) is not None:
-        require_regular_file(path, "weights file", CheckpointError)
+    refuse_special(path, "weights file", CheckpointError)
     try:
         size = path.stat().st_size
         handle = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the reader below

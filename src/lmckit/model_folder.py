@@ -48,8 +48,7 @@ from lmckit._io import (
     held_inputs,
     input_at,
     leading_format,
-    require_regular_file,
-    special_kind,
+    refuse_special,
 )
 from lmckit.checkpoint import (
     SAFETENSORS_DTYPES,
@@ -155,8 +154,7 @@ def is_model_folder(path: str | os.PathLike) -> bool:
 def _read_header(path: Path) -> dict[str, TensorEntry]:
     """``{name: TensorEntry}`` from a safetensors file's header alone, checked against the
     file's size (offsets within the file, each tensor's byte count its shape's)."""
-    if special_kind(path) is not None:
-        require_regular_file(path, "weights file", CheckpointError)
+    refuse_special(path, "weights file", CheckpointError)
     try:
         size = path.stat().st_size
         with open(path, "rb") as fh:
@@ -172,8 +170,7 @@ def _read_header(path: Path) -> dict[str, TensorEntry]:
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
-    if special_kind(path) is not None:
-        require_regular_file(path, what, CheckpointError)
+    refuse_special(path, what, CheckpointError)
     try:
         value = json.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmckit._checks import check_seed
-from lmckit._io import atomic_write_bytes, require_regular_file
+from lmckit._io import atomic_write_bytes, refuse_special
 from lmckit.data import DataSource
 from lmckit.errors import ParamsError
 from lmckit.evaluate.bn import bn_reset, channel_statistics, repair, repair_layers
@@ -147,7 +147,8 @@ def save_curves(curves: Mapping[str, Curve], path: str | Path) -> tuple[Path, Pa
 @checked
 def load_curves(path: str | Path) -> dict[str, Curve]:
     """Read curves written by :func:`save_curves` (the ``.json`` file)."""
-    path = require_regular_file(Path(path).with_suffix(".json"), "curves file", ParamsError)
+    path = Path(path).with_suffix(".json")
+    refuse_special(path, "curves file", ParamsError)
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from lmckit._io import atomic_write_json, require_regular_file
+from lmckit._io import atomic_write_json, refuse_special
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset
 from lmckit.errors import DataError, ParamsError, PermutationError, UsageError
@@ -163,7 +163,7 @@ def load_transform(path: str | Path, spec: PermutationSpec) -> Transform:
 
     from lmckit.errors import SpecError
 
-    require_regular_file(path, "transform file", PermutationError)
+    refuse_special(path, "transform file", PermutationError)
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -216,7 +216,7 @@ def load_permutation(path: str | Path, spec: PermutationSpec) -> Permutation:
         PermutationError: unreadable file, wrong structure or types, or groups that are not
             the spec's; the message names the file.
     """
-    require_regular_file(path, "permutation file", PermutationError)
+    refuse_special(path, "permutation file", PermutationError)
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -307,7 +307,7 @@ def permutation_content(perm: Permutation | Transform) -> str:
 def load_alignment(path: str | Path, spec: PermutationSpec) -> Permutation | Transform:
     """A permutation file or a transform file, whichever ``path`` holds (validated against
     ``spec``)."""
-    require_regular_file(path, "permutation file", PermutationError)
+    refuse_special(path, "permutation file", PermutationError)
     try:
         head = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -94,11 +94,46 @@ def check_training_jobs(jobs: list[Job], data_for, budget: Budget) -> None:
         work = float(numel) * config.epochs * train_examples(config, data)
         if work > most:
             heaviest, most = (job, config, data), work
+    if heaviest is not None:
+        job, config, data = heaviest
+        model = init_model(job.settings["model_name"], job.settings["model_config"], 0)
+        check_training_time(model, data, config, f"training job {job.name}", budget)
+    _check_epoch_jobs(jobs, data_for, budget)
+
+
+def _check_epoch_jobs(jobs: list[Job], data_for, budget: Budget) -> None:
+    """Refuse a run whose matching or merging job with the most epochs of work (STE,
+    STE-MM, the learned transforms: ``options.epochs``) cannot finish in the budget: at
+    least a forward pass over the training examples per epoch, timed on the job's model
+    (a lower bound: each step also runs a backward pass and a projection)."""
+    from lmckit.budget import check_budget, forward_seconds
+    from lmckit.train import init_model
+
+    heaviest, most = None, 0.0
+    for job in jobs:
+        epochs = (
+            job.settings.get("options", {}).get("epochs")
+            if job.kind in ("match", "merge")
+            else None
+        )
+        if isinstance(epochs, bool) or not isinstance(epochs, int | float) or epochs <= 0:
+            continue
+        data = data_for(job.settings["model_name"])
+        examples = job.settings.get("server_examples") or len(data.train_y)
+        if epochs * examples > most:
+            heaviest, most = (job, epochs, examples, data), float(epochs * examples)
     if heaviest is None:
         return
-    job, config, data = heaviest
+    job, epochs, examples, data = heaviest
     model = init_model(job.settings["model_name"], job.settings["model_config"], 0)
-    check_training_time(model, data, config, f"training job {job.name}", budget)
+    seconds, n = forward_seconds(model, None, data.loader("test", batch_size=256))
+    per_epoch = examples * seconds / max(n, 1)
+    check_budget(
+        f"{job.kind} job {job.name} ({job.settings['method']}) for {epochs} epoch(s)",
+        seconds=epochs * per_epoch,
+        detail=f"each epoch ≥ a forward pass over {examples} examples, {per_epoch:.2g} s measured",
+        budget=budget,
+    )
 
 
 def _worker_died(ledger: Ledger, jobs: list[Job], summary: RunSummary) -> None:
