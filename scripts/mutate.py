@@ -1994,6 +1994,30 @@ MUTATIONS = [
         "",
         ("tests/experiments/test_ledger.py",),
     ),
+    M(
+        "wm-ignores-data",
+        "weight_matching(..., data=...) runs without a word (WM reads no data)",
+        "src/lmckit/match/weight.py",
+        "    if data is not None:\n        raise ParamsError(\n            \"weight_matching matches",
+        "    if False:\n        raise ParamsError(\n            \"weight_matching matches",
+        ("tests/test_bad_inputs.py",),
+    ),
+    M(
+        "star-passes-unchecked-options",
+        "star hands its matcher options it does not take (a TypeError from inside WM)",
+        "src/lmckit/merge/star.py",
+        "    matcher.check_options(match_options, where=f\"star(method={method!r}): \")\n",
+        "",
+        ("tests/test_bad_inputs.py",),
+    ),
+    M(
+        "epoch-jobs-unestimated",
+        "a run's matching jobs of huge epochs are not estimated before the run starts",
+        "src/lmckit/experiments/runner.py",
+        "    _check_epoch_jobs(jobs, data_for, budget)\n",
+        "",
+        ("tests/test_nothing_ignored.py",),
+    ),
 ]
 
 

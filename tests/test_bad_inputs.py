@@ -181,7 +181,64 @@ CASES = {
     ),
     "trace-misfit-input": (lambda: trace(NET, torch.randn(2, 7)), "do not fit MLP"),
     "trace-nan-model": (lambda: trace(NAN_NET, torch.randn(2, 64)), "NaN/infinite"),
+    # options that do not apply are errors, never ignored
+    "wm-data": (lambda: weight_matching(SPEC, A, B, data=DIGITS), "takes no data="),
+    "interpolate-fraction-uncalibrated": (
+        lambda: interpolate(NET, A, B, {"test": TEST}, calibration_fraction=0.3),
+        "calibration_fraction applies to calibrated=True only",
+    ),
+    "interpolate-bn-batches-without-reset": (
+        lambda: interpolate(NET, A, B, {"test": TEST}, bn_reset_batches=3),
+        "bn_reset_batches applies to a BN reset only",
+    ),
+    "star-option-of-another-matcher": (
+        lambda: star(SPEC, [A, B], epochs=3),
+        "method 'wm-fast' takes no option(s) ['epochs']",
+    ),
+    # arguments of the wrong kind: one line naming them, not a Python error from inside
+    "transform-no-spec": (lambda: _transform(None, {}), "needs the PermutationSpec"),
+    "transform-maps-not-a-dict": (lambda: _transform(SPEC, [1]), "needs maps as {group: tensor}"),
+    "load-checkpoint-bogus-device": (
+        lambda: _load_checkpoint("x", device="tpu:3"),
+        "unknown device 'tpu:3'",
+    ),
+    "folder-max-memory-negative": (
+        lambda: _load_model_folder("x", max_memory=-1),
+        "max_memory must be a positive number of bytes",
+    ),
+    "folder-max-memory-bool": (
+        lambda: _load_model_folder("x", max_memory=True),
+        "max_memory must be a positive number of bytes",
+    ),
+    "write-folder-from-a-path": (
+        lambda: _write_model_folder("out", "some/folder"),
+        "the source must be a Checkpoint of a model folder",
+    ),
 }
+
+
+def _transform(*args):
+    from lmckit.transform import Transform
+
+    return Transform(*args)
+
+
+def _load_checkpoint(*args, **kwargs):
+    from lmckit.checkpoint import load_checkpoint
+
+    return load_checkpoint(*args, **kwargs)
+
+
+def _load_model_folder(*args, **kwargs):
+    from lmckit.model_folder import load_model_folder
+
+    return load_model_folder(*args, **kwargs)
+
+
+def _write_model_folder(*args, **kwargs):
+    from lmckit.model_folder import write_model_folder
+
+    return write_model_folder(*args, **kwargs)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -54,3 +54,27 @@ def check_positive(name: str, value: object, *, where: str = "") -> float:
     if not ok or value <= 0:
         raise ParamsError(f"{where}{name} must be a positive number, got {value!r}")
     return float(value)
+
+
+def check_device(device: object, name: str = "device") -> str:
+    """``device`` (a string or ``torch.device``) names a device this machine has: ``cpu``,
+    an available ``cuda`` / ``cuda:N`` or ``mps``; returns it as a string."""
+    import torch
+
+    try:
+        parsed = torch.device(device)  # type: ignore[arg-type]
+    except (RuntimeError, ValueError, TypeError):
+        raise ParamsError(f"unknown {name} {device!r}; use cpu, cuda, cuda:N or mps") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ParamsError(f"{name} {device!r}: CUDA is not available on this machine")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ParamsError(
+                f"{name} {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    elif parsed.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ParamsError(f"{name} {device!r}: MPS is not available on this machine")
+    elif parsed.type != "cpu":
+        raise ParamsError(f"{name} type {parsed.type!r} is not supported")
+    return str(parsed)

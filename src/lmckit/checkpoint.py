@@ -43,6 +43,7 @@ from safetensors.torch import save as save_tensors
 from torch import Tensor, nn
 
 from lmckit import __version__
+from lmckit._checks import check_device
 from lmckit._io import atomic_write_bytes, atomic_write_json, refuse_special, require_regular_file
 from lmckit.errors import CheckpointError, LmcError, ParamsError
 from lmckit.functional import check_model_fits
@@ -261,6 +262,7 @@ def load_checkpoint(
             builds or does not fit the weights, tensors that are not finite, a user class
             not in ``classes``.
     """
+    check_device(device)
     weights, _ = checkpoint_paths(path)
     meta = read_meta(path)
     model_meta = meta.get("model") if isinstance(meta.get("model"), Mapping) else {}
@@ -540,6 +542,7 @@ def load_foreign(
         CheckpointError: unreadable or unsafe file, tensors that do not fit the model
             (named), tensors that are not finite.
     """
+    check_device(device)
     path = Path(path)
     data = _read_bytes(path)
     params = import_state_dict(path, data=data)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lmckit import __version__
-from lmckit.errors import LmcError, ModelConfigError, UsageError
+from lmckit.errors import LmcError, ModelConfigError, ParamsError, UsageError
 
 # Zoo entries shown by `lmckit info`: the papers' configurations.
 INFO_MODELS: list[tuple[str, dict]] = [
@@ -94,27 +94,12 @@ _positive = _float_in(0.0, low_open=True)
 
 
 def _device(text: str) -> str:
-    import torch
+    from lmckit._checks import check_device
 
     try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise argparse.ArgumentTypeError(
-            f"unknown device {text!r}; use cpu, cuda, cuda:N or mps"
-        ) from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise argparse.ArgumentTypeError(f"{text}: CUDA is not available on this machine")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise argparse.ArgumentTypeError(
-                f"{text}: this machine has {torch.cuda.device_count()} CUDA device(s)"
-            )
-    elif device.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise argparse.ArgumentTypeError(f"{text}: MPS is not available on this machine")
-    elif device.type != "cpu":
-        raise argparse.ArgumentTypeError(f"device type {device.type!r} is not supported")
-    return str(device)
+        return check_device(text)
+    except ParamsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from lmckit import __version__
+from lmckit._checks import check_device
 from lmckit._io import (
     atomic_path,
     atomic_write_json,
@@ -371,6 +372,8 @@ def load_model_folder(
             that do not fit, non-finite weights.
         SpecError: the tracer cannot export the model.
     """
+    _check_max_memory(max_memory)
+    check_device(device)
     layout = read_layout(folder)
     cls = _model_class(layout)
     files = [layout.folder / "config.json", *layout.weight_files]
@@ -466,6 +469,15 @@ def load_model_folder(
     )
 
 
+def _check_max_memory(max_memory: object) -> None:
+    if max_memory is not None and (
+        isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory < 1
+    ):
+        raise ParamsError(
+            f"max_memory must be a positive number of bytes or None, got {max_memory!r}"
+        )
+
+
 def load_model_folders(
     paths: Sequence[str | os.PathLike],
     *,
@@ -491,6 +503,8 @@ def load_model_folders(
     """
     from lmckit.budget import ResourceError, human_bytes
 
+    _check_max_memory(max_memory)
+    check_device(device)
     layouts = [read_layout(p) for p in paths]
     first = layouts[0].architecture()
     for path, layout in zip(paths[1:], layouts[1:], strict=True):
@@ -609,6 +623,22 @@ def _with_module_names(
     return replace(layout, module_names=module_names)
 
 
+def _check_fits_spec(perm: object, source: Checkpoint) -> None:
+    """``perm`` is a permutation or transform of ``source``'s own spec (its groups and sizes)."""
+    from lmckit.transform import Transform
+
+    if not isinstance(perm, Permutation | Transform):
+        raise ParamsError(f"perm must be a Permutation or a Transform, got {type(perm).__name__}")
+    mine, theirs = dict(source.spec.groups), dict(perm.spec.groups)
+    if mine != theirs:
+        differ = sorted(set(mine) ^ set(theirs)) or sorted(g for g in mine if mine[g] != theirs[g])
+        raise ParamsError(
+            f"the permutation is of another spec than {source.path}'s ({len(theirs)} groups, "
+            f"the folder's model {len(mine)}; first differing group {differ[0]!r}): it was "
+            "found for another architecture"
+        )
+
+
 def check_writable(source: Checkpoint) -> FolderLayout:
     """``source``'s layout if :func:`write_model_folder` can write its model back in it —
     called before the work whose result is written.
@@ -617,6 +647,11 @@ def check_writable(source: Checkpoint) -> FolderLayout:
         CheckpointError: ``source`` is not a model folder, or its tensors are converted on
             load beyond renaming (the layout they would be written in is unknown).
     """
+    if not isinstance(source, Checkpoint):
+        raise ParamsError(
+            f"the source must be a Checkpoint of a model folder (load_model_folder(path)), got "
+            f"{type(source).__name__} {source!r}"[:200]
+        )
     layout = source.layout
     if layout is None:
         raise CheckpointError(f"{source.path} is not a model folder")
@@ -723,6 +758,12 @@ def write_model_folder(
         ParamsError: ``params`` lacks a tensor of the folder or has one of another shape.
     """
     layout = check_writable(source)
+    if perm is not None and params is not None:
+        raise ParamsError(
+            "write_model_folder takes perm= (align the source) or params= (a merge), not both"
+        )
+    if perm is not None:
+        _check_fits_spec(perm, source)
     out = Path(out)
     if params is not None:
         missing = sorted({layout.module_name(n) for n in layout.tensors} - set(params))

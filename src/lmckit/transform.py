@@ -138,6 +138,14 @@ class Transform:
     __slots__ = ("_duals", "_maps", "spec")
 
     def __init__(self, spec: PermutationSpec, maps: Mapping[str, Tensor]) -> None:
+        if not isinstance(spec, PermutationSpec):
+            raise PermutationError(
+                f"Transform needs the PermutationSpec its maps act on, got {type(spec).__name__}"
+            )
+        if not isinstance(maps, Mapping):
+            raise PermutationError(
+                f"Transform needs maps as {{group: tensor}}, got {type(maps).__name__}"
+            )
         if set(maps) != set(spec.groups):
             missing = sorted(set(spec.groups) - set(maps))
             extra = sorted(set(maps) - set(spec.groups))

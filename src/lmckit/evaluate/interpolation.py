@@ -214,7 +214,7 @@ def interpolate(
     bn_reset_batches: int | None = None,
     repair_data: DataSource | None = None,
     calibrated: bool = False,
-    calibration_fraction: float = 0.2,
+    calibration_fraction: float | None = None,
     ensemble: bool = False,
     class_groups: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
@@ -233,11 +233,13 @@ def interpolate(
         bn_reset_data: re-estimate BatchNorm statistics at every interior λ on this data
             (an lmckit ``Dataset`` or batches; the endpoints keep their own statistics, so
             λ = 0/1 reproduce them exactly).
-        bn_reset_batches: use only this many batches for each BN reset.
+        bn_reset_batches: use only this many batches for each BN reset (only with
+            ``bn_reset_data``).
         repair_data: apply :func:`repair` at every interior λ instead (BN-free nets); the
             endpoints' channel statistics are measured once for the whole curve.
         calibrated: also report the temperature-calibrated loss: per λ, fit β on a seeded
-            ``calibration_fraction`` of the split's examples and evaluate on the rest.
+            ``calibration_fraction`` (default 0.2; only with ``calibrated``) of the split's
+            examples and evaluate on the rest.
         ensemble: also report the logit ensemble ``(1−λ)·f_A + λ·f_B``.
         class_groups: ``{name: classes}`` — also report the accuracy on each group's
             examples (Git Re-Basin §5.4: the classes each half of the data favours), and
@@ -260,6 +262,12 @@ def interpolate(
         raise ParamsError("interpolate() needs loaders={split name: loader}, at least one")
     if bn_reset_data is not None and repair_data is not None:
         raise ParamsError("pass bn_reset_data or repair_data, not both")
+    if calibration_fraction is not None and not calibrated:
+        raise ParamsError("calibration_fraction applies to calibrated=True only; it was not set")
+    if bn_reset_batches is not None and bn_reset_data is None:
+        raise ParamsError("bn_reset_batches applies to a BN reset only; bn_reset_data is None")
+    if calibration_fraction is None:
+        calibration_fraction = 0.2
     check_resume_every(resume, resume_every, "interpolate")
     check_params_compatible(params_a, params_b)
     check_model_fits(model, params_a, "params_a")

@@ -113,7 +113,7 @@ def stored_curve(
             loaders,
             lambdas=lambdas,
             bn_reset_data=bn_reset_data,
-            bn_reset_batches=bn_reset_batches,
+            bn_reset_batches=bn_reset_batches if bn_reset_data is not None else None,
             repair_data=repair_data,
             calibrated=calibrated,
             ensemble=ensemble,

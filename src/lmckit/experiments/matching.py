@@ -112,7 +112,8 @@ def match_checkpoints(
         kwargs["example_kwargs"] = example_kwargs
     try:
         return matcher(
-            a.spec, a.params, b.params, model=a.model, data=data, seed=seed, progress=progress,
+            a.spec, a.params, b.params, model=a.model, seed=seed, progress=progress,
+            data=data if matcher.needs_data or method in TRANSFORM_METHODS else None,
             **kwargs,
         )  # fmt: skip
     except ParamsError as exc:

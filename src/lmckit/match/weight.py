@@ -25,6 +25,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import nn
 
 from lmckit._checks import check_int
+from lmckit.errors import ParamsError
 from lmckit.lap import LapDuals, assign_heads
 from lmckit.match.result import MatchResult, check_duals, check_inputs, matched_names
 from lmckit.match.weight_matcher import (
@@ -112,8 +113,10 @@ def weight_matching(
         spec: the permutation spec both parameter dicts follow.
         params_a, params_b: reference model A and model B to permute (same keys, shapes,
             dtypes; finite).
-        model, data: accepted for the matchers' common signature; weight matching uses
-            neither.
+        model: accepted for the matchers' common signature (weight matching does not run
+            the model).
+        data: must be ``None``: weight matching reads no data, and data given to it would
+            be a mistake the caller should hear of.
         init: starting permutation (identity by default).
         seed: fixes the random group order of each sweep (and the restarts' starts).
         progress: receives a :class:`~lmckit.progress.Progress` after every sweep
@@ -153,6 +156,11 @@ def weight_matching(
     axis at the current permutation (a linearisation); the objective may then wobble.
     """
     start = time.perf_counter()
+    if data is not None:
+        raise ParamsError(
+            "weight_matching matches the weights alone and takes no data= (activation_matching "
+            "and ste_matching use data)"
+        )
     check_inputs(spec, params_a, params_b, init, seed)
     check_int("restarts", restarts)
     check_int("max_iter", max_iter)

@@ -56,6 +56,7 @@ def star(
     if average == "others" and len(params_list) < 2:
         raise ParamsError("average='others' needs at least 2 models")
     matcher = MATCHERS[method]
+    matcher.check_options(match_options, where=f"star(method={method!r}): ")
     n = len(params_list)
     perms = []
     for i, params in enumerate(params_list):
@@ -63,8 +64,10 @@ def star(
             perms.append(Permutation.identity(spec))
             continue
         result = matcher(
-            spec, params_list[ref], params, model=model, data=data, seed=seed, **match_options
-        )
+            spec, params_list[ref], params, model=model, seed=seed,
+            data=data if matcher.needs_data else None,  # data also BN-resets the merge
+            **match_options,
+        )  # fmt: skip
         perms.append(result.perm)
         notify(progress, len(perms) - (ref < i), n - 1, model=i)
     return merged_result(
