@@ -1998,15 +1998,16 @@ MUTATIONS = [
         "wm-ignores-data",
         "weight_matching(..., data=...) runs without a word (WM reads no data)",
         "src/lmckit/match/weight.py",
-        "    if data is not None:\n        raise ParamsError(\n            \"weight_matching matches",
-        "    if False:\n        raise ParamsError(\n            \"weight_matching matches",
+        "    if data is not None:\n        raise ParamsError(\n"
+        '            "weight_matching matches',
+        '    if False:\n        raise ParamsError(\n            "weight_matching matches',
         ("tests/test_bad_inputs.py",),
     ),
     M(
         "star-passes-unchecked-options",
         "star hands its matcher options it does not take (a TypeError from inside WM)",
         "src/lmckit/merge/star.py",
-        "    matcher.check_options(match_options, where=f\"star(method={method!r}): \")\n",
+        '    matcher.check_options(match_options, where=f"star(method={method!r}): ")\n',
         "",
         ("tests/test_bad_inputs.py",),
     ),
@@ -2017,6 +2018,14 @@ MUTATIONS = [
         "    _check_epoch_jobs(jobs, data_for, budget)\n",
         "",
         ("tests/test_nothing_ignored.py",),
+    ),
+    M(
+        "perm-file-of-another-pair-taken",
+        "a permutation file recorded for one pair is applied to another without a word",
+        "src/lmckit/experiments/matching.py",
+        "    if differ:\n        raise UsageError(",
+        "    if False:\n        raise UsageError(",
+        ("tests/experiments/test_matching.py",),
     ),
 ]
 

@@ -687,6 +687,7 @@ def cmd_match(args: argparse.Namespace) -> int:
         TRANSFORM_FORMAT,
         check_same_architecture,
         match_checkpoints,
+        pair_record,
         save_match,
     )
     from lmckit.match import METHODS, TRANSFORM_METHODS
@@ -759,7 +760,7 @@ def cmd_match(args: argparse.Namespace) -> int:
             restarts=args.restarts,
             max_memory=args.max_memory,
         )
-        save_match(args.out, result, a=str(a.path), b=str(b.path))
+        save_match(args.out, result, **pair_record(a, b))
         if args.aligned is not None:
             from lmckit.model_folder import provenance, write_model_folder
 
@@ -792,7 +793,7 @@ def _match_with_rotations(args: argparse.Namespace, method: str, a, b, data) -> 
     """``lmckit match --symmetries orth|full`` (or a transform method): a transform file,
     and with ``--aligned`` B moved by it in the original layout (A's norm gains put back)."""
     from lmckit._io import locked_output
-    from lmckit.experiments.matching import match_checkpoints, save_transform
+    from lmckit.experiments.matching import match_checkpoints, pair_record, save_transform
 
     example, example_kwargs = getattr(a.model, "example_input", None), {}
     if callable(example):
@@ -834,7 +835,7 @@ def _match_with_rotations(args: argparse.Namespace, method: str, a, b, data) -> 
                 epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
                 variant=args.variant,
             )  # fmt: skip
-        save_transform(args.out, result, a=str(a.path), b=str(b.path))
+        save_transform(args.out, result, **pair_record(a, b))
         if args.aligned is not None:
             from lmckit.model_folder import provenance, write_model_folder
             from lmckit.transform import align, unfold_norms

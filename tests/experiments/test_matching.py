@@ -101,3 +101,31 @@ def test_a_changed_spec_is_another_permutation_key(pair, tmp_path):
     a, b = pair
     _, stored, _ = stored_match(Store(tmp_path / "store"), a, b, "wm-fast")
     assert stored.meta["document"]["settings"]["spec"] == spec_digest(a.spec)
+
+
+def test_a_permutation_file_of_another_pair_is_refused(pair, tmp_path, capsys):
+    """The file names the pair it aligns by content hash: given with another A or B, it is
+    refused naming which (it was applied without a word); a file without hashes (another
+    tool's) is taken as it is."""
+    from lmckit.cli import main
+    from lmckit.experiments.matching import check_pair_record, pair_record
+
+    a, b = pair
+    save_checkpoint(tmp_path / "m2", build_model("mlp", in_dim=64, hidden=[16], out_dim=10))
+    c = load_checkpoint(tmp_path / "m2")
+    result = match_checkpoints(a, b, "wm", None)
+    path = tmp_path / "ab.json"
+    save_match(path, result, **pair_record(a, b))
+    assert json.loads(path.read_text())["b_sha256"] == b.content_hash
+    check_pair_record(path, a, b)
+    with pytest.raises(UsageError, match=r"aligns another pair: its B \(recorded .*m1"):
+        check_pair_record(path, a, c)
+    with pytest.raises(UsageError, match=r"its A \(recorded .*m0.*\) and B"):
+        check_pair_record(path, c, a)
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"perm": result.perm.to_dict()}))
+    check_pair_record(bare, a, c)
+    out = tmp_path / "curves"
+    argv = ["interpolate", str(a.path), str(c.path), "--perm", str(path), "--out", str(out)]
+    assert main([*argv, "--dataset", "digits", "-q"]) == 2
+    assert "aligns another pair" in capsys.readouterr().err and not out.exists()

@@ -35,6 +35,7 @@ from lmckit.data import Dataset, TensorLoader
 from lmckit.errors import UsageError
 from lmckit.experiments.matching import (
     check_data_fits,
+    check_pair_record,
     check_same_architecture,
     load_permutation,
     stored_matches,
@@ -248,6 +249,7 @@ def run_analyze(
     )
     perms: dict[str, Permutation] = {}
     if perm_file is not None:
+        check_pair_record(perm_file, a, b)
         perms["given"] = load_permutation(perm_file, a.spec)
     out = prepare_output_dir(out, "--out")
     if perm_file is None:

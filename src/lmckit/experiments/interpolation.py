@@ -15,6 +15,7 @@ from lmckit.errors import UsageError
 from lmckit.evaluate import Curve, interpolate, lambda_grid, save_curves
 from lmckit.experiments.matching import (
     check_data_fits,
+    check_pair_record,
     check_same_architecture,
     load_alignment,
     permutation_content,
@@ -189,6 +190,7 @@ def run_interpolate(
     check_outputs([*outputs, out / "store"], inputs)
     perms: dict[str, Permutation | Transform] = {}
     if perm_file is not None:
+        check_pair_record(perm_file, a, b)
         perms["given"] = load_alignment(perm_file, a.spec)
     out = prepare_output_dir(out, "--out")
     store = Store(out / "store")

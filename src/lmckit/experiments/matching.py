@@ -3,6 +3,7 @@ before any expensive work (same architecture, data that fits the checkpoint)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -13,7 +14,7 @@ import torch
 from lmckit._io import atomic_write_json, refuse_special
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset
-from lmckit.errors import DataError, ParamsError, PermutationError, UsageError
+from lmckit.errors import DataError, LmcError, ParamsError, PermutationError, UsageError
 from lmckit.experiments.store import Artifact, Store, content_hash, make_key
 from lmckit.functional import forward, module_mode, per_token
 from lmckit.match import METHODS, TRANSFORM_METHODS, MatchResult
@@ -209,6 +210,47 @@ def save_match(path: str | Path, result: MatchResult, **extra: Any) -> None:
     )
 
 
+def pair_record(a: Checkpoint, b: Checkpoint) -> dict[str, str]:
+    """What a permutation or transform file records of the pair it aligns: both paths and,
+    where lmckit read them, both content hashes (:attr:`Checkpoint.content_hash`) — so the
+    file is never applied to another pair without a word (:func:`check_pair_record`)."""
+    record = {"a": str(a.path), "b": str(b.path)}
+    for role, ckpt in (("a", a), ("b", b)):
+        with contextlib.suppress(LmcError):  # a checkpoint lmckit's loader did not read
+            record[f"{role}_sha256"] = ckpt.content_hash
+    return record
+
+
+def check_pair_record(path: str | Path, a: Checkpoint, b: Checkpoint) -> None:
+    """Refuse a permutation or transform file that records another pair than ``a`` and
+    ``b``: its recorded content hash of A or B differs from theirs (a file without
+    hashes — written by another tool, or an older lmckit — is taken as it is).
+
+    Raises:
+        UsageError: naming the file, the recorded pair and which model differs.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return  # the loader says what is wrong with it
+    if not isinstance(data, dict):
+        return
+    mine = pair_record(a, b)
+    differ = [
+        f"{role.upper()} (recorded {data.get(role)!r}, given {mine[role]!r})"
+        for role in ("a", "b")
+        if isinstance(data.get(f"{role}_sha256"), str)
+        and f"{role}_sha256" in mine
+        and data[f"{role}_sha256"] != mine[f"{role}_sha256"]
+    ]
+    if differ:
+        raise UsageError(
+            f"{path} aligns another pair: its {' and '.join(differ)} hold other weights; "
+            "match this pair (lmckit match) or give the file its own pair"
+        )
+
+
 def load_permutation(path: str | Path, spec: PermutationSpec) -> Permutation:
     """Read a permutation file written by :func:`save_match` (or a bare ``{group: [indices]}``
     mapping), validated against ``spec``.
@@ -387,9 +429,7 @@ def stored_matches(
         # the copy names the pair it aligns (as lmckit match's file does); the stored one is
         # keyed by the weights alone, so it names none
         found = json.loads(artifact.file("perm.json").read_text())
-        atomic_write_json(
-            out / f"perm-{method}.json", {**found, "a": str(a.path), "b": str(b.path)}
-        )
+        atomic_write_json(out / f"perm-{method}.json", {**found, **pair_record(a, b)})
         r = artifact.record
         log(
             f"{method}: L2 {r['distance_before']:.3f} -> {r['distance_after']:.3f} in "
