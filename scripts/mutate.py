@@ -2027,6 +2027,14 @@ MUTATIONS = [
         "    if False:\n        raise UsageError(",
         ("tests/experiments/test_matching.py",),
     ),
+    M(
+        "edited-sidecar-accepted",
+        "a sidecar whose key document was edited (epochs 99) is read as it stands",
+        "src/lmckit/checkpoint.py",
+        "    _check_key_record(meta, sidecar)\n",
+        "",
+        ("tests/test_cli.py",),
+    ),
 ]
 
 

@@ -926,3 +926,38 @@ def test_a_value_that_starts_with_a_dash_is_named_not_called_missing(tmp_path, c
     assert "expected one argument" in capsys.readouterr().err
     assert main(["match", "--out", "--quiet"]) == 2
     assert "expected one argument" in capsys.readouterr().err
+
+
+def test_a_sidecar_edited_after_training_is_refused(tmp_path, capsys):
+    """The sidecar records its training's key (the SHA-256 of its key document): an edited
+    document (epochs 99), or a 'train' or 'model' that no longer agrees with it, is named
+    — it was read as a training that never ran, and reused as another's result."""
+    import json
+
+    from lmckit.checkpoint import load_checkpoint
+    from lmckit.errors import CheckpointError
+    from lmckit.experiments.store import content_hash
+
+    assert main(digits_mlp_args(tmp_path, seeds=[0], epochs=1, hidden=[8])) == 0
+    capsys.readouterr()
+    stem = tmp_path / "mlp-digits-seed0"
+    meta = json.loads(stem.with_suffix(".json").read_text())
+    assert content_hash(meta["key_document"]) == meta["key"]  # the store's own hash
+    load_checkpoint(stem)
+    weights = stem.with_suffix(".safetensors").read_bytes()
+    edits = {
+        "document": ("key_document", "settings", "train", "epochs"),
+        "train": ("train", "epochs"),
+        "model": ("model", "hidden"),
+    }
+    for name, where in edits.items():
+        edited = json.loads(json.dumps(meta))
+        node = edited
+        for k in where[:-1]:
+            node = node[k]
+        node[where[-1]] = 99 if where[-1] == "epochs" else [9]
+        (tmp_path / f"{name}.json").write_text(json.dumps(edited))
+        (tmp_path / f"{name}.safetensors").write_bytes(weights)
+        said = "key_document was edited" if name == "document" else f"its '{name}' differs"
+        with pytest.raises(CheckpointError, match=said):
+            load_checkpoint(tmp_path / name)

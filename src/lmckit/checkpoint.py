@@ -184,7 +184,39 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
         )
     if not isinstance(meta["model"], dict) or not isinstance(meta["model"].get("name"), str):
         raise CheckpointError(f"{sidecar}: 'model' must be a configuration with a 'name'")
+    _check_key_record(meta, sidecar)
     return meta
+
+
+def _check_key_record(meta: Mapping[str, Any], sidecar: Path) -> None:
+    """A sidecar that records the key of its training (``key``, the SHA-256 of the canonical
+    JSON of ``key_document``) holds that document unchanged, and its ``model`` and ``train``
+    are the document's: an edited sidecar (epochs 99) would be reused as another training's
+    result, or describe a training that never ran."""
+    key, document = meta.get("key"), meta.get("key_document")
+    if key is None and document is None:
+        return  # an lmckit without keys, or a checkpoint saved by hand
+    if not isinstance(key, str) or not isinstance(document, dict):
+        raise CheckpointError(f"{sidecar}: its key or key_document is malformed")
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    if hashlib.sha256(text.encode()).hexdigest() != key:
+        raise CheckpointError(
+            f"{sidecar}: its key_document was edited (it no longer hashes to its key); the "
+            "sidecar does not describe the training that made these weights"
+        )
+    settings = document.get("settings")
+    for field in ("model", "train"):
+        recorded = settings.get(field) if isinstance(settings, dict) else None
+        if field == "model" and isinstance(recorded, dict):
+            recorded = {k: v for k, v in recorded.items() if k in meta["model"]}
+        if recorded is not None and field in meta and meta[field] != recorded:
+            keys = sorted(
+                k for k in set(recorded) | set(meta[field]) if recorded.get(k) != meta[field].get(k)
+            )
+            raise CheckpointError(
+                f"{sidecar}: its {field!r} differs from the training its key records (in "
+                f"{', '.join(keys[:4])}): the sidecar was edited"
+            )
 
 
 def fit_shapes(shapes: Mapping[str, torch.Size], model: nn.Module, what: str) -> None:
