@@ -2035,6 +2035,14 @@ MUTATIONS = [
         "",
         ("tests/test_cli.py",),
     ),
+    M(
+        "empty-layers-traced",
+        "a model with a layer of width 0 is traced ('0 groups', exit 0)",
+        "src/lmckit/spec/trace.py",
+        "    if empty:\n        raise SpecError(",
+        "    if False:\n        raise SpecError(",
+        ("tests/test_bad_inputs.py",),
+    ),
 ]
 
 

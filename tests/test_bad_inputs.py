@@ -1,6 +1,8 @@
 """Bad input to the Python API: every case an LmcError whose message names the culprit,
 never a traceback from deep inside torch."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -42,6 +44,9 @@ NAN = {k: v.clone() for k, v in A.items()}
 NAN["layers.0.weight"][0, 0] = float("nan")
 NAN_NET = build_model("mlp", in_dim=64, hidden=[8, 8], out_dim=10)
 NAN_NET.load_state_dict(NAN)
+with warnings.catch_warnings():  # torch: "Initializing zero-element tensors is a no-op"
+    warnings.simplefilter("ignore", UserWarning)
+    ZERO_WIDTH = torch.nn.Sequential(torch.nn.Linear(4, 0), torch.nn.Linear(0, 2))
 LABEL_12 = TensorLoader(torch.randn(10, 64), torch.full((10,), 12), batch_size=5)
 
 CASES = {
@@ -181,6 +186,7 @@ CASES = {
     ),
     "trace-misfit-input": (lambda: trace(NET, torch.randn(2, 7)), "do not fit MLP"),
     "trace-nan-model": (lambda: trace(NAN_NET, torch.randn(2, 64)), "NaN/infinite"),
+    "trace-width-zero": (lambda: trace(ZERO_WIDTH, torch.randn(2, 4)), "a layer of width 0"),
     # options that do not apply are errors, never ignored
     "wm-data": (lambda: weight_matching(SPEC, A, B, data=DIGITS), "takes no data="),
     "interpolate-fraction-uncalibrated": (

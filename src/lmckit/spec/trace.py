@@ -424,6 +424,12 @@ def _check_trace_inputs(
     and the examples are finite and that one eager forward pass runs — so a misfit input
     is reported as such, not as torch.export's internal log."""
     state = model.state_dict()
+    empty = [f"{k} {tuple(t.shape)}" for k, t in state.items() if t.numel() == 0]
+    if empty:
+        raise SpecError(
+            f"{type(model).__name__} has {len(empty)} tensor(s) without elements ("
+            f"{', '.join(empty[:3])}): a layer of width 0 has no units to permute or match"
+        )
     check_finite(state, f"{type(model).__name__}'s weights", error=SpecError)
     dtypes = {t.dtype for t in state.values() if t.dtype.is_floating_point}
     target = dtypes.pop() if len(dtypes) == 1 else None
