@@ -1163,28 +1163,12 @@ def _merge_folders(ckpts, args: argparse.Namespace) -> int:
     return 0
 
 
-def _overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
-    """``--set key=value`` pairs; values are read as TOML (numbers, lists, strings...)."""
-    import tomllib
-
-    out: dict[str, Any] = {}
-    for pair in pairs or []:
-        key, sep, text = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--set needs key=value, got {pair!r}")
-        try:
-            out[key.strip()] = tomllib.loads(f"v = {text}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key.strip()] = text  # a bare word: a string
-    return out
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from lmckit._io import check_output_dir
     from lmckit.experiments.runner import run_experiment
-    from lmckit.experiments.spec import load_experiment
+    from lmckit.experiments.spec import load_experiment, parse_overrides
 
-    experiment = load_experiment(args.experiment, _overrides(args.set))
+    experiment = load_experiment(args.experiment, parse_overrides(args.set or []))
     check_output_dir(args.out, "--out")
     print(f"experiment {experiment.name}: {experiment.description or '(no description)'}")
     if experiment.expected_runtime:

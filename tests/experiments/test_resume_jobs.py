@@ -48,7 +48,8 @@ class CountedMLP(torch.nn.Module):
 
 
 EXPERIMENT = (
-    'seeds = [0]\nthreads = 1\n[data]\ndataset = "digits"\n[model]\nname = "custom"\n'
+    'name = "counted"\nseeds = [0]\nthreads = 1\n'
+    '[data]\ndataset = "digits"\n[model]\nname = "custom"\n'
     'class = "tests.experiments.test_resume_jobs:CountedMLP"\n'
     "[train]\nepochs = 4\nbatch_size = 128\n"
 )

@@ -298,7 +298,8 @@ def test_a_killed_worker_interrupts_the_run_cleanly_and_a_rerun_finishes(tmp_pat
     marker.write_text("")
     monkeypatch.setenv("LMCKIT_TEST_KILL", str(marker))
     (tmp_path / "e.toml").write_text(
-        'seeds = [0, 1]\nthreads = 1\n[data]\ndataset = "digits"\n[model]\nname = "custom"\n'
+        'name = "killed"\nseeds = [0, 1]\nthreads = 1\n'
+        '[data]\ndataset = "digits"\n[model]\nname = "custom"\n'
         'class = "tests.experiments.test_runner:KilledInTraining"\n[train]\nepochs = 1\n'
         '[[compare]]\nmethods = ["none"]\nlambdas = 3\n'
     )

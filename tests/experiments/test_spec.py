@@ -139,7 +139,7 @@ def test_file_errors_name_the_file(tmp_path):
         load_experiment(tmp_path / "bad.toml")
     with pytest.raises(ExperimentError, match="cannot read experiment file"):
         load_experiment(tmp_path / "none.toml")
-    (tmp_path / "x.toml").write_text('seeds = 3\n[data]\ndataset = "digits"\n')
+    (tmp_path / "x.toml").write_text('name = "x"\nseeds = 3\n[data]\ndataset = "digits"\n')
     with pytest.raises(ExperimentError, match=r"x.toml: seeds must be a list, got 3"):
         load_experiment(tmp_path / "x.toml")
 
@@ -250,3 +250,27 @@ def test_fixed_merge_weights_must_fit_every_count_of_their_block():
         parse_experiment(
             {**BASE, "seeds": [0, 1, 2], "train": split, "merge": [{**block, "n": ["parts"]}]}
         )
+
+
+def test_overrides_are_read_as_toml_and_each_key_is_given_once():
+    from lmckit.experiments.spec import parse_overrides
+
+    assert parse_overrides(["train.epochs=2", "seeds=[0, 1]", "model.name=mlp", "x = 1.5"]) == {
+        "train.epochs": 2, "seeds": [0, 1], "model.name": "mlp", "x": 1.5
+    }  # fmt: skip
+    with pytest.raises(ExperimentError, match=r"train.epochs is given twice \(1, then '2'\)"):
+        parse_overrides(["train.epochs=1", "train.epochs=2"])
+    with pytest.raises(ExperimentError, match="one lies inside the other"):
+        parse_overrides(["train={ epochs = 1 }", "train.epochs=2"])
+    for bad in ("epochs", "=3"):
+        with pytest.raises(ExperimentError, match="needs key=value"):
+            parse_overrides([bad])
+
+
+def test_an_experiment_file_must_name_itself(tmp_path):
+    path = tmp_path / "e.toml"
+    path.write_text('[data]\ndataset = "digits"\n[model]\nname = "mlp"\n')
+    with pytest.raises(ExperimentError, match=r'e.toml has no name: add name = "..."'):
+        load_experiment(path)
+    assert load_experiment(path, {"name": "given"}).name == "given"
+    assert parse_experiment(BASE).name == "experiment"  # built in Python: the default

@@ -2,7 +2,7 @@
 
 An experiment is a TOML file::
 
-    name = "width-fmnist"
+    name = "width-fmnist"          # required: the run folder, its report and reuse go by it
     description = "Git Re-Basin Fig. 4 at CPU scale"
     expected_runtime = "about 40 min on 2 CPU cores"
     seeds = [0, 1, 2]              # one trained model per seed and grid cell
@@ -103,6 +103,7 @@ __all__ = [
     "MergeBlock",
     "TripletBlock",
     "load_experiment",
+    "parse_overrides",
 ]
 
 
@@ -315,7 +316,9 @@ VARIANT_KEY = "variant.name"
 """The key of a cell's variant name in ``cell["values"]`` (and the jobs' labels)."""
 
 DEFAULT_NAME = "experiment"
-"""The name of an experiment file without ``name = ...``."""
+"""The name of an experiment built in Python without one (:func:`parse_experiment`), and
+of a run folder's experiment whose recorded file has none (an lmckit that did not require
+it); an experiment *file* must name itself (:func:`load_experiment`)."""
 
 
 def _parse_variant(entry: Any, where: str) -> dict[str, Any]:
@@ -825,6 +828,35 @@ def model_configs(experiment: Experiment, data_for) -> list[tuple[str, dict[str,
     return out
 
 
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """``key=value`` overrides (``lmckit run --set``): each value read as TOML (numbers,
+    lists, strings …; a bare word is a string), each key once.
+
+    Raises:
+        ExperimentError: a pair without ``=`` or a key, a key given twice (the first would
+            be dropped without a word), or a key inside another one also given
+            (``train`` and ``train.epochs``).
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ExperimentError(f"--set needs key=value, got {pair!r}")
+        if key in out:
+            raise ExperimentError(
+                f"--set {key} is given twice ({out[key]!r}, then {text.strip()!r}); give it once"
+            )
+        inside = next((k for k in out if key.startswith(k + ".") or k.startswith(key + ".")), None)
+        if inside is not None:
+            raise ExperimentError(f"--set {key} and --set {inside}: one lies inside the other")
+        try:
+            out[key] = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = text  # a bare word: a string
+    return out
+
+
 def load_experiment(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Experiment:
     """Read and validate an experiment file.
 
@@ -847,6 +879,11 @@ def load_experiment(path: str | Path, overrides: Mapping[str, Any] | None = None
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ExperimentError(f"{path} is not valid TOML: {exc}") from None
+    if "name" not in raw and "name" not in (overrides or {}):
+        raise ExperimentError(
+            f'{path} has no name: add name = "..." at its top (a run folder, its report '
+            "and the reuse of its results go by it)"
+        )
     try:
         return replace(parse_experiment(raw, text, overrides), source=path)
     except ExperimentError as exc:
