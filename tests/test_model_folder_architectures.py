@@ -119,6 +119,13 @@ def test_vit_folders_align_and_merge_from_the_command_line(tmp_path, capsys):
         ARCHITECTURES["vit"]().save_pretrained(tmp_path / f"vit{seed}")
     a, b = str(tmp_path / "vit0"), str(tmp_path / "vit1")
     aligned, merged = tmp_path / "aligned", tmp_path / "merged"
+    (tmp_path / "vit1" / "notes.txt").write_text("the user's notes")
+    (tmp_path / "vit1" / "LICENSE").write_text("the model's licence")
+    (tmp_path / "vit1" / "preprocessor_config.json").write_text("{}")
+    inside = tmp_path / "vit1" / "aligned"
+    argv = ["match", a, b, "--out", str(tmp_path / "q.json"), "--aligned", str(inside)]
+    assert main(argv) == 2
+    assert "lies inside B's model folder" in capsys.readouterr().err and not inside.exists()
     assert (
         main(["match", a, b, "--out", str(tmp_path / "p.json"), "--aligned", str(aligned), "-q"])
         == 0
@@ -126,6 +133,8 @@ def test_vit_folders_align_and_merge_from_the_command_line(tmp_path, capsys):
     assert main(["merge", a, b, "--out", str(merged), "-q"]) == 0
     capsys.readouterr()
     names = set(read_layout(b).tensors)
+    copied = sorted(p.name for p in aligned.iterdir())
+    assert "notes.txt" not in copied and {"LICENSE", "preprocessor_config.json"} <= set(copied)
     assert set(read_layout(aligned).tensors) == names
     assert set(read_layout(merged / "merged").tensors) == names
 

@@ -164,6 +164,13 @@ def cases(f):
         ("restarts-huge", [*match, "--restarts", "1000000000"], 2, "would take at least"),
         ("lambdas-huge", [*interp[:-1], "1000000000"], 2, "would take at least"),
         ("landscape-huge", ["merge", a, b, c, "--landscape", "100000", "--out", m], 2, "would"),
+        ("landscape-zero", ["merge", a, b, c, "--landscape", "0", "--out", m], 2, "≥ 2, got 0"),
+        (
+            "seed-on-a-plain-average",
+            ["merge", a, b, "--method", "average", "--seed", "3", "--out", m],
+            2,
+            "--seed does not apply here: average of models without BatchNorm draws nothing",
+        ),
         ("probes-huge", ["merge", a, b, "--sharpness-probes", "100000000", "--out", m], 2, "wo"),
         ("model-huge", [*train, "--width-multiplier", "10000"], 2, "of memory"),
         ("ste-epochs-huge", [*match, "--method", "ste", "--epochs", "100000000"], 2, "would take"),

@@ -702,6 +702,13 @@ def cmd_match(args: argparse.Namespace) -> int:
         check_output_dir(args.aligned, "--aligned")
         if args.aligned.resolve() == args.out.resolve():
             raise UsageError(f"--aligned and --out both name {args.out}: a folder and a file")
+        for role, given in (("A", args.a), ("B", args.b)):
+            folder = Path(given).resolve()
+            if folder.is_dir() and args.aligned.resolve().is_relative_to(folder):
+                raise UsageError(
+                    f"--aligned {args.aligned} lies inside {role}'s model folder {given}: a "
+                    "model folder would hold another; choose a folder outside it"
+                )
     a, b = _load_pair(args)
     check_output_file(
         args.out, "--out", inputs=[*a.files, *b.files],
@@ -1049,6 +1056,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+_DRAWLESS_MERGES = ("average", "fedavg")  # no group order, no batches, no probes of their own
+
+
+def _check_merge_draws(ckpts, args: argparse.Namespace) -> None:
+    """``--seed`` on a merge that draws nothing: a plain average of models without
+    BatchNorm (nothing re-estimated on shuffled batches) and without sharpness probes."""
+    from lmckit.params import has_batchnorm
+
+    methods = args.methods if args.sweep_n else [args.method]
+    if (
+        "seed" in args.given
+        and all(m in _DRAWLESS_MERGES for m in methods)
+        and not args.sharpness_probes
+        and not has_batchnorm(ckpts[0].params)
+    ):
+        raise UsageError(
+            f"--seed does not apply here: {', '.join(methods)} of models without BatchNorm "
+            "draws nothing (no group order, no batch order, no probes)"
+        )
+
+
 def cmd_merge(args: argparse.Namespace) -> int:
     from lmckit._io import check_output_dir
     from lmckit.experiments.merging import check_checkpoints, run_merge, sweep
@@ -1058,6 +1086,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     check_output_dir(args.out, "--out")
     ckpts = _load_user_checkpoints(args.checkpoints, args)
     check_checkpoints(ckpts)
+    _check_merge_draws(ckpts, args)
     if ckpts[0].folder:
         return _merge_folders(ckpts, args)
     data = _data_for(ckpts[0], args)
@@ -2089,10 +2118,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--landscape",
-        type=_int_at_least(2, zero_means_off=True),
+        type=_int_at_least(2),
         default=0,
         metavar="RES",
-        help="plot loss on the plane through the first three aligned models",
+        help="plot loss on the plane through the first three aligned models (RES ≥ 2 points "
+        "a side; no landscape without it)",
     )
     _add_data_arguments(p)
     _add_model_class_arguments(p)

@@ -23,6 +23,7 @@ method and the SHA-256 of every file written. ``from_pretrained(folder)`` loads 
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import math
@@ -711,9 +712,16 @@ def _write_shard(
     return digest.hexdigest()
 
 
+COPIED = ("*.json", "merges.txt", "vocab.txt", "*.model", "*.tiktoken", "*.jinja", "LICENSE*")
+"""The files of a source folder that a written folder copies (glob patterns): the configs,
+the tokenizer's and processor's files and chat templates that ``transformers`` reads
+beside the weights, and the licence the model comes under. A user's other files (notes,
+the model card of the source model) are not the written model's."""
+
+
 def _copied(layout: FolderLayout) -> list[Path]:
-    """The source folder's files a written folder copies: config, generation config,
-    tokenizer — everything but weights, the index and lmckit's own files."""
+    """The source folder's files a written folder copies (:data:`COPIED`) — never weights,
+    the index or lmckit's own files."""
     skipped = {SIDECAR, *layout.shards, INDEX}
     return [
         p
@@ -721,7 +729,7 @@ def _copied(layout: FolderLayout) -> list[Path]:
         if p.is_file()
         and p.name not in skipped
         and not p.name.startswith(".")
-        and p.suffix not in (".bin", ".pt", ".pth", ".safetensors")
+        and any(fnmatch.fnmatchcase(p.name, pattern) for pattern in COPIED)
     ]
 
 

@@ -109,6 +109,10 @@ def test_the_tiny_file_expands_into_cells():
         ({"compare": [{"pairs": [[0, 1], [0, 1]]}]}, "with repeats"),
         ({"compare": [{"pairs": [[True, 0]]}]}, "must be a list of [i, j] index lists"),
         ({"compare": [{"pairs": []}]}, "must list at least one [i, j]"),
+        (
+            {"seeds": [0], "compare": [{"pairs": "all", "methods": ["none"]}]},
+            "compare[0].pairs = 'all' gives no pair of the 1 seed(s)",
+        ),
         ({"compare": [{"lambdas": 10**9}]}, "compare[0].lambdas must be in [2, 10000]"),
         ({"compare": [{"methods": ["none", "wm-fast", "none"]}]}, "lists 'none' more than once"),
         ({"merge": [{"methods": ["average"], "n": [2, 2]}]}, "merge[0].n lists 2 more than once"),

@@ -681,6 +681,11 @@ def parse_experiment(
         if max(max(t) for t in chosen) >= len(seeds):
             raise ExperimentError(f"triplets[{i}].triples index beyond the {len(seeds)} seeds")
     for i, block in enumerate(compare):
+        if not block.pair_list(len(seeds)):
+            raise ExperimentError(
+                f"compare[{i}].pairs = {block.pairs!r} gives no pair of the {len(seeds)} seed(s): "
+                "a pair needs at least two seeds"
+            )
         top = max((max(p) for p in block.pair_list(len(seeds))), default=0)
         if top >= len(seeds):
             raise ExperimentError(f"compare[{i}].pairs index {top} but only {len(seeds)} seeds")
