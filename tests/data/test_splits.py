@@ -110,7 +110,7 @@ def test_a_split_names_its_part_and_round_trips():
     [
         ({"kind": "iid", "part": 0}, "split kind must be one of"),
         ({"kind": "dirichlet", "part": 4, "clients": 4}, r"part must be 0 … 3, got 4"),
-        ({"kind": "class-imbalanced", "part": 2}, r"part must be 0 \(a\) or 1 \(b\)"),
+        ({"kind": "class-imbalanced", "part": 2}, r"part must be a or b \(0 or 1\)"),
         ({"kind": "dirichlet", "part": 0, "alpha": 0}, "alpha must be a positive number"),
         ({"kind": "random", "part": 0, "clients": 0}, "clients must be ≥ 1"),
         ({"kind": "class-imbalanced", "part": 0, "fraction": 1.5}, "fraction must be in"),
@@ -129,3 +129,13 @@ def test_an_empty_client_is_refused():
     empty = next(k for k, p in enumerate(parts) if len(p) == 0)
     with pytest.raises(DataError, match=f"part {empty} of 8 holds no training example"):
         Split("dirichlet", empty, clients=8, alpha=1e-3).indices(labels)
+
+
+def test_a_part_that_is_not_one_of_the_parts_is_named_with_the_parts_there_are():
+    from lmckit.data.splits import Split
+
+    for part in ("c", 2, -1, 1.5):
+        with pytest.raises(DataError, match=r"split part must be a or b \(0 or 1\), got"):
+            Split("class-imbalanced", part)
+    with pytest.raises(DataError, match=r"split part must be 0 … 2, got 'x'"):
+        Split("random", "x", clients=3)

@@ -180,3 +180,27 @@ def test_cold_duals_give_the_warm_result(digits_pair, digits):
     assert warm.info["warm_duals"] and not cold.info["warm_duals"]
     scores = warm.info["midpoint_eval_loss"]  # each epoch's projection, scored
     assert scores == cold.info["midpoint_eval_loss"] and len(set(scores)) > 1  # they moved
+
+
+@pytest.mark.parametrize("method", ["ste", "ste-mm", "sinkhorn-mid"])
+def test_a_learning_rate_that_diverges_is_named_at_its_step(digits_pair, digits, method):
+    """``lr=1e308``: the first step makes the free copy infinite; the error names the
+    method, the step and the learning rate (it was 'cost matrix has 1024 non-finite
+    entries', from the next projection's LAP)."""
+    from lmckit.errors import ParamsError
+    from lmckit.match import sinkhorn_matching
+    from lmckit.merge import ste_mm
+
+    model, a, b = digits_pair
+    spec = permutation_spec(model)
+    batches = [(digits.train_x[:64], digits.train_y[:64])]
+    name = {"ste": "ste_matching", "ste-mm": "ste_mm", "sinkhorn-mid": "sinkhorn_matching"}
+    with pytest.raises(ParamsError, match=rf"{name[method]} diverged at step 1: .*lr=1e\+308"):
+        if method == "ste":
+            ste_matching(spec, a, b, model=model, data=batches, epochs=1, lr=1e308)
+        elif method == "ste-mm":
+            ste_mm(spec, [a, b], model=model, data=batches, epochs=1, lr=1e308)
+        else:
+            sinkhorn_matching(
+                spec, a, b, model=model, data=batches, objective="mid", epochs=1, lr=1e308
+            )

@@ -192,14 +192,12 @@ class Split:
             raise DataError(f"split clients must be ≥ 1, got {self.clients}")
         if self.kind == "dirichlet" and not (math.isfinite(self.alpha) and self.alpha > 0):
             raise DataError(f"split alpha must be a positive number, got {self.alpha}")
+        names = (
+            "a or b (0 or 1)" if self.kind == "class-imbalanced" else f"0 … {self.parts_count - 1}"
+        )
         if isinstance(self.part, bool) or not isinstance(self.part, int):
-            raise DataError(f"split part must be an integer, got {self.part!r}")
+            raise DataError(f"split part must be {names}, got {self.part!r}")
         if not 0 <= self.part < self.parts_count:
-            names = (
-                "0 (a) or 1 (b)"
-                if self.kind == "class-imbalanced"
-                else f"0 … {self.parts_count - 1}"
-            )
             raise DataError(f"split part must be {names}, got {self.part}")
 
     @property

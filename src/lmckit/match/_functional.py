@@ -3,6 +3,7 @@ midpoint objective, STE-MM): argument checks, the batch loss, straight-through g
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Literal, get_args
 
@@ -109,12 +110,31 @@ def straight_through(
     return out
 
 
-def optimise(optimizer: torch.optim.Optimizer, loss: Tensor) -> float:
-    """One optimiser step on ``loss``; returns its value."""
+def optimise(
+    optimizer: torch.optim.Optimizer, loss: Tensor, what: str = "the optimiser", step: int = 0
+) -> float:
+    """One optimiser step on ``loss``; returns its value.
+
+    Raises:
+        ParamsError: the loss, or the parameters after the step, are not finite — naming
+            ``what``, the step and the learning rate (a too large ``lr`` diverges; without
+            this a later solve reports non-finite costs that name neither).
+    """
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-    return loss.item()
+    value = loss.item()
+    if math.isfinite(value):
+        loss.backward()
+        optimizer.step()
+    learned = [p for group in optimizer.param_groups for p in group["params"]]
+    if not math.isfinite(value) or not all(bool(torch.isfinite(p).all()) for p in learned):
+        lr = optimizer.param_groups[0].get("lr")
+        lr = f"{lr:g}" if isinstance(lr, float) else repr(lr)
+        found = "its loss" if not math.isfinite(value) else "the parameters it learns"
+        raise ParamsError(
+            f"{what} diverged at step {step + 1}: {found} became non-finite (lr={lr}); "
+            "lower the learning rate"
+        )
+    return value
 
 
 def batches_per_pass(batches: object) -> int | None:

@@ -176,7 +176,7 @@ def sinkhorn_matching(
         for _ in range(steps):
             permuted = soft_b()
             loss = sum(((params_a[k] - permuted[k]) ** 2).sum() for k in compared) / scale
-            history.append(optimise(optimizer, loss))
+            history.append(optimise(optimizer, loss, "sinkhorn_matching", n_steps))
             n_steps += 1
             notify(progress, n_steps, steps, loss=history[-1])
     else:
@@ -186,7 +186,7 @@ def sinkhorn_matching(
             for epoch in range(epochs):
                 for x, y in batches:
                     loss = batch_loss(model, lerp_params(params_a, soft_b(), 0.5), x, y)
-                    history.append(optimise(optimizer, loss))
+                    history.append(optimise(optimizer, loss, "sinkhorn_matching", n_steps))
                     n_steps += 1
                     notify(
                         progress,

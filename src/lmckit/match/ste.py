@@ -157,7 +157,7 @@ def ste_matching(
                 with torch.no_grad():
                     mid = lerp_params(params_a, perm.apply(params_b), 0.5)
                 loss = batch_loss(model, straight_through(mid, [(proxy, 0.5)]), x, y)
-                value = optimise(optimizer, loss)
+                value = optimise(optimizer, loss, "ste_matching", steps)
                 steps += 1
                 loss_sum += value
                 count += 1

@@ -33,6 +33,7 @@ from lmckit.match._functional import (
     batch_loss,
     batches_per_pass,
     check_training_options,
+    optimise,
     require_model_and_data,
 )
 from lmckit.match.result import MatchResult
@@ -207,11 +208,8 @@ def transform_ste_matching(
                     for k in params_a
                 }
                 loss = batch_loss(model, mid, x.to(device), y.to(device))
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
+                history.append(optimise(optimizer, loss, "transform_ste_matching", steps))
                 steps += 1
-                history.append(float(loss.detach()))
                 notify(progress, steps, (total or 0) * epochs or None, loss=history[-1])
     with torch.no_grad():
         final = {g: m.detach() for g, m in _maps(spec, start, free).items()}

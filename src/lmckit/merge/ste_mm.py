@@ -389,7 +389,7 @@ def ste_mm(
                     ]
                     mixture = average_params(members, lam)
                 wired = straight_through(mixture, [(proxies[i], float(lam[i])) for i in others])
-                value = optimise(optimizer, batch_loss(model, wired, x, y))
+                value = optimise(optimizer, batch_loss(model, wired, x, y), "ste_mm", steps)
                 steps += 1
                 loss_sum += value
                 count += 1
