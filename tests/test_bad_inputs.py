@@ -47,6 +47,8 @@ NAN_NET.load_state_dict(NAN)
 with warnings.catch_warnings():  # torch: "Initializing zero-element tensors is a no-op"
     warnings.simplefilter("ignore", UserWarning)
     ZERO_WIDTH = torch.nn.Sequential(torch.nn.Linear(4, 0), torch.nn.Linear(0, 2))
+HUGE = {k: v.clone() for k, v in A.items()}
+HUGE["layers.0.weight"][0, 0] = 3e38  # finite, but its products overflow float32
 LABEL_12 = TensorLoader(torch.randn(10, 64), torch.full((10,), 12), batch_size=5)
 
 CASES = {
@@ -187,6 +189,10 @@ CASES = {
     "trace-misfit-input": (lambda: trace(NET, torch.randn(2, 7)), "do not fit MLP"),
     "trace-nan-model": (lambda: trace(NAN_NET, torch.randn(2, 64)), "NaN/infinite"),
     "trace-width-zero": (lambda: trace(ZERO_WIDTH, torch.randn(2, 4)), "a layer of width 0"),
+    "wm-overflowing-products": (
+        lambda: weight_matching(SPEC, HUGE, B),
+        "'layers.0.weight' holds values up to 3e+38, so its products with the other",
+    ),
     # options that do not apply are errors, never ignored
     "wm-data": (lambda: weight_matching(SPEC, A, B, data=DIGITS), "takes no data="),
     "interpolate-fraction-uncalibrated": (

@@ -111,6 +111,32 @@ def check_finite(params: Params, what: str, *, error: type[Exception] = ParamsEr
             raise error(f"{what}: tensor {name!r} has {bad} NaN/infinite value(s)")
 
 
+def check_products_finite(
+    params_a: Params, params_b: Params, names: tuple[str, str] = ("model A", "model B")
+) -> None:
+    """Raise :class:`ParamsError` if a sum of products of one tensor of each — what every
+    cost matrix, distance and inner product between two models sums — could overflow the
+    tensors' floating type: ``max|a| · max|b| · numel`` beyond its largest value (finite
+    weights of 3e38 overflow float32 at the first product; matching then met infinite
+    costs and numpy warned, naming no model). ``names`` say the two models in the message."""
+    for name, a in params_a.items():
+        b = params_b.get(name)
+        if b is None or not a.dtype.is_floating_point or not a.numel():
+            continue
+        dtype = a.dtype if a.dtype in (torch.float32, torch.float64) else torch.float32
+        limit = torch.finfo(dtype).max
+        top_a = float(a.detach().abs().max())
+        top_b = float(b.detach().abs().max())
+        if top_a * top_b * a.numel() >= limit:
+            which = names[0] if top_a >= top_b else names[1]
+            raise ParamsError(
+                f"{which}: tensor {name!r} holds values up to {max(top_a, top_b):.3g}, so its "
+                f"products with the other model's overflow {str(dtype).replace('torch.', '')} "
+                "(their sums exceed its largest value): these are not trained weights, or need "
+                "rescaling (or float64) first"
+            )
+
+
 @checked
 def detached(params: Params) -> dict[str, Tensor]:
     """The same tensors cut from autograd (no copy): what algorithms that differentiate

@@ -18,6 +18,7 @@ from lmckit.errors import DataError, LmcError, ParamsError, PermutationError, Us
 from lmckit.experiments.store import Artifact, Store, content_hash, make_key
 from lmckit.functional import forward, module_mode, per_token
 from lmckit.match import METHODS, TRANSFORM_METHODS, MatchResult
+from lmckit.params import check_products_finite
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback
 from lmckit.transform import Transform
@@ -101,6 +102,7 @@ def match_checkpoints(
         raise UsageError(f"unknown matching method {method!r}; choose from {sorted(METHODS)}")
     matcher = METHODS[method]
     check_same_architecture(a, b)
+    check_products_finite(a.params, b.params, (str(a.path), str(b.path)))
     if matcher.needs_data and data is None:
         raise UsageError(f"method {method!r} needs data")
     kwargs = {k: v for k, v in options.items() if v is not None}

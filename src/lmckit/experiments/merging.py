@@ -28,7 +28,7 @@ from lmckit.experiments.matching import check_data_fits, check_distinct, check_s
 from lmckit.experiments.store import Store, content_hash, make_key
 from lmckit.merge import METHODS, MergeResult
 from lmckit.models import build_model
-from lmckit.params import has_batchnorm
+from lmckit.params import check_products_finite, has_batchnorm
 from lmckit.plots import plot_geometry, plot_landscape, plot_sweep
 from lmckit.progress import ProgressCallback
 from lmckit.transform import align
@@ -69,6 +69,10 @@ def merge_checkpoints(
     merger = METHODS[method]
     if merger.needs_data and data is None:
         raise UsageError(f"{method} needs data")
+    for other in ckpts[:-1]:  # each is matched to the reference (the last)
+        check_products_finite(
+            ckpts[-1].params, other.params, (str(ckpts[-1].path), str(other.path))
+        )
     kwargs = {k: v for k, v in options.items() if v is not None}
     try:
         merger.check_options(kwargs)

@@ -11,7 +11,13 @@ from torch import Tensor
 from lmckit._checks import check_seed
 from lmckit.errors import ParamsError, PermutationError, SpecError
 from lmckit.lap import LapDuals
-from lmckit.params import Params, check_finite, check_params_compatible, is_running_stat
+from lmckit.params import (
+    Params,
+    check_finite,
+    check_params_compatible,
+    check_products_finite,
+    is_running_stat,
+)
 from lmckit.perm import Permutation, PermutationSpec
 
 
@@ -74,6 +80,7 @@ def check_inputs(
     check_params_compatible(params_a, params_b)
     check_finite(params_a, "model A")
     check_finite(params_b, "model B")
+    check_products_finite(params_a, params_b)
     check_init(spec, init)
     check_seed(seed)
 
