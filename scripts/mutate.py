@@ -2043,6 +2043,23 @@ MUTATIONS = [
         "    if False:\n        raise SpecError(",
         ("tests/test_bad_inputs.py",),
     ),
+    M(
+        "flip-drawn-once-per-batch",
+        "the augmentation flips a whole batch or none of it (one draw, not one per image)",
+        "src/lmckit/data/loaders.py",
+        "    flip = torch.rand(n, generator=generator) < 0.5",
+        "    flip = (torch.rand(1, generator=generator) < 0.5).expand(n)",
+        ("tests/test_random_laws.py",),
+    ),
+    M(
+        "one-order-for-every-epoch",
+        "a shuffled loader visits the same order every epoch",
+        "src/lmckit/data/loaders.py",
+        "        order = torch.randperm(n, generator=g) if self.shuffle else None",
+        "        order = torch.randperm(n, generator=epoch_generator(self.seed, 0)) "
+        "if self.shuffle else None",
+        ("tests/test_random_laws.py",),
+    ),
 ]
 
 

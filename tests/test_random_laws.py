@@ -145,3 +145,50 @@ def test_head_structured_draws_permute_heads_uniformly_and_rotate_inside_each():
     stacked = torch.stack(blocks)  # (draws, heads, 2, 2)
     assert stacked.mean(0).abs().max().item() < 5 * math.sqrt(0.5 / draws)
     assert not torch.allclose(stacked[:, 0], stacked[:, 1])
+
+
+def _chi2(counts: list[int]) -> float:
+    expected = sum(counts) / len(counts)
+    return sum((c - expected) ** 2 / expected for c in counts)
+
+
+def test_crop_and_flip_draw_every_offset_and_the_flip_uniformly_and_independently():
+    """``random_crop_flip`` with padding 1 on a 4 × 4 image: each of the 3 × 3 crop offsets
+    with and without a flip — 18 outcomes, told apart because every pixel differs — a
+    1/18 each (a flip drawn once per batch, or offsets skewed to the centre, fail)."""
+    import torch.nn.functional as F
+
+    from lmckit.data.loaders import random_crop_flip
+
+    n, p = 3600, 1
+    image = torch.arange(1, 17, dtype=torch.float64).reshape(1, 1, 4, 4)
+    out = random_crop_flip(image.expand(n, 1, 4, 4), torch.Generator().manual_seed(3), padding=p)
+    padded = F.pad(image, (p,) * 4)[0, 0]
+    candidates = []
+    for dy in range(2 * p + 1):
+        for dx in range(2 * p + 1):
+            crop = padded[dy : dy + 4, dx : dx + 4]
+            candidates += [crop, crop.flip(1)]
+    stacked = torch.stack(candidates)  # (18, 4, 4), all distinct
+    hits = (out[:, 0, None] == stacked[None]).flatten(2).all(-1)  # (n, 18)
+    assert (hits.sum(1) == 1).all()
+    counts = hits.sum(0).tolist()
+    assert _chi2(counts) < 40.8, counts  # χ² with 17 degrees of freedom: P(> 40.8) ≈ 0.001
+
+
+def test_a_shuffled_loader_visits_every_order_start_uniformly_and_anew_each_epoch():
+    """The first example of an epoch is uniform over the N examples, and the epochs' orders
+    are independent draws (each epoch seeded by (seed, epoch)), not one order repeated."""
+    from lmckit.data import TensorLoader
+
+    n = 6
+    loader = TensorLoader(torch.arange(n), torch.zeros(n, dtype=torch.long), batch_size=n,
+                          shuffle=True, seed=11)  # fmt: skip
+    firsts, orders = [0] * n, set()
+    for epoch in range(3000):
+        loader.set_epoch(epoch)
+        ((x, _),) = list(loader)
+        firsts[int(x[0])] += 1
+        orders.add(tuple(x.tolist()))
+    assert _chi2(firsts) < 20.5, firsts  # χ² with 5 degrees of freedom
+    assert len(orders) > 600  # of 720: 3000 independent draws leave few unseen
