@@ -393,7 +393,15 @@ def write_bad_input_files(root):
     (root / "folder").mkdir()
     meta = json.loads((root / "mlp-digits-seed0.json").read_text())
     for name, change in {
-        "huge": {"model": {**meta["model"], "hidden": [3_000_000]}},
+        # a config tampered with, in a sidecar without a key (a hand-made one): the shapes
+        # are checked on the meta device before anything is allocated
+        "huge": {
+            "model": {**meta["model"], "hidden": [3_000_000]},
+            "key": None,
+            "key_document": None,
+        },
+        # the same tampering in a sidecar with its key: the key no longer fits it
+        "tampered": {"model": {**meta["model"], "hidden": [3_000_000]}},
         "future": {"format_version": 7},
         "nodata": {"dataset": None},
     }.items():
@@ -546,6 +554,12 @@ def bad_inputs(f):
             ["match", str(r / "huge.json"), b, "--out", str(r / "p.json")],
             1,
             "has shape",
+        ),
+        (
+            "sidecar-tampered",
+            ["match", str(r / "tampered.json"), b, "--out", str(r / "p.json")],
+            1,
+            "its 'model' differs from the training its key records (in hidden)",
         ),
         (
             "sidecar-future",

@@ -576,7 +576,8 @@ def test_every_matcher_runs_on_a_blocked_spec(method, blocked_copies, digits):
 
     model, spec, (b, _, a) = blocked_copies
     options = {"epochs": 1} if "epochs" in METHODS[method].options() else {}
-    result = METHODS[method](spec, a, b, model=model, data=digits, **options)
+    data = digits if METHODS[method].needs_data else None  # WM refuses data it never reads
+    result = METHODS[method](spec, a, b, model=model, data=data, **options)
     assert result.perm.spec == spec
     if method != "sinkhorn-mid":
         assert params_distance(a, result.perm.apply(b)) < 1e-5 * params_distance(a, b)
