@@ -420,3 +420,21 @@ def test_cli_match_beyond_permutations_writes_b_in_the_original_layout(tmp_path,
         return sum(float((x[k] - a_sd[k]).double().pow(2).sum()) for k in a_sd) ** 0.5
 
     assert distance(al_sd) < distance(b_sd)
+
+
+def test_work_that_needs_data_refuses_folders_before_reading_them(folders, tmp_path, capsys):
+    """Folders record no dataset: a data-driven match, an interpolation, an analysis on data
+    and a data-driven merge are refused in one line before any folder is hashed, loaded
+    and traced (they were refused only after that work)."""
+    a, b = str(folders["gpt20"]), str(folders["gpt21"])
+    for argv in (
+        ["match", a, b, "--method", "am", "--out", str(tmp_path / "p.json")],
+        ["match", a, b, "--method", "ste", "--out", str(tmp_path / "p.json")],
+        ["interpolate", a, b, "--out", str(tmp_path / "i")],
+        ["analyze", a, b, "--out", str(tmp_path / "a")],
+        ["merge", a, b, "--method", "ste-mm", "--out", str(tmp_path / "m")],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "model folder" in err[0], (argv, err)
+    assert not any(tmp_path.iterdir())

@@ -645,6 +645,24 @@ def _load_folders(paths: Sequence[Path], args: argparse.Namespace):
     return ckpts
 
 
+def _folder_without_data(path: object) -> UsageError:
+    return UsageError(
+        f"{path} is a model folder: lmckit aligns and merges model folders by their weights "
+        "(wm, wm-fast, the weight-based merges, analyze --no-data); evaluating them on a "
+        "dataset is not supported"
+    )
+
+
+def _refuse_folders_for_data(paths: Sequence[object]) -> None:
+    """Before any folder is hashed, loaded and traced: work that needs data refuses model
+    folders (they record no dataset)."""
+    from lmckit.model_folder import is_model_folder
+
+    folder = next((p for p in paths if p is not None and is_model_folder(p)), None)
+    if folder is not None:
+        raise _folder_without_data(folder)
+
+
 def _data_for(ckpt, args: argparse.Namespace):
     from lmckit.data import load_dataset
     from lmckit.data.datasets import INPUT_SHAPES
@@ -652,11 +670,7 @@ def _data_for(ckpt, args: argparse.Namespace):
     from lmckit.experiments.training import load_for_model
 
     if ckpt.folder:
-        raise UsageError(
-            f"{ckpt.path} is a model folder: lmckit aligns and merges model folders by their "
-            "weights (wm, wm-fast, the weight-based merges, analyze --no-data); evaluating "
-            "them on a dataset is not supported"
-        )
+        raise _folder_without_data(ckpt.path)
     name = args.dataset or ckpt.meta.get("dataset")
     if not name:
         raise UsageError(f"{ckpt.path} does not record its dataset; pass --dataset")
@@ -702,6 +716,10 @@ def cmd_match(args: argparse.Namespace) -> int:
         check_output_dir(args.aligned, "--aligned")
         if args.aligned.resolve() == args.out.resolve():
             raise UsageError(f"--aligned and --out both name {args.out}: a folder and a file")
+    start = {"wm": "wm", "wm-fast": "wm", "am": "am", "ste": "ste"}.get(args.method)
+    planned = f"{start}-{args.symmetries}" if args.symmetries != "perm" else args.method
+    if METHODS[planned].needs_data:
+        _refuse_folders_for_data([args.a, args.b])
         for role, given in (("A", args.a), ("B", args.b)):
             folder = Path(given).resolve()
             if folder.is_dir() and args.aligned.resolve().is_relative_to(folder):
@@ -882,6 +900,7 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
     from lmckit.params import has_batchnorm
 
     check_output_dir(args.out, "--out")
+    _refuse_folders_for_data([args.a, args.b])
     a, b = _load_pair(args)
     if "bn_batches" in args.given and not has_batchnorm(a.params):
         raise UsageError("--bn-batches does not apply here: the model has no BatchNorm")
@@ -949,6 +968,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return 0
     if args.a is None or args.b is None:
         raise UsageError("analyze needs two checkpoints A and B (or --counterexample)")
+    if not args.no_data:
+        _refuse_folders_for_data([args.a, args.b])
     a, b = _load_pair(args)
     data = None
     if not args.no_data:
@@ -1079,11 +1100,20 @@ def _check_merge_draws(ckpts, args: argparse.Namespace) -> None:
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from lmckit._io import check_output_dir
-    from lmckit.experiments.merging import check_checkpoints, run_merge, sweep
+    from lmckit.experiments.merging import (
+        check_checkpoints,
+        check_folder_merge_method,
+        run_merge,
+        sweep,
+    )
+    from lmckit.model_folder import is_model_folder
 
     if args.methods and not args.sweep_n:
         raise UsageError("--methods is for --sweep-n; use --method for a single merge")
     check_output_dir(args.out, "--out")
+    if is_model_folder(args.checkpoints[0]):  # before any folder is hashed and traced
+        for method in args.methods if args.sweep_n else [args.method]:
+            check_folder_merge_method(method)
     ckpts = _load_user_checkpoints(args.checkpoints, args)
     check_checkpoints(ckpts)
     _check_merge_draws(ckpts, args)

@@ -46,6 +46,23 @@ def check_checkpoints(ckpts: Sequence[Checkpoint], data: Dataset | None = None) 
         check_data_fits(ckpts[0], data)
 
 
+def check_folder_merge_method(method: str) -> None:
+    """Refuse a merge method for model folders that needs what they do not record (data,
+    the models' training-set sizes) — callable before any folder is read.
+
+    Raises:
+        UsageError: naming the method, what it needs and the methods that can merge folders.
+    """
+    merger = METHODS.get(method)
+    if merger is not None and (merger.needs_data or merger.needs_sizes):
+        usable = sorted(m for m, x in METHODS.items() if not (x.needs_data or x.needs_sizes))
+        what = "data" if merger.needs_data else "the models' training-set sizes"
+        raise UsageError(
+            f"merge method {method} needs {what}, which model folders do not record; merge "
+            f"them by their weights with {', '.join(usable)}"
+        )
+
+
 def merge_checkpoints(
     ckpts: Sequence[Checkpoint],
     method: str,
@@ -260,14 +277,7 @@ def run_merge_folders(
     from lmckit.params import params_distance
 
     check_checkpoints(ckpts)
-    merger = METHODS.get(method)
-    if merger is not None and (merger.needs_data or merger.needs_sizes):
-        usable = sorted(m for m, x in METHODS.items() if not (x.needs_data or x.needs_sizes))
-        what = "data" if merger.needs_data else "the models' training-set sizes"
-        raise UsageError(
-            f"merge method {method} needs {what}, which model folders do not record; merge "
-            f"them by their weights with {', '.join(usable)}"
-        )
+    check_folder_merge_method(method)
     reference = ckpts[-1]
     check_writable(reference)  # before the merge, not after it
     names = [f"merged/{n}" for n in output_names(reference.layout)]
