@@ -193,6 +193,21 @@ CASES = {
         lambda: weight_matching(SPEC, HUGE, B),
         "'layers.0.weight' holds values up to 3e+38, so its products with the other",
     ),
+    "wm-progress-not-callable": (
+        lambda: weight_matching(SPEC, A, B, progress=3),
+        "progress must be a function or none",
+    ),
+    "am-batches-of-ints": (
+        lambda: activation_matching(SPEC, A, B, model=NET, data=[1, 2]),
+        "data[0] is int 1; each batch must be (inputs, labels) tensors",
+    ),
+    "interpolate-class-beyond-the-outputs": (
+        lambda: interpolate(NET, A, B, {"test": TEST}, class_groups={"x": [99]}),
+        "class_groups['x'] must list classes in [0, 10)",
+    ),
+    "load-checkpoint-int": (lambda: _load_checkpoint(3), "path must be"),
+    "load-folder-none": (lambda: _load_model_folder(None), "folder must be"),
+    "train-a-string": (lambda: train("net", DIGITS, TrainConfig(epochs=1)), "model must be"),
     # options that do not apply are errors, never ignored
     "wm-data": (lambda: weight_matching(SPEC, A, B, data=DIGITS), "takes no data="),
     "interpolate-fraction-uncalibrated": (
@@ -220,7 +235,7 @@ CASES = {
     ),
     "folder-max-memory-bool": (
         lambda: _load_model_folder("x", max_memory=True),
-        "max_memory must be a positive number of bytes",
+        "max_memory must be an integer or none, got True",
     ),
     "write-folder-from-a-path": (
         lambda: _write_model_folder("out", "some/folder"),

@@ -49,6 +49,7 @@ from lmckit.errors import CheckpointError, LmcError, ParamsError
 from lmckit.functional import check_model_fits
 from lmckit.models import build_model, model_config, permutation_spec
 from lmckit.models.custom import class_source_digest
+from lmckit.options import checked
 from lmckit.params import check_finite, short_list
 from lmckit.perm import PermutationSpec
 
@@ -84,6 +85,7 @@ def checkpoint_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     return stem.with_suffix(".safetensors"), stem.with_suffix(".json")
 
 
+@checked
 def save_checkpoint(
     path: str | os.PathLike, model: nn.Module, meta: Mapping[str, Any] | None = None
 ) -> Path:
@@ -275,6 +277,7 @@ def check_dtype_kinds(
         )
 
 
+@checked
 def load_checkpoint(
     path: str | os.PathLike,
     *,
@@ -555,6 +558,7 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, Tensor]:
         raise CheckpointError(f"cannot read {path} as safetensors: {exc}") from None
 
 
+@checked
 def load_foreign(
     path: str | os.PathLike,
     model: nn.Module,

@@ -716,10 +716,6 @@ def cmd_match(args: argparse.Namespace) -> int:
         check_output_dir(args.aligned, "--aligned")
         if args.aligned.resolve() == args.out.resolve():
             raise UsageError(f"--aligned and --out both name {args.out}: a folder and a file")
-    start = {"wm": "wm", "wm-fast": "wm", "am": "am", "ste": "ste"}.get(args.method)
-    planned = f"{start}-{args.symmetries}" if args.symmetries != "perm" else args.method
-    if METHODS[planned].needs_data:
-        _refuse_folders_for_data([args.a, args.b])
         for role, given in (("A", args.a), ("B", args.b)):
             folder = Path(given).resolve()
             if folder.is_dir() and args.aligned.resolve().is_relative_to(folder):
@@ -727,6 +723,10 @@ def cmd_match(args: argparse.Namespace) -> int:
                     f"--aligned {args.aligned} lies inside {role}'s model folder {given}: a "
                     "model folder would hold another; choose a folder outside it"
                 )
+    start = {"wm": "wm", "wm-fast": "wm", "am": "am", "ste": "ste"}.get(args.method)
+    planned = f"{start}-{args.symmetries}" if args.symmetries != "perm" else args.method
+    if METHODS[planned].needs_data:
+        _refuse_folders_for_data([args.a, args.b])
     a, b = _load_pair(args)
     check_output_file(
         args.out, "--out", inputs=[*a.files, *b.files],

@@ -59,6 +59,7 @@ from lmckit.checkpoint import (
     parse_safetensors_header,
 )
 from lmckit.errors import CheckpointError, ParamsError, UsageError
+from lmckit.options import checked
 from lmckit.params import check_finite
 from lmckit.perm import Permutation, PermutationSpec, permute_tensor
 
@@ -184,6 +185,7 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     return value
 
 
+@checked
 def read_layout(folder: str | os.PathLike) -> FolderLayout:
     """Read and check a model folder's layout from its config and its shards' headers.
 
@@ -339,6 +341,7 @@ def example_inputs(model: nn.Module, config: Mapping[str, Any]) -> tuple[tuple, 
     )
 
 
+@checked
 def load_model_folder(
     folder: str | os.PathLike,
     *,
@@ -479,6 +482,7 @@ def _check_max_memory(max_memory: object) -> None:
         )
 
 
+@checked
 def load_model_folders(
     paths: Sequence[str | os.PathLike],
     *,
@@ -739,6 +743,7 @@ def output_names(layout: FolderLayout) -> list[str]:
     return [*layout.shards, *(p.name for p in _copied(layout)), *index, SIDECAR]
 
 
+@checked
 def write_model_folder(
     out: str | os.PathLike,
     source: Checkpoint,

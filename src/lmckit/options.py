@@ -21,6 +21,7 @@ import collections.abc
 import functools
 import inspect
 import math
+import os
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -129,6 +130,10 @@ def describe(hint: Any) -> str:
         return f"a list of {_plural(describe(item))}" if item is not Any else "a list"
     if origin is collections.abc.Iterable:
         return "an iterable of (inputs, labels) batches"
+    if origin is collections.abc.Callable:
+        return "a function"
+    if hint is os.PathLike:
+        return "a path"
     if origin in (dict, collections.abc.Mapping):
         value = args[1] if len(args) == 2 else Any
         return "a table" if value is Any else f"a table of {_plural(describe(value))}"
@@ -195,6 +200,8 @@ def _fits(value: Any, hint: Any, strict: bool = True) -> bool:
             return False
         item = args[1] if len(args) == 2 else Any
         return all(_fits(v, item, strict) for v in value.values())
+    if origin is collections.abc.Callable:
+        return callable(value)
     if origin is collections.abc.Iterable:  # batches: iterable, and not a lone tensor/table
         return (
             isinstance(value, collections.abc.Iterable)

@@ -27,7 +27,7 @@ from lmckit.functional import check_labels, forward, per_token
 from lmckit.metrics import Metrics, evaluate
 from lmckit.models import build_model
 from lmckit.optim import HESSIAN_INTERVAL, SophiaG
-from lmckit.options import Count, NonNegative, Positive, Range, check_value
+from lmckit.options import Count, NonNegative, Positive, Range, check_value, checked
 from lmckit.progress import ProgressCallback, notify
 from lmckit.resume import (
     ResumeError,
@@ -367,6 +367,7 @@ def _state_copy(model: nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
+@checked
 def train(
     model: nn.Module,
     data: Dataset,

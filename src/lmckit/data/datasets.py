@@ -245,6 +245,22 @@ def as_batches(
             f"data is a one-shot iterator ({type(data).__name__}) but {passes} passes are "
             "needed; pass a list of batches, a DataLoader or an lmckit Dataset"
         )
+    if isinstance(data, list | tuple):  # batches held in memory: each one checked up front
+        bad = next(
+            (
+                (i, b)
+                for i, b in enumerate(data)
+                if not (isinstance(b, list | tuple) and 1 <= len(b) <= 2)
+                or not isinstance(b[0], Tensor)
+                or (len(b) == 2 and b[1] is not None and not isinstance(b[1], Tensor))
+            ),
+            None,
+        )
+        if bad is not None:
+            raise DataError(
+                f"data[{bad[0]}] is {type(bad[1]).__name__} {bad[1]!r}"[:120]
+                + "; each batch must be (inputs, labels) tensors (or (inputs,))"
+            )
     return data
 
 

@@ -39,7 +39,7 @@ from lmckit.data import DataSource
 from lmckit.errors import ParamsError
 from lmckit.evaluate.bn import bn_reset, channel_statistics, repair, repair_layers
 from lmckit.evaluate.calibration import calibrated_loss, calibration_metrics
-from lmckit.functional import check_model_fits
+from lmckit.functional import check_model_fits, forward
 from lmckit.metrics import predict
 from lmckit.options import NonNegative, checked
 from lmckit.params import Params, check_finite, check_params_compatible, lerp_params
@@ -202,6 +202,33 @@ def lambda_grid(lambdas: int | Sequence[float]) -> list[float]:
     return lams
 
 
+def _check_class_groups(
+    model: nn.Module,
+    params: Params,
+    loaders: Mapping[str, Loader],
+    class_groups: Mapping[str, Sequence[int]],
+) -> None:
+    """Every group names classes the model has (its output width, read off one batch):
+    a class beyond them selects no example, and its accuracy would be NaN after all the
+    work."""
+    batch = next(iter(next(iter(loaders.values()))), None)
+    if batch is None:
+        return
+    with torch.no_grad():
+        classes = forward(model, params, batch[0].to(next(iter(params.values())).device)).shape[-1]
+    for group, members in class_groups.items():
+        bad = [
+            c
+            for c in members
+            if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < classes
+        ]
+        if bad or not members:
+            raise ParamsError(
+                f"class_groups[{group!r}] must list classes in [0, {classes}) of the model's "
+                f"{classes} outputs, got {list(members)!r}"
+            )
+
+
 @checked
 def interpolate(
     model: nn.Module,
@@ -274,6 +301,8 @@ def interpolate(
     check_finite(params_a, "params_a")
     check_finite(params_b, "params_b")
     check_seed(seed)
+    if class_groups:
+        _check_class_groups(model, params_a, loaders, class_groups)
     lams = lambda_grid(lambdas)
     device = next(iter(params_a.values())).device
     endpoints = None
