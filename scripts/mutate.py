@@ -2060,6 +2060,14 @@ MUTATIONS = [
         "if self.shuffle else None",
         ("tests/test_random_laws.py",),
     ),
+    M(
+        "socket-not-special",
+        "a socket at --out is taken for a file (its kind unlisted)",
+        "src/lmckit/_io.py",
+        '    (stat.S_ISSOCK, "a socket"),\n',
+        "",
+        ("tests/test_special_files.py",),
+    ),
 ]
 
 

@@ -65,6 +65,13 @@ def test_special_files_are_named_for_what_they_are(tmp_path, fifo):
     assert special_kind(tmp_path / "file") is None and special_kind(tmp_path) is None
     assert special_kind(tmp_path / "missing") is None
     assert special_kind(tmp_path / "link") == "a FIFO (named pipe)"  # links followed
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as listening:  # a socket file: neither file nor folder
+        listening.bind(str(tmp_path / "sock"))
+        assert special_kind(tmp_path / "sock") == "a socket"
+        with pytest.raises(OutputPathError, match="is a socket, not a regular file"):
+            prepare_output_file(tmp_path / "sock", "--out")
     (tmp_path / "dangling").symlink_to(tmp_path / "missing")
     assert [describe_path(tmp_path / n) for n in ("file", "dangling", "missing")] == [
         "a file",
