@@ -2013,11 +2013,12 @@ MUTATIONS = [
     ),
     M(
         "epoch-jobs-unestimated",
-        "a run's matching jobs of huge epochs are not estimated before the run starts",
+        "a run's matching jobs of huge epochs are not estimated before the run starts (the "
+        "CLI case of test_nothing_ignored then runs until killed: not the test to watch)",
         "src/lmckit/experiments/runner.py",
         "    _check_epoch_jobs(jobs, data_for, budget)\n",
         "",
-        ("tests/test_nothing_ignored.py",),
+        ("tests/experiments/test_runner.py",),
     ),
     M(
         "perm-file-of-another-pair-taken",
@@ -2067,6 +2068,22 @@ MUTATIONS = [
         '    (stat.S_ISSOCK, "a socket"),\n',
         "",
         ("tests/test_special_files.py",),
+    ),
+    M(
+        "epoch-estimate-ignores-server-subset",
+        "a job on a server subset is estimated over the whole training set",
+        "src/lmckit/experiments/runner.py",
+        '        examples = job.settings.get("server_examples") or len(data.train_y)',
+        "        examples = len(data.train_y)",
+        ("tests/experiments/test_runner.py",),
+    ),
+    M(
+        "memavailable-wrong-field",
+        "the budget reads MemFree (no reclaimable page cache) for the memory available",
+        "src/lmckit/budget.py",
+        '                if line.startswith("MemAvailable:"):',
+        '                if line.startswith("MemFree:"):',
+        ("tests/test_budget.py",),
     ),
 ]
 

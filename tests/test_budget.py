@@ -58,3 +58,19 @@ def test_memory_sizes_on_the_command_line_are_binary_units():
     for bad in ("0.5", "12X", "", "-1G"):
         with pytest.raises(argparse.ArgumentTypeError):
             _size(bad)
+
+
+def test_available_memory_reads_memavailable_in_kib(tmp_path):
+    """The field and its unit, from a meminfo file of known values: MemAvailable (not
+    MemFree, which leaves out the reclaimable page cache), in KiB."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(
+        "MemTotal:       24683568 kB\nMemFree:          500000 kB\n"
+        "MemAvailable:   20000000 kB\nBuffers:          100000 kB\n"
+    )
+    assert available_memory(meminfo) == 20000000 * 1024
+    meminfo.write_text("MemTotal: 1 kB\n")  # no MemAvailable (an old kernel): the pages
+    import os
+
+    fallback = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert available_memory(meminfo) == pytest.approx(fallback, rel=0.25)

@@ -40,11 +40,13 @@ class ResourceError(UsageError):
     """A request whose estimated time or memory exceeds what it is allowed."""
 
 
-def available_memory() -> int:
-    """Bytes of memory available to a new allocation now (Linux ``MemAvailable``; the free
-    physical pages elsewhere; a very large number where neither can be read)."""
+def available_memory(meminfo: str | os.PathLike = "/proc/meminfo") -> int:
+    """Bytes of memory available to a new allocation now (Linux ``MemAvailable`` of
+    ``meminfo``, which the kernel gives in KiB — not ``MemFree``, which leaves out the page
+    cache it can reclaim; the free physical pages elsewhere; a very large number where
+    neither can be read)."""
     try:
-        with open("/proc/meminfo") as fh:
+        with open(meminfo) as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024

@@ -816,3 +816,31 @@ def test_every_block_kind_with_evaluation_subsets_says_when_a_subset_is_the_whol
         "note: triplets[1].splits.train asks 101 examples; tiny has 100 train examples, all used",
         "note: triplets[1].splits.test asks 21 examples; tiny has 20 test examples, all used",
     ]
+
+
+def test_the_job_of_the_most_epochs_is_estimated_before_the_run(digits):
+    """A matching or merging job's epochs × its examples × one timed forward pass per
+    example, against the budget: 10⁸ STE epochs are refused up front (the demo with
+    --ste-epochs 100000000 ran until killed), a small one passes, the heaviest job is named,
+    and a server subset counts its own examples."""
+    from lmckit.budget import Budget, ResourceError
+    from lmckit.experiments.runner import _check_epoch_jobs
+    from lmckit.experiments.steps import Job
+
+    common = {"model_name": "mlp", "model_config": {"in_dim": 64, "hidden": [8], "out_dim": 10}}
+
+    def job(name, epochs, **extra):
+        options = {"epochs": epochs} if epochs is not None else {}
+        return Job(name, "match", {**common, "method": "ste", "options": options, **extra})
+
+    def data_for(_name):
+        return digits
+
+    budget = Budget(seconds=3600)
+    _check_epoch_jobs([job("small", 2), job("wm", None)], data_for, budget)
+    with pytest.raises(ResourceError, match=r"match job huge \(ste\) for 100000000 epoch"):
+        _check_epoch_jobs([job("small", 2), job("huge", 10**8)], data_for, budget)
+    # 10⁷ epochs over the 1,437 training images exceed an hour; over 2 server examples not
+    _check_epoch_jobs([job("server", 10**7, server_examples=2)], data_for, budget)
+    with pytest.raises(ResourceError, match="over 1437 examples"):
+        _check_epoch_jobs([job("all", 10**7)], data_for, budget)
