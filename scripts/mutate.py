@@ -2085,6 +2085,14 @@ MUTATIONS = [
         '                if line.startswith("MemFree:"):',
         ("tests/test_budget.py",),
     ),
+    M(
+        "folder-merge-checks-writability-after",
+        "a merge of folders whose tensors are converted on load runs before it is refused",
+        "src/lmckit/experiments/merging.py",
+        "    check_writable(reference)  # before the merge, not after it\n",
+        "",
+        ("tests/test_model_folder_architectures.py",),
+    ),
 ]
 
 

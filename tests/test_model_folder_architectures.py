@@ -88,7 +88,9 @@ def test_an_aligned_and_a_merged_folder_keep_the_folders_own_tensor_names(name, 
     assert all(torch.equal(back.params[k], merged[k].to(back.params[k].dtype)) for k in merged)
 
 
-def test_a_folder_whose_tensors_are_converted_on_load_is_refused_before_any_work(tmp_path):
+def test_a_folder_whose_tensors_are_converted_on_load_is_refused_before_any_work(
+    tmp_path, monkeypatch
+):
     """Mixtral's experts are fused into one tensor per layer as transformers loads them: no
     folder tensor is one model tensor renamed, so the model cannot be written back in the
     folder's layout — said by check_writable (which match --aligned and merge call before
@@ -103,12 +105,27 @@ def test_a_folder_whose_tensors_are_converted_on_load_is_refused_before_any_work
         num_experts_per_tok=1, max_position_embeddings=16,
     )).save_pretrained(tmp_path / "mixtral")  # fmt: skip
     ckpt = load_model_folder(tmp_path / "mixtral", trace=False)
+    torch.manual_seed(1)
+    T.MixtralForCausalLM(ckpt.model.config).save_pretrained(tmp_path / "mixtral1")
+    other = load_model_folder(tmp_path / "mixtral1", trace=False)
     assert "experts" in "".join(read_layout(tmp_path / "mixtral").tensors)
     with pytest.raises(CheckpointError, match=r"cannot be written back.*converts its tensors"):
         check_writable(ckpt)
     with pytest.raises(CheckpointError, match="cannot be written back"):
         write_model_folder(tmp_path / "out", ckpt, params=ckpt.params)
     assert not (tmp_path / "out").exists()
+    # merge refuses before it merges
+    import lmckit.experiments.merging as merging
+    from lmckit.experiments.merging import run_merge_folders
+
+    def merged_first(*args, **kwargs):
+        raise AssertionError("the merge ran before the folder was refused")
+
+    monkeypatch.setattr(merging, "merge_checkpoints", merged_first)
+
+    with pytest.raises(CheckpointError, match="cannot be written back"):
+        run_merge_folders([other, ckpt], "average", tmp_path / "merged", log=lambda _: None)
+    assert not (tmp_path / "merged" / "merged").exists()
 
 
 def test_vit_folders_align_and_merge_from_the_command_line(tmp_path, capsys):
