@@ -2093,6 +2093,14 @@ MUTATIONS = [
         "",
         ("tests/test_model_folder_architectures.py",),
     ),
+    M(
+        "folder-perm-of-another-spec",
+        "a permutation of another spec is applied to a model folder (a KeyError inside)",
+        "src/lmckit/model_folder.py",
+        "    if perm is not None:\n        _check_fits_spec(perm, source)\n",
+        "",
+        ("tests/test_model_folder_architectures.py",),
+    ),
 ]
 
 

@@ -169,3 +169,20 @@ def test_a_model_folder_of_integer_weights_is_refused(tmp_path):
     save_file(tensors, tmp_path / "gpt2" / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=rf"another kind.*{name} \(torch.int64"):
         load_model_folder(tmp_path / "gpt2", trace=False)
+
+
+def test_a_permutation_of_another_spec_is_refused_before_writing(tmp_path):
+    from lmckit.errors import ParamsError
+    from lmckit.models import build_model, permutation_spec
+    from lmckit.perm import Permutation
+
+    torch.manual_seed(0)
+    ARCHITECTURES["gpt2"]().save_pretrained(tmp_path / "gpt2")
+    ckpt = load_model_folder(tmp_path / "gpt2")
+    other = Permutation.random(permutation_spec(build_model("mlp", in_dim=4, hidden=[3])), 0)
+    with pytest.raises(ParamsError, match="the permutation is of another spec"):
+        write_model_folder(tmp_path / "out", ckpt, perm=other)
+    with pytest.raises(ParamsError, match=r"perm= .* or params= .*, not both"):
+        write_model_folder(tmp_path / "out", ckpt, perm=Permutation.identity(ckpt.spec),
+                           params=ckpt.params)  # fmt: skip
+    assert not (tmp_path / "out").exists()
