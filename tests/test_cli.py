@@ -975,3 +975,18 @@ def test_a_sidecar_edited_after_training_is_refused(tmp_path, capsys):
         said = "key_document was edited" if name == "document" else f"its '{name}' differs"
         with pytest.raises(CheckpointError, match=said):
             load_checkpoint(tmp_path / name)
+
+
+def test_seed_on_an_average_is_refused_even_with_batchnorm_and_taken_with_probes(tmp_path, capsys):
+    """The BatchNorm reset after an average combines the statistics of all the training
+    examples exactly: two seeds give the same merge, so --seed on an average is refused
+    for BatchNorm models too — and taken where sharpness probes draw."""
+    args = [*digits_mlp_args(tmp_path, seeds=[0, 1], epochs=1, hidden=[8]), "--norm", "batch"]
+    assert main(args) == 0
+    ckpts = [str(tmp_path / f"mlp-digits-seed{s}.safetensors") for s in (0, 1)]
+    merge = ["merge", *ckpts, "--method", "average", "-q"]
+    assert main([*merge, "--out", str(tmp_path / "m0")]) == 0
+    assert main([*merge, "--seed", "3", "--out", str(tmp_path / "m3")]) == 2
+    assert "--seed does not apply here: average draws nothing" in capsys.readouterr().err
+    probes = ["--sharpness-probes", "2", "--seed", "3", "--out", str(tmp_path / "p3")]
+    assert main([*merge, *probes]) == 0

@@ -169,7 +169,7 @@ def cases(f):
             "seed-on-a-plain-average",
             ["merge", a, b, "--method", "average", "--seed", "3", "--out", m],
             2,
-            "--seed does not apply here: average of models without BatchNorm draws nothing",
+            "--seed does not apply here: average draws nothing",
         ),
         ("probes-huge", ["merge", a, b, "--sharpness-probes", "100000000", "--out", m], 2, "wo"),
         ("model-huge", [*train, "--width-multiplier", "10000"], 2, "of memory"),

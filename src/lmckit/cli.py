@@ -1080,21 +1080,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
 _DRAWLESS_MERGES = ("average", "fedavg")  # no group order, no batches, no probes of their own
 
 
-def _check_merge_draws(ckpts, args: argparse.Namespace) -> None:
-    """``--seed`` on a merge that draws nothing: a plain average of models without
-    BatchNorm (nothing re-estimated on shuffled batches) and without sharpness probes."""
-    from lmckit.params import has_batchnorm
-
+def _check_merge_draws(args: argparse.Namespace) -> None:
+    """``--seed`` on a merge that draws nothing: a plain average without sharpness probes
+    (its BatchNorm reset, if any, combines the statistics of all the training examples
+    exactly, whatever their order)."""
     methods = args.methods if args.sweep_n else [args.method]
     if (
         "seed" in args.given
         and all(m in _DRAWLESS_MERGES for m in methods)
         and not args.sharpness_probes
-        and not has_batchnorm(ckpts[0].params)
     ):
         raise UsageError(
-            f"--seed does not apply here: {', '.join(methods)} of models without BatchNorm "
-            "draws nothing (no group order, no batch order, no probes)"
+            f"--seed does not apply here: {', '.join(methods)} draws nothing (no group order, "
+            "no probes; a BatchNorm reset uses every training example whatever their order)"
         )
 
 
@@ -1116,7 +1114,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
             check_folder_merge_method(method)
     ckpts = _load_user_checkpoints(args.checkpoints, args)
     check_checkpoints(ckpts)
-    _check_merge_draws(ckpts, args)
+    _check_merge_draws(args)
     if ckpts[0].folder:
         return _merge_folders(ckpts, args)
     data = _data_for(ckpts[0], args)
