@@ -209,12 +209,12 @@ def _check_key_record(meta: Mapping[str, Any], sidecar: Path) -> None:
     settings = document.get("settings")
     for field in ("model", "train"):
         recorded = settings.get(field) if isinstance(settings, dict) else None
-        if field == "model" and isinstance(recorded, dict):
-            recorded = {k: v for k, v in recorded.items() if k in meta["model"]}
-        if recorded is not None and field in meta and meta[field] != recorded:
-            keys = sorted(
-                k for k in set(recorded) | set(meta[field]) if recorded.get(k) != meta[field].get(k)
-            )
+        given = meta.get(field)
+        if not isinstance(recorded, dict) or not isinstance(given, dict):
+            continue
+        # the settings both record (a sidecar may carry more, a newer document other fields)
+        keys = sorted(k for k in set(recorded) & set(given) if recorded[k] != given[k])
+        if keys:
             raise CheckpointError(
                 f"{sidecar}: its {field!r} differs from the training its key records (in "
                 f"{', '.join(keys[:4])}): the sidecar was edited"
