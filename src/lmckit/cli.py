@@ -1112,9 +1112,9 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if is_model_folder(args.checkpoints[0]):  # before any folder is hashed and traced
         for method in args.methods if args.sweep_n else [args.method]:
             check_folder_merge_method(method)
+    _check_merge_draws(args)  # before the checkpoints are read
     ckpts = _load_user_checkpoints(args.checkpoints, args)
     check_checkpoints(ckpts)
-    _check_merge_draws(args)
     if ckpts[0].folder:
         return _merge_folders(ckpts, args)
     data = _data_for(ckpts[0], args)
