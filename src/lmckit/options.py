@@ -300,7 +300,9 @@ def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
         if options & set(kwargs):
             hints = _hints(fn)
             for name in options & set(kwargs):
-                if name in hints:
+                # a function-valued option keeps its function's own message (what it is
+                # called with); a misfit one is still named below if the call fails
+                if name in hints and not _takes_callable(hints[name]):
                     check_value(name, kwargs[name], hints[name], where=f"{fn.__name__}: ")
         try:
             return fn(*args, **kwargs)
@@ -313,6 +315,14 @@ def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise ParamsError(message) from exc
 
     return wrapper
+
+
+def _takes_callable(hint: Any) -> bool:
+    """Whether ``hint`` is, or is a union with, a ``Callable``."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):
+        return any(_takes_callable(a) for a in args)
+    return origin is collections.abc.Callable
 
 
 def check_arguments(fn: Callable[..., Any], values: Mapping[str, Any], *, where: str = "") -> None:
