@@ -844,3 +844,20 @@ def test_the_job_of_the_most_epochs_is_estimated_before_the_run(digits):
     _check_epoch_jobs([job("server", 10**7, server_examples=2)], data_for, budget)
     with pytest.raises(ResourceError, match="over 1437 examples"):
         _check_epoch_jobs([job("all", 10**7)], data_for, budget)
+
+
+def test_a_run_with_a_job_of_impossible_epochs_is_refused_before_it_starts(tmp_path):
+    """The check runs inside the run's own checks: a dry run (and so the run) of a compare
+    block asking 10¹² STE epochs is refused with the estimate; nothing is written."""
+    from lmckit.budget import ResourceError
+    from lmckit.experiments.runner import plan_run
+    from lmckit.experiments.spec import parse_experiment
+
+    raw = tomllib.loads(TINY.read_text())
+    raw.pop("grid"), raw.pop("merge")
+    raw.update(seeds=[0, 1], model={"name": "mlp", "hidden": [8]}, train={"epochs": 1})
+    raw["compare"] = [{"pairs": "first", "methods": ["ste"], "lambdas": 3,
+                       "options": {"ste": {"epochs": 10**12}}}]  # fmt: skip
+    with pytest.raises(ResourceError, match=r"match job .*ste.* for 1000000000000 epoch"):
+        plan_run(parse_experiment(raw), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
