@@ -17,8 +17,8 @@ import time
 import torch.nn.functional as F
 
 from _timing import add_device_argument, machine, synchronize  # benchmarks/_timing.py
-from lmckit.experiments.training import load_for_model, model_config_for
 from lmckit.train import TrainConfig, _make_optimizer, init_model
+from lmckit.workflows.training import load_for_model, model_config_for
 
 
 def time_model(name: str, steps: int, warmup: int, full_epoch: bool, device: str) -> dict:

@@ -556,7 +556,7 @@ MUTATIONS = [
         "ste-mm-never-steps",
         "STE-MM evaluates the loss but never takes an optimiser step (it becomes star-WM)",
         "src/lmckit/merge/ste_mm.py",
-        "value = optimise(optimizer, batch_loss(model, wired, x, y))",
+        'value = optimise(optimizer, batch_loss(model, wired, x, y), "ste_mm", steps)',
         "value = batch_loss(model, wired, x, y).item()",
         ("tests/merge/test_ste_mm.py",),
     ),
@@ -774,7 +774,7 @@ MUTATIONS = [
     M(
         "curve-resume-file-outlives-the-curve",
         "a curve job leaves its resume file behind once the curve is stored",
-        "src/lmckit/experiments/interpolation.py",
+        "src/lmckit/workflows/interpolation.py",
         '    artifact, reused = store.get_or_put("curve", key, document, write)\n'
         "    resume.unlink(missing_ok=True)\n",
         '    artifact, reused = store.get_or_put("curve", key, document, write)\n',
@@ -824,8 +824,8 @@ MUTATIONS = [
         "star-matches-to-model-zero",
         "star merging aligns every model to the first instead of the reference",
         "src/lmckit/merge/star.py",
-        "spec, params_list[ref], params, model=model, data=data, seed=seed, **match_options",
-        "spec, params_list[0], params, model=model, data=data, seed=seed, **match_options",
+        "spec, params_list[ref], params, model=model, seed=seed,",
+        "spec, params_list[0], params, model=model, seed=seed,",
         ("tests/merge/test_star.py", "tests/merge/test_result.py"),
     ),
     # -- the analyses (Ito et al., Git Re-Basin's counterexample) ----------------------------
@@ -1307,10 +1307,10 @@ MUTATIONS = [
     M(
         "match-key-ignores-spec",
         "stored permutations are keyed without the spec they were found over",
-        "src/lmckit/experiments/matching.py",
+        "src/lmckit/workflows/matching.py",
         '    if spec is not None:\n        settings["spec"] = spec',
         "",
-        ("tests/experiments/test_matching.py",),
+        ("tests/workflows/test_matching.py",),
     ),
     M(
         "fused-parts-all-first",
@@ -1459,7 +1459,7 @@ MUTATIONS = [
     M(
         "store-meta-digest-ignored",
         "an edited store record is believed",
-        "src/lmckit/experiments/store.py",
+        "src/lmckit/store.py",
         'if meta.get("meta_sha256") != meta_digest(meta):',
         "if False:",
         ("tests/test_integrity.py",),
@@ -1467,7 +1467,7 @@ MUTATIONS = [
     M(
         "store-unlisted-files-allowed",
         "files meta.json does not list are reused unchecked",
-        "src/lmckit/experiments/store.py",
+        "src/lmckit/store.py",
         'unlisted = sorted(set(present) - set(meta["files"]))',
         "unlisted = []",
         ("tests/test_integrity.py",),
@@ -2023,10 +2023,10 @@ MUTATIONS = [
     M(
         "perm-file-of-another-pair-taken",
         "a permutation file recorded for one pair is applied to another without a word",
-        "src/lmckit/experiments/matching.py",
+        "src/lmckit/workflows/matching.py",
         "    if differ:\n        raise UsageError(",
         "    if False:\n        raise UsageError(",
-        ("tests/experiments/test_matching.py",),
+        ("tests/workflows/test_matching.py",),
     ),
     M(
         "edited-sidecar-accepted",
@@ -2088,7 +2088,7 @@ MUTATIONS = [
     M(
         "folder-merge-checks-writability-after",
         "a merge of folders whose tensors are converted on load runs before it is refused",
-        "src/lmckit/experiments/merging.py",
+        "src/lmckit/workflows/merging.py",
         "    check_writable(reference)  # before the merge, not after it\n",
         "",
         ("tests/test_model_folder_architectures.py",),

@@ -72,8 +72,8 @@ def test_train_command_errors_are_clear(tmp_path, capsys):
 
 def test_match_command_writes_a_loadable_permutation(tmp_path, capsys):
     from lmckit.checkpoint import load_checkpoint
-    from lmckit.experiments.matching import load_permutation
     from lmckit.params import params_distance
+    from lmckit.workflows.matching import load_permutation
 
     train = digits_mlp_args(tmp_path, seeds=[0, 1], epochs=1, hidden=[32, 32])
     assert main(train) == 0
@@ -950,7 +950,7 @@ def test_a_sidecar_edited_after_training_is_refused(tmp_path, capsys):
 
     from lmckit.checkpoint import load_checkpoint
     from lmckit.errors import CheckpointError
-    from lmckit.experiments.store import content_hash
+    from lmckit.store import content_hash
 
     assert main(digits_mlp_args(tmp_path, seeds=[0], epochs=1, hidden=[8])) == 0
     capsys.readouterr()

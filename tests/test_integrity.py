@@ -14,8 +14,8 @@ import torch
 from lmckit._io import clean_stale, scratch_prefix
 from lmckit.checkpoint import load_checkpoint, load_foreign, save_checkpoint
 from lmckit.errors import CheckpointError
-from lmckit.experiments.store import Store, StoreError, make_key, meta_digest
 from lmckit.models import build_model, permutation_spec
+from lmckit.store import Store, StoreError, make_key, meta_digest
 
 
 def _checkpoint(tmp_path, name="m"):

@@ -115,8 +115,8 @@ def test_a_folder_whose_tensors_are_converted_on_load_is_refused_before_any_work
         write_model_folder(tmp_path / "out", ckpt, params=ckpt.params)
     assert not (tmp_path / "out").exists()
     # merge refuses before it merges
-    import lmckit.experiments.merging as merging
-    from lmckit.experiments.merging import run_merge_folders
+    import lmckit.workflows.merging as merging
+    from lmckit.workflows.merging import run_merge_folders
 
     def merged_first(*args, **kwargs):
         raise AssertionError("the merge ran before the folder was refused")

@@ -125,9 +125,9 @@ def test_a_large_file_at_an_output_is_judged_by_its_first_bytes(tmp_path):
 
 def test_a_fifo_or_a_device_given_as_an_input_is_named_and_never_waited_on(tmp_path, fifo):
     from lmckit.evaluate.interpolation import load_curves
-    from lmckit.experiments.matching import load_alignment, load_permutation, load_transform
     from lmckit.model_folder import read_layout
     from lmckit.perm import PermutationSpec
+    from lmckit.workflows.matching import load_alignment, load_permutation, load_transform
 
     spec = PermutationSpec({"g": 2}, {"w": ("g",)})
     for source in (fifo, DEVICE):

@@ -191,7 +191,7 @@ def _dataset(text: str) -> str:
 
 
 def _model_name(text: str) -> str:
-    from lmckit.experiments.training import model_name_key
+    from lmckit.workflows.training import model_name_key
 
     try:
         return model_name_key(text)
@@ -200,7 +200,7 @@ def _model_name(text: str) -> str:
 
 
 def _range(text: str) -> list[int]:
-    from lmckit.experiments.merging import parse_range
+    from lmckit.workflows.merging import parse_range
 
     try:
         return parse_range(text)
@@ -449,8 +449,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
     from lmckit._io import check_output_dir
-    from lmckit.experiments.training import load_for_model, model_config_for, train_seeds
     from lmckit.train import TrainConfig
+    from lmckit.workflows.training import load_for_model, model_config_for, train_seeds
 
     check_output_dir(args.out, "--out")
     if args.threads:
@@ -576,7 +576,7 @@ def _example_input(args: argparse.Namespace):
 
 def _load_pair(args: argparse.Namespace):
     """Checkpoints A and B (see :func:`_load_user_checkpoints`): two different models."""
-    from lmckit.experiments.matching import check_distinct
+    from lmckit.workflows.matching import check_distinct
 
     pair = _load_user_checkpoints([args.a, args.b], args)
     check_distinct(pair)
@@ -666,8 +666,8 @@ def _refuse_folders_for_data(paths: Sequence[object]) -> None:
 def _data_for(ckpt, args: argparse.Namespace):
     from lmckit.data import load_dataset
     from lmckit.data.datasets import INPUT_SHAPES
-    from lmckit.experiments.matching import check_data_fits
-    from lmckit.experiments.training import load_for_model
+    from lmckit.workflows.matching import check_data_fits
+    from lmckit.workflows.training import load_for_model
 
     if ckpt.folder:
         raise _folder_without_data(ckpt.path)
@@ -696,7 +696,8 @@ def cmd_match(args: argparse.Namespace) -> int:
         locked_output,
         prepare_output_file,
     )
-    from lmckit.experiments.matching import (
+    from lmckit.match import METHODS, TRANSFORM_METHODS
+    from lmckit.workflows.matching import (
         PERMUTATION_FORMAT,
         TRANSFORM_FORMAT,
         check_same_architecture,
@@ -704,7 +705,6 @@ def cmd_match(args: argparse.Namespace) -> int:
         pair_record,
         save_match,
     )
-    from lmckit.match import METHODS, TRANSFORM_METHODS
 
     if args.symmetries != "perm" and args.method not in ("wm", "wm-fast", "am", "ste"):
         raise UsageError(
@@ -751,7 +751,7 @@ def cmd_match(args: argparse.Namespace) -> int:
             "(its transforms are dense per group)"
         )
     data = _data_for(a, args) if METHODS[method].needs_data else None
-    from lmckit.experiments.estimates import check_match
+    from lmckit.workflows.estimates import check_match
 
     check_match(
         a, b, args.method, data, restarts=args.restarts, epochs=args.epochs,
@@ -818,7 +818,7 @@ def _match_with_rotations(args: argparse.Namespace, method: str, a, b, data) -> 
     """``lmckit match --symmetries orth|full`` (or a transform method): a transform file,
     and with ``--aligned`` B moved by it in the original layout (A's norm gains put back)."""
     from lmckit._io import locked_output
-    from lmckit.experiments.matching import match_checkpoints, pair_record, save_transform
+    from lmckit.workflows.matching import match_checkpoints, pair_record, save_transform
 
     example, example_kwargs = getattr(a.model, "example_input", None), {}
     if callable(example):
@@ -896,8 +896,8 @@ def _match_with_rotations(args: argparse.Namespace, method: str, a, b, data) -> 
 
 def cmd_interpolate(args: argparse.Namespace) -> int:
     from lmckit._io import check_output_dir
-    from lmckit.experiments.interpolation import run_interpolate
     from lmckit.params import has_batchnorm
+    from lmckit.workflows.interpolation import run_interpolate
 
     check_output_dir(args.out, "--out")
     _refuse_folders_for_data([args.a, args.b])
@@ -905,7 +905,7 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
     if "bn_batches" in args.given and not has_batchnorm(a.params):
         raise UsageError("--bn-batches does not apply here: the model has no BatchNorm")
     data = _data_for(a, args)
-    from lmckit.experiments.estimates import check_curves
+    from lmckit.workflows.estimates import check_curves
 
     paths = 1 if args.perm else len(args.method)
     check_curves(
@@ -950,7 +950,7 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from lmckit._io import check_output_dir
-    from lmckit.experiments.analysis import run_analyze, run_counterexample
+    from lmckit.workflows.analysis import run_analyze, run_counterexample
 
     check_output_dir(args.out, "--out")
     if args.counterexample:
@@ -1098,13 +1098,13 @@ def _check_merge_draws(args: argparse.Namespace) -> None:
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from lmckit._io import check_output_dir
-    from lmckit.experiments.merging import (
+    from lmckit.model_folder import is_model_folder
+    from lmckit.workflows.merging import (
         check_checkpoints,
         check_folder_merge_method,
         run_merge,
         sweep,
     )
-    from lmckit.model_folder import is_model_folder
 
     if args.methods and not args.sweep_n:
         raise UsageError("--methods is for --sweep-n; use --method for a single merge")
@@ -1118,7 +1118,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if ckpts[0].folder:
         return _merge_folders(ckpts, args)
     data = _data_for(ckpts[0], args)
-    from lmckit.experiments.estimates import check_merge
+    from lmckit.workflows.estimates import check_merge
 
     check_merge(
         ckpts, args.method, data, landscape=args.landscape,
@@ -1190,7 +1190,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 def _merge_folders(ckpts, args: argparse.Namespace) -> int:
     """``lmckit merge`` of model folders: by their weights, written as a model folder."""
-    from lmckit.experiments.merging import run_merge_folders
+    from lmckit.workflows.merging import run_merge_folders
 
     if args.sweep_n or args.sharpness_probes or args.landscape:
         raise UsageError(
@@ -1492,8 +1492,8 @@ def progress_text(row: dict[str, Any], now: float) -> str:
 
 def _print_resumable(out: Path, jobs: list[dict[str, Any]]) -> None:
     """One line per unfinished job whose state a resume file holds: how far it got."""
-    from lmckit.experiments.store import Store
     from lmckit.resume import saved_progress
+    from lmckit.store import Store
 
     store = Store(out / "store")
     if not store.resume_files():

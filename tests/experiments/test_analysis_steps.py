@@ -8,11 +8,11 @@ import torch
 
 from lmckit.analysis import alignment, l2_distances, singular_values, taylor_barrier
 from lmckit.checkpoint import load_checkpoint
-from lmckit.experiments.matching import load_permutation
 from lmckit.experiments.report import write_report
 from lmckit.experiments.runner import run_experiment
 from lmckit.experiments.spec import load_experiment
-from lmckit.experiments.store import Store
+from lmckit.store import Store
+from lmckit.workflows.matching import load_permutation
 from tests.experiments.conftest import read_ledger
 
 FILE = Path(__file__).parent / "files" / "analyses.toml"

@@ -64,7 +64,7 @@ def test_a_curve_changed_in_the_store_fails_the_report_instead_of_being_drawn(
     (a plausible number, valid JSON) was drawn as if computed, and one cut short stopped the
     report with an internal error."""
     from lmckit.cli import main
-    from lmckit.experiments.store import StoreError
+    from lmckit.store import StoreError
 
     copy = tmp_path / "run"
     shutil.copytree(run, copy)

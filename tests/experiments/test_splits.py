@@ -11,7 +11,7 @@ from lmckit.experiments.dag import build_jobs
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.runner import run_experiment
 from lmckit.experiments.spec import ExperimentError, load_experiment, model_configs
-from lmckit.experiments.store import Store
+from lmckit.store import Store
 
 TOML = """
 name = "halves"
@@ -155,7 +155,7 @@ def test_merge_n_parts_takes_one_model_per_client_and_the_server_sees_a_subset(t
 
 
 def test_the_server_subset_is_seeded_and_sized(digits):
-    from lmckit.experiments.merging import server_subset
+    from lmckit.workflows.merging import server_subset
 
     one, again = server_subset(digits, 100, seed=3), server_subset(digits, 100, seed=3)
     assert len(one.train_y) == 100 and torch.equal(one.train_x, again.train_x)
@@ -224,7 +224,7 @@ def _ledger_keys(path):
 def test_compare_server_examples_limit_what_data_driven_matchers_see(tmp_path, digits):
     """A data-driven matcher's permutation is keyed on (and computed from) the server's
     subset; a data-free one is untouched."""
-    from lmckit.experiments.merging import server_subset
+    from lmckit.workflows.merging import server_subset
 
     path = tmp_path / "s.toml"
     path.write_text(

@@ -180,8 +180,8 @@ def test_the_command_line_fits_full_symmetries(tmp_path, capsys, digits, method)
     brings B's activations closer to A's than permutations alone."""
     from lmckit.checkpoint import load_checkpoint
     from lmckit.cli import main
-    from lmckit.experiments.matching import load_transform
     from lmckit.match import activation_matching
+    from lmckit.workflows.matching import load_transform
 
     paths = []
     for seed in (0, 1):

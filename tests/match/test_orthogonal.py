@@ -178,7 +178,7 @@ def test_the_command_line_writes_a_transform_that_aligns_b(tmp_path, capsys):
     assert "orthogonal-mean-free" in printed and "wm-orth" in printed
     data = json.loads(out.read_text())
     assert data["format"] == "lmckit-transform" and data["kinds"]
-    from lmckit.experiments.matching import load_transform
+    from lmckit.workflows.matching import load_transform
 
     transform = load_transform(out, permutation_spec(models[0]))
     spec = transform.spec
@@ -189,7 +189,7 @@ def test_the_command_line_writes_a_transform_that_aligns_b(tmp_path, capsys):
     wm_distance = data["stages"][0]["distance"]
     assert data["distance_after"] < wm_distance < data["distance_before"]
     # not for the permutation readers, and not with other matchers
-    from lmckit.experiments.matching import load_permutation
+    from lmckit.workflows.matching import load_permutation
 
     with pytest.raises(PermutationError, match="orthogonal maps"):
         load_permutation(out, permutation_spec(models[0]))

@@ -13,12 +13,12 @@ from lmckit.data import TensorLoader
 from lmckit.data.text import load_code_corpus
 from lmckit.errors import DataError, ModelConfigError
 from lmckit.evaluate import interpolate
-from lmckit.experiments.training import model_config_for
 from lmckit.match import activation_matching
 from lmckit.metrics import evaluate, predict
 from lmckit.models import build_model, permutation_spec
 from lmckit.perm import Permutation
 from lmckit.train import TrainConfig, train
+from lmckit.workflows.training import model_config_for
 from tests.data.test_text import write_tree
 from tests.zoo import moving_permutation, nontrivial, planted_recovery
 

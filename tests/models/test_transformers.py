@@ -7,10 +7,10 @@ import torch
 
 from lmckit.checkpoint import load_checkpoint, save_checkpoint
 from lmckit.errors import ModelConfigError
-from lmckit.experiments.training import model_config_for
 from lmckit.models import build_model, permutation_spec
 from lmckit.perm import Permutation
 from lmckit.train import TrainConfig, train
+from lmckit.workflows.training import model_config_for
 from tests.zoo import planted_recovery
 
 SMALL = {

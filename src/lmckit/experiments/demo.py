@@ -27,9 +27,9 @@ from lmckit.evaluate import Curve, save_curves
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.runner import run_experiment
 from lmckit.experiments.spec import Experiment, load_experiment
-from lmckit.experiments.store import Store
 from lmckit.plots import plot_barriers, plot_interpolation
 from lmckit.progress import ProgressCallback
+from lmckit.store import Store
 
 DEMO = Path(__file__).with_name("demo.toml")
 LABELS = {"none": "naive", "wm-fast": "WM", "am": "AM", "ste": "STE", "sinkhorn": "Sinkhorn"}

@@ -32,8 +32,8 @@ from lmckit._io import atomic_write_bytes, read_head, special_kind
 from lmckit.errors import OutputPathError, UsageError
 from lmckit.experiments.ledger import Ledger, LedgerError
 from lmckit.experiments.spec import VARIANT_KEY
-from lmckit.experiments.store import Store
 from lmckit.plots import grouped_bars
+from lmckit.store import Store
 
 __all__ = ["metric_groups", "write_report"]
 

@@ -11,7 +11,7 @@ progress event of each running job (every :data:`~lmckit.experiments.ledger.PROG
 seconds; :mod:`lmckit.experiments.ledger`). ``out/experiment.toml`` is the experiment as it
 ran, overrides applied. A folder holds the runs of one experiment: a run of another one into
 it is refused. ``reuse_from`` names other runs' folders whose stores are read (never written)
-for the artifacts this run needs (:class:`~lmckit.experiments.store.Store`): how one
+for the artifacts this run needs (:class:`~lmckit.store.Store`): how one
 experiment takes another's finished models and matchings.
 
 Ctrl-C or SIGTERM stops the run's jobs at once (worker processes included; on Linux a
@@ -49,9 +49,9 @@ from lmckit.experiments.executors import default_threads, make_executor, usable_
 from lmckit.experiments.ledger import PROGRESS_EVERY, Ledger
 from lmckit.experiments.spec import DEFAULT_NAME, Experiment, model_configs
 from lmckit.experiments.steps import ARTIFACT_KIND, STEPS, Job, dataset_for, job_key
-from lmckit.experiments.store import Store
 from lmckit.progress import Progress, ProgressCallback
 from lmckit.resume import save_interval, saved_progress
+from lmckit.store import Store
 
 __all__ = [
     "PlannedJob",
@@ -70,9 +70,9 @@ def check_training_jobs(jobs: list[Job], data_for, budget: Budget) -> None:
     most work (parameters × epochs × examples) must fit the time budget — one forward pass
     of its model is timed and scaled to its epochs (a lower bound: training also runs the
     backward pass)."""
-    from lmckit.experiments.training import check_training_budget, check_training_time
     from lmckit.models import build_model
     from lmckit.train import TrainConfig, init_model, train_examples
+    from lmckit.workflows.training import check_training_budget, check_training_time
 
     heaviest, most = None, -1.0
     seen: set[str] = set()

@@ -731,9 +731,9 @@ def _check_configurations(experiment: Experiment) -> None:
     """Every cell names a zoo model with known options and valid training options (the
     model itself is built once the dataset is known: :func:`model_configs`)."""
     from lmckit.errors import LmcError, ParamsError
-    from lmckit.experiments.training import model_name_key
     from lmckit.merge import METHODS as MERGERS
     from lmckit.train import TrainConfig
+    from lmckit.workflows.training import model_name_key
 
     for cell in experiment.cells():
         where = f"cell {cell['values']}" if cell["values"] else "model/train"
@@ -811,8 +811,8 @@ def model_configs(experiment: Experiment, data_for) -> list[tuple[str, dict[str,
     import torch
 
     from lmckit.errors import LmcError
-    from lmckit.experiments.training import model_config_for
     from lmckit.models import build_model
+    from lmckit.workflows.training import model_config_for
 
     out = []
     for cell in experiment.cells():

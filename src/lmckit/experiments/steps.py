@@ -34,21 +34,21 @@ from lmckit._io import atomic_write_json
 from lmckit.checkpoint import load_checkpoint, save_checkpoint
 from lmckit.data import Dataset, Split
 from lmckit.evaluate.parts import part_groups
-from lmckit.experiments.interpolation import curve_key, stored_curve
-from lmckit.experiments.matching import (
+from lmckit.models import build_model, permutation_spec
+from lmckit.perm import Permutation
+from lmckit.progress import ProgressCallback
+from lmckit.store import Store, content_hash, make_key
+from lmckit.train import TrainConfig, init_model, split_record, train, train_examples
+from lmckit.workflows.interpolation import curve_key, stored_curve
+from lmckit.workflows.matching import (
     load_alignment,
     load_permutation,
     match_key,
     spec_digest,
     stored_match,
 )
-from lmckit.experiments.merging import merge_key, server_subset, stored_merge_metrics
-from lmckit.experiments.store import Store, content_hash, make_key
-from lmckit.experiments.training import load_for_model
-from lmckit.models import build_model, permutation_spec
-from lmckit.perm import Permutation
-from lmckit.progress import ProgressCallback
-from lmckit.train import TrainConfig, init_model, split_record, train, train_examples
+from lmckit.workflows.merging import merge_key, server_subset, stored_merge_metrics
+from lmckit.workflows.training import load_for_model
 
 __all__ = ["STEPS", "Job", "StepKind", "execute", "job_key"]
 
@@ -393,7 +393,7 @@ LAYERWISE_METRICS = (
 
 
 def layerwise_record(result: Mapping[str, Any]) -> dict[str, float]:
-    """Ledger metrics of :func:`lmckit.experiments.analysis.layerwise_pair`:
+    """Ledger metrics of :func:`lmckit.workflows.analysis.layerwise_pair`:
     ``layerwise.<metric>.<layer>`` (``layerwise.depth.<layer>`` orders the layers),
     ``gaussian.<layer>``; the λ = ½ merge's ``none.<score>`` (no permutation) and
     ``given.<score>`` (π); with the pair-level extras ``random.<score>`` (mean over the
@@ -428,7 +428,7 @@ def layerwise_record(result: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _analysis_run(payload: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
-    from lmckit.experiments.analysis import analyze_pair, layerwise_pair
+    from lmckit.workflows.analysis import analyze_pair, layerwise_pair
 
     s = payload["settings"]
     order = payload["dep_order"]

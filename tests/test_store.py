@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-import lmckit.experiments.store as store_module
-from lmckit.experiments.store import Store, StoreError, canonical_json, make_key
+import lmckit.store as store_module
+from lmckit.store import Store, StoreError, canonical_json, make_key
 
 
 def writer(value, calls):

@@ -6,8 +6,8 @@ import pytest
 
 from lmckit.checkpoint import load_checkpoint, save_checkpoint
 from lmckit.errors import UsageError
-from lmckit.experiments.merging import check_checkpoints, merge_checkpoints, parse_range
 from lmckit.models import build_model
+from lmckit.workflows.merging import check_checkpoints, merge_checkpoints, parse_range
 
 
 def test_a_checkpoint_given_twice_is_refused(tmp_path):
@@ -38,7 +38,7 @@ def test_model_count_ranges():
 def test_a_sweep_over_other_checkpoints_in_the_same_folder_recomputes(tmp_path, digits):
     """Formerly a file-existence cache: the second set of checkpoints got the first set's
     merged accuracy."""
-    from lmckit.experiments.merging import sweep
+    from lmckit.workflows.merging import sweep
     from tests.zoo import train_mlp
 
     paths = []
@@ -95,8 +95,8 @@ def test_a_killed_ste_mm_merge_goes_on_from_its_store_resume_file(
     """The store hands STE-MM a resume file under ``partial/`` keyed like the merge: killed
     in its second epoch and called again, the merge trains the remaining epochs only, ends
     with the metrics of a merge never interrupted, and the file is gone."""
-    from lmckit.experiments.merging import stored_merge_metrics
-    from lmckit.experiments.store import Store
+    from lmckit.store import Store
+    from lmckit.workflows.merging import stored_merge_metrics
 
     monkeypatch.setenv("LMCKIT_RESUME_EVERY", "0")
     ckpts, options = three_checkpoints, STE_MM_OPTIONS
@@ -122,7 +122,7 @@ def test_a_killed_merge_command_goes_on_from_its_resume_file(
     """``lmckit merge --method ste-mm`` keeps its state in ``OUT/ste-mm.resume``: killed in
     its second epoch, the same call trains the rest and writes the merged checkpoint of an
     uninterrupted call, bit for bit; the file is gone afterwards."""
-    from lmckit.experiments.merging import run_merge
+    from lmckit.workflows.merging import run_merge
 
     monkeypatch.setenv("LMCKIT_RESUME_EVERY", "0")
     ckpts, options = three_checkpoints, STE_MM_OPTIONS

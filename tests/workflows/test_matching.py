@@ -7,14 +7,14 @@ import pytest
 from lmckit.checkpoint import load_checkpoint, save_checkpoint
 from lmckit.data import load_dataset
 from lmckit.errors import PermutationError, UsageError
-from lmckit.experiments.matching import (
+from lmckit.models import build_model
+from lmckit.workflows.matching import (
     check_data_fits,
     check_same_architecture,
     load_permutation,
     match_checkpoints,
     save_match,
 )
-from lmckit.models import build_model
 
 
 @pytest.fixture
@@ -87,9 +87,9 @@ def test_a_changed_spec_is_another_permutation_key(pair, tmp_path):
     groups) must not reuse it."""
     import torch
 
-    from lmckit.experiments.matching import match_key, spec_digest, stored_match
-    from lmckit.experiments.store import Store
     from lmckit.spec import trace
+    from lmckit.store import Store
+    from lmckit.workflows.matching import match_key, spec_digest, stored_match
 
     torch.manual_seed(0)
     model = build_model("transformer", in_dim=8, length=8, dim=12, depth=1, heads=3)
@@ -108,7 +108,7 @@ def test_a_permutation_file_of_another_pair_is_refused(pair, tmp_path, capsys):
     refused naming which (it was applied without a word); a file without hashes (another
     tool's) is taken as it is."""
     from lmckit.cli import main
-    from lmckit.experiments.matching import check_pair_record, pair_record
+    from lmckit.workflows.matching import check_pair_record, pair_record
 
     a, b = pair
     save_checkpoint(tmp_path / "m2", build_model("mlp", in_dim=64, hidden=[16], out_dim=10))

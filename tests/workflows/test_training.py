@@ -4,8 +4,8 @@ import pytest
 
 from lmckit.checkpoint import read_meta
 from lmckit.errors import CheckpointError, ModelConfigError, OutputPathError
-from lmckit.experiments.training import model_config_for, train_seeds
 from lmckit.train import TrainConfig
+from lmckit.workflows.training import model_config_for, train_seeds
 
 
 def test_train_seeds_is_resumable_and_bit_identical(tmp_path, digits):
