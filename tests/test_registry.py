@@ -138,3 +138,27 @@ def test_options_are_the_methods_own_keywords():
     assert "epochs" in MATCHERS["ste"].options() and "seed" not in MATCHERS["ste"].options()
     assert "objective" not in MATCHERS["sinkhorn-mid"].options()
     assert "weights" in MERGERS["ste-mm"].options()
+
+
+def test_every_registered_method_has_its_familys_signature():
+    """The family signature is written once (`lmckit.registry.Matcher`, `Merger`) and
+    every registered function fits it; a function that departs from it is named with how."""
+    from lmckit.match import METHODS as MATCHERS
+    from lmckit.merge import METHODS as MERGERS
+    from lmckit.registry import Matcher, Merger, signature_mismatches
+
+    for protocol, registry in ((Matcher, MATCHERS), (Merger, MERGERS)):
+        misfits = {name: signature_mismatches(m.fn, protocol) for name, m in registry.items()}
+        assert {name: why for name, why in misfits.items() if why} == {}
+
+    def renamed(spec, a, b, *, model=None, data=None, init=None, seed=1, progress=None):
+        return None
+
+    assert signature_mismatches(renamed, Matcher) == [
+        "positional parameters ['spec', 'a', 'b'], wanted ['spec', 'params_a', 'params_b']",
+        "'seed' defaults to 1, wanted 0",
+        "returns nothing declared, wanted MatchResult",
+    ]
+    from lmckit.merge import average
+
+    assert signature_mismatches(average, Matcher)  # a merger is not a matcher

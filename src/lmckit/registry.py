@@ -11,12 +11,103 @@ import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lmckit.errors import ParamsError
 from lmckit.options import check_options
 
-__all__ = ["Method"]
+if TYPE_CHECKING:
+    from lmckit.data import Dataset
+    from lmckit.match.result import MatchResult
+    from lmckit.merge.result import MergeResult
+    from lmckit.params import Params
+    from lmckit.perm import Permutation, PermutationSpec
+    from lmckit.progress import ProgressCallback
+
+__all__ = ["Matcher", "Merger", "Method", "signature_mismatches"]
+
+
+class Matcher(Protocol):
+    """The matchers' one signature: B's parameters permuted (or transformed) onto A's.
+
+    ``spec`` describes both parameter dicts; ``model`` runs them (methods that need it say
+    so in their registry entry), ``data`` gives examples, ``init`` a starting permutation,
+    ``seed`` every random choice, ``progress`` hears one event per step; the remaining
+    keyword options are the method's own (:meth:`Method.options`).
+    """
+
+    def __call__(
+        self,
+        spec: PermutationSpec,
+        params_a: Params,
+        params_b: Params,
+        *,
+        model: Any = None,
+        data: Dataset | None = None,
+        init: Permutation | None = None,
+        seed: int = 0,
+        progress: ProgressCallback | None = None,
+        **options: Any,
+    ) -> MatchResult: ...
+
+
+class Merger(Protocol):
+    """The mergers' one signature: one model from ``params_list`` (all of ``spec``),
+    aligned to ``params_list[reference]``; the other arguments as for :class:`Matcher`."""
+
+    def __call__(
+        self,
+        spec: PermutationSpec,
+        params_list: Any,
+        *,
+        model: Any = None,
+        data: Dataset | None = None,
+        reference: int = -1,
+        seed: int = 0,
+        progress: ProgressCallback | None = None,
+        **options: Any,
+    ) -> MergeResult: ...
+
+
+def signature_mismatches(fn: Callable[..., Any], protocol: type) -> list[str]:
+    """How ``fn``'s signature departs from the family ``protocol``'s (:class:`Matcher`,
+    :class:`Merger`): each of the protocol's named parameters must be ``fn``'s, in the same
+    place for the positional ones, of the same kind and default, and ``fn`` must return the
+    protocol's result type (compared by name); an empty list when it fits. ``fn``'s further
+    keyword-only parameters are its options."""
+    wanted = inspect.signature(protocol.__call__)
+    found = inspect.signature(fn)
+    params = [p for p in wanted.parameters.values() if p.name != "self"]
+    have = found.parameters
+    problems = []
+    positional = [p.name for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    positional = [p for p in positional if p != "options"]
+    fn_positional = [
+        p.name
+        for p in have.values()
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    if fn_positional != positional:
+        problems.append(f"positional parameters {fn_positional}, wanted {positional}")
+    for p in params:
+        if p.kind is not inspect.Parameter.KEYWORD_ONLY:
+            continue
+        q = have.get(p.name)
+        if q is None:
+            problems.append(f"no keyword {p.name!r}")
+        elif q.kind is not inspect.Parameter.KEYWORD_ONLY:
+            problems.append(f"{p.name!r} is not keyword-only")
+        elif q.default != p.default:
+            problems.append(f"{p.name!r} defaults to {q.default!r}, wanted {p.default!r}")
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in have.values()):
+        problems.append("takes *args")
+    result = str(found.return_annotation).rsplit(".", 1)[-1].strip("'\"")
+    if found.return_annotation is inspect.Signature.empty:
+        result = "nothing declared"
+    expected = str(wanted.return_annotation).rsplit(".", 1)[-1].strip("'\"")
+    if result != expected:
+        problems.append(f"returns {result}, wanted {expected}")
+    return problems
 
 
 @dataclass(frozen=True)
