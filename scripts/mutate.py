@@ -59,7 +59,7 @@ MUTATIONS = [
     M(
         "time-left-at-whole-run-pace",
         "a resumable job's time left at the whole run's pace, not the saving process's",
-        "src/lmckit/cli.py",
+        "src/lmckit/experiments/status.py",
         '            pace = (seconds - (began.get("seconds") or 0)) / (done - began_at)\n',
         "            pace = seconds / done\n",
         ("tests/experiments/test_runner.py",),
@@ -94,7 +94,7 @@ MUTATIONS = [
         "live-pace-over-the-whole-job",
         "status's time left for a running job counts the steps an earlier process did as "
         "done at this run's pace",
-        "src/lmckit/cli.py",
+        "src/lmckit/experiments/status.py",
         '    ran, steps = row["updated"] - row["first_time"], step - row["first_step"]\n',
         '    ran, steps = row["updated"] - row["first_time"], step\n',
         ("tests/experiments/test_runner.py",),
@@ -1547,7 +1547,7 @@ MUTATIONS = [
     M(
         "cli-options-never-checked",
         "command-line options that do not apply are ignored",
-        "src/lmckit/cli.py",
+        "src/lmckit/cli/applicability.py",
         "        if dest in args.given:\n",
         "        if False:\n",
         ("tests/test_nothing_ignored.py",),

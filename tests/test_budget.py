@@ -51,7 +51,7 @@ def test_available_memory_is_in_bytes_as_the_system_counts_them():
 def test_memory_sizes_on_the_command_line_are_binary_units():
     import argparse
 
-    from lmckit.cli import _size
+    from lmckit.cli.arguments import size as _size
 
     assert _size("4096") == 4096 and _size("12G") == 12 << 30 and _size("800M") == 800 << 20
     assert _size("1.5GiB") == 3 << 29 and _size("2T") == 2 << 40 and _size("64k") == 64 << 10

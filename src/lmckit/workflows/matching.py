@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -439,3 +439,79 @@ def stored_matches(
         )
         perms[method] = perm
     return perms
+
+
+@contextlib.contextmanager
+def locked_match_outputs(
+    out: Path, aligned: Path | None, a: Checkpoint, b: Checkpoint
+) -> Iterator[None]:
+    """Hold the folder of the match file ``out`` (and the model folder ``aligned``, when
+    given) for one writer, refusing outputs that are ``a``'s or ``b``'s files — before any
+    lock file is made and again once the folders are held."""
+    from lmckit._io import check_not_inputs, check_outputs, locked_output
+    from lmckit.model_folder import output_names
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(locked_output(out.parent, "--out's folder", guard=False))
+        if aligned is not None:
+            outputs = [aligned / n for n in output_names(b.layout)]
+            check_not_inputs(outputs, [*a.files, *b.files], "--aligned")
+            stack.enter_context(locked_output(aligned, "--aligned"))
+            check_outputs(outputs, [*a.files, *b.files], "--aligned")
+        yield
+
+
+def write_aligned(
+    folder: Path,
+    a: Checkpoint,
+    b: Checkpoint,
+    result: MatchResult,
+    *,
+    log: Callable[[str], None] | None = None,
+) -> None:
+    """Write model folder B moved onto A by ``result`` into ``folder``, in B's layout (its
+    architecture, tensor names and sharding): a permutation moves B's weights as they are;
+    a transform moves the norm-folded weights and puts A's norm gains back (the same
+    function as B; interpolating it with A is the folded path)."""
+    from lmckit.model_folder import provenance, write_model_folder
+
+    about: dict[str, Any] = {"method": result.method, "inputs": provenance({"a": a, "b": b})}
+    if isinstance(result.perm, Transform):
+        from lmckit.transform import align, unfold_norms
+
+        spec = result.perm.spec
+        gains = {k: a.params[k] for k in spec.folds}
+        moved = unfold_norms(spec, align(result.perm, b.params), gains)
+        about["layout"] = (
+            "B moved by the transform, with A's norm gains (the same function as B; "
+            "interpolating it with A is the folded path)"
+        )
+        write_model_folder(folder, b, params=moved, about=about, log=log)
+        return
+    about["l2_distance"] = {"before": result.distance_before, "after": result.distance_after}
+    write_model_folder(folder, b, perm=result.perm, about=about, log=log)
+
+
+def match_to_files(
+    a: Checkpoint,
+    b: Checkpoint,
+    method: str,
+    data: Dataset | None,
+    out: Path,
+    *,
+    aligned: Path | None = None,
+    log: Callable[[str], None] | None = None,
+    **options: Any,
+) -> MatchResult:
+    """``lmckit match``'s work: :func:`match_checkpoints` (``options`` are its keywords),
+    the result written to ``out`` — a permutation file, or a transform file for the methods
+    of :data:`~lmckit.match.TRANSFORM_METHODS` — recording both inputs' digests, and with
+    ``aligned`` B moved onto A as a model folder (:func:`write_aligned`); the outputs'
+    folders are held for one writer throughout (:func:`locked_match_outputs`)."""
+    with locked_match_outputs(out, aligned, a, b):
+        result = match_checkpoints(a, b, method, data, **options)
+        save = save_transform if method in TRANSFORM_METHODS else save_match
+        save(out, result, **pair_record(a, b))
+        if aligned is not None:
+            write_aligned(aligned, a, b, result, log=log)
+    return result
