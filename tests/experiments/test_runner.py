@@ -668,9 +668,9 @@ def test_status_counts_the_planned_jobs_that_have_not_entered_the_ledger(
     """A job enters the ledger only once its inputs are done: the run records its plan, so
     status shows the jobs still waiting — here the six curves whose AM matches failed."""
     from lmckit.cli import main
-    from lmckit.experiments.status import waiting_counts
     from lmckit.experiments.dag import build_jobs
     from lmckit.experiments.spec import model_configs
+    from lmckit.experiments.status import waiting_counts
 
     _fail_am_matches(monkeypatch)
     experiment = load_experiment(TINY)

@@ -69,4 +69,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print("lmckit: interrupted; finished results are kept", file=sys.stderr)
         return 143 if isinstance(stop, Terminated) else 130
-
