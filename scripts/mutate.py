@@ -181,8 +181,8 @@ MUTATIONS = [
         "layer-norm-stream-any-rotation",
         "a LayerNorm's stream rotated by any orthogonal map, not one fixing the ones vector",
         "src/lmckit/match/orthogonal.py",
-        '    if kind == "orthogonal":\n        return procrustes(gains)\n',
-        '    if kind != "permutation":\n        return procrustes(gains)\n',
+        '    "orthogonal-mean-free": lambda gains: _mean_free_procrustes(gains),\n',
+        '    "orthogonal-mean-free": lambda gains: procrustes(gains),\n',
         ("tests/match/test_orthogonal.py",),
     ),
     M(
@@ -221,9 +221,9 @@ MUTATIONS = [
     M(
         "scaling-accepts-negative-scales",
         "a scaling map with a negative scale passes the check (relu(−z) ≠ −relu(z))",
-        "src/lmckit/transform.py",
-        "        if not one_per_line or bool((m64 < 0).any()):\n",
-        "        if not one_per_line:\n",
+        "src/lmckit/kinds.py",
+        "    if not one_per_line or bool((m64 < 0).any()):\n",
+        "    if not one_per_line:\n",
         ("tests/spec/test_kinds.py",),
     ),
     M(
@@ -254,9 +254,9 @@ MUTATIONS = [
     M(
         "ste-maps-not-orthogonal",
         "the midpoint descent parameterises an orthogonal map by exp(K), not exp(K − Kᵀ)",
-        "src/lmckit/match/transform_ste.py",
-        "    r = torch.linalg.matrix_exp(k - k.T)\n",
-        "    r = torch.linalg.matrix_exp(k)\n",
+        "src/lmckit/kinds.py",
+        "    return torch.linalg.matrix_exp(k - k.T)\n",
+        "    return torch.linalg.matrix_exp(k)\n",
         ("tests/match/test_transform_ste.py",),
     ),
     # -- resumable training jobs (issue 30: runs that span sessions) --
@@ -1758,7 +1758,7 @@ MUTATIONS = [
     M(
         "haar-without-sign-fix",
         "the Haar sampler returns QR's Q as it comes (its first entry always negative)",
-        "src/lmckit/transform.py",
+        "src/lmckit/kinds.py",
         "    return (q * signs).to(dtype)",
         "    return q.to(dtype)",
         ("tests/test_random_laws.py",),
@@ -1766,18 +1766,18 @@ MUTATIONS = [
     M(
         "mean-free-sampler-not-haar",
         "the mean-free orthogonal sampler rotates the complement by an unsigned QR factor",
-        "src/lmckit/transform.py",
-        "            rotation[1:, 1:] = haar_orthogonal(n - 1, generator, dtype)",
-        "            rotation[1:, 1:] = torch.linalg.qr(torch.randn(n - 1, n - 1, "
+        "src/lmckit/kinds.py",
+        "        rotation[1:, 1:] = haar_orthogonal(n - 1, generator, dtype)",
+        "        rotation[1:, 1:] = torch.linalg.qr(torch.randn(n - 1, n - 1, "
         "generator=generator, dtype=torch.float64))[0].to(dtype)",
         ("tests/test_random_laws.py",),
     ),
     M(
         "scaling-sampler-never-permutes",
         "a random scaling map keeps every unit in place (scales only)",
-        "src/lmckit/transform.py",
-        "        order = torch.randperm(n, generator=generator)\n",
-        "        order = torch.arange(n)\n",
+        "src/lmckit/kinds.py",
+        "    order = torch.randperm(n, generator=generator)\n",
+        "    order = torch.arange(n)\n",
         ("tests/test_random_laws.py",),
     ),
     M(

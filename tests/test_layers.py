@@ -21,7 +21,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     5: ("spec",),
     4: ("transform", "budget", "metrics", "store"),
     3: ("perm", "functional"),
-    2: ("params", "data", "lap", "registry", "resume"),
+    2: ("params", "data", "lap", "registry", "resume", "kinds"),
     1: ("options", "progress", "optim", "_io", "_checks", "_warm_jv", "_catalog", "_moved"),
     0: ("errors",),
 }

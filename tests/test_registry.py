@@ -141,11 +141,13 @@ def test_options_are_the_methods_own_keywords():
 
 
 def test_every_registered_method_has_its_familys_signature():
-    """The family signature is written once (`lmckit.registry.Matcher`, `Merger`) and
+    """The family signature is written once (`lmckit.match.Matcher`, `lmckit.merge.Merger`) and
     every registered function fits it; a function that departs from it is named with how."""
     from lmckit.match import METHODS as MATCHERS
+    from lmckit.match import Matcher
     from lmckit.merge import METHODS as MERGERS
-    from lmckit.registry import Matcher, Merger, signature_mismatches
+    from lmckit.merge import Merger
+    from lmckit.registry import signature_mismatches
 
     for protocol, registry in ((Matcher, MATCHERS), (Merger, MERGERS)):
         misfits = {name: signature_mismatches(m.fn, protocol) for name, m in registry.items()}

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from lmckit.errors import PermutationError, SpecError
+from lmckit.kinds import KINDS as _KIND_TABLE
 from lmckit.params import Params, short_list
 
 __all__ = [
@@ -253,7 +254,7 @@ class PermutationSpec:
         """The symmetry kind of ``group`` (``"permutation"`` unless declared in ``kinds``)."""
         if group not in self.groups:
             raise SpecError(f"unknown group {group!r}; groups are {list(self.groups)}")
-        return self.kinds.get(group, "permutation")
+        return self.kinds.get(group, DEFAULT_KIND)
 
     def kind_counts(self) -> dict[str, int]:
         """How many groups have each kind (kinds that no group has are left out)."""
@@ -656,8 +657,10 @@ def _check_heads(given, groups: Mapping[str, int]) -> dict[str, tuple[str, int]]
     return out
 
 
-KINDS = ("permutation", "orthogonal", "orthogonal-mean-free", "invertible", "scaling")
-"""The symmetry kinds a group of a :class:`PermutationSpec` can have (see its ``kinds``)."""
+KINDS = tuple(_KIND_TABLE)
+DEFAULT_KIND = KINDS[0]  # "permutation": every group has it
+"""The names of the symmetry kinds a group of a :class:`PermutationSpec` can have (see its
+``kinds``; each kind's row: :data:`lmckit.kinds.KINDS`)."""
 
 
 def _check_kinds(given, groups: Mapping[str, int], heads) -> dict[str, str]:
@@ -669,17 +672,14 @@ def _check_kinds(given, groups: Mapping[str, int], heads) -> dict[str, str]:
             raise SpecError(f"kinds names group {g!r}, which is not declared in groups")
         if kind not in KINDS:
             raise SpecError(f"kinds[{g!r}] = {kind!r}; a kind is one of {', '.join(KINDS)}")
-        if kind == "orthogonal-mean-free" and g in heads:
+        row = _KIND_TABLE[kind]
+        if g in heads and not row.per_head:
+            per_head = ", ".join(k for k, r in _KIND_TABLE.items() if r.per_head)
             raise SpecError(
-                f"kinds[{g!r}]: a head-structured group is 'orthogonal' per head, not "
-                "'orthogonal-mean-free' (that is a LayerNorm's stream)"
+                f"kinds[{g!r}]: a head-structured group cannot be {kind!r} (that is "
+                f"{row.where}); a head's dimensions are {per_head}"
             )
-        if kind == "scaling" and g in heads:
-            raise SpecError(
-                f"kinds[{g!r}]: a head-structured group cannot be 'scaling' (that is the "
-                "hidden units of a ReLU-family activation)"
-            )
-        if kind != "permutation":
+        if row.matrix:
             out[g] = kind
     return out
 

@@ -11,70 +11,21 @@ import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from lmckit.errors import ParamsError
 from lmckit.options import check_options
 
-if TYPE_CHECKING:
-    from lmckit.data import Dataset
-    from lmckit.match.result import MatchResult
-    from lmckit.merge.result import MergeResult
-    from lmckit.params import Params
-    from lmckit.perm import Permutation, PermutationSpec
-    from lmckit.progress import ProgressCallback
-
-__all__ = ["Matcher", "Merger", "Method", "signature_mismatches"]
-
-
-class Matcher(Protocol):
-    """The matchers' one signature: B's parameters permuted (or transformed) onto A's.
-
-    ``spec`` describes both parameter dicts; ``model`` runs them (methods that need it say
-    so in their registry entry), ``data`` gives examples, ``init`` a starting permutation,
-    ``seed`` every random choice, ``progress`` hears one event per step; the remaining
-    keyword options are the method's own (:meth:`Method.options`).
-    """
-
-    def __call__(
-        self,
-        spec: PermutationSpec,
-        params_a: Params,
-        params_b: Params,
-        *,
-        model: Any = None,
-        data: Dataset | None = None,
-        init: Permutation | None = None,
-        seed: int = 0,
-        progress: ProgressCallback | None = None,
-        **options: Any,
-    ) -> MatchResult: ...
-
-
-class Merger(Protocol):
-    """The mergers' one signature: one model from ``params_list`` (all of ``spec``),
-    aligned to ``params_list[reference]``; the other arguments as for :class:`Matcher`."""
-
-    def __call__(
-        self,
-        spec: PermutationSpec,
-        params_list: Any,
-        *,
-        model: Any = None,
-        data: Dataset | None = None,
-        reference: int = -1,
-        seed: int = 0,
-        progress: ProgressCallback | None = None,
-        **options: Any,
-    ) -> MergeResult: ...
+__all__ = ["Method", "signature_mismatches"]
 
 
 def signature_mismatches(fn: Callable[..., Any], protocol: type) -> list[str]:
-    """How ``fn``'s signature departs from the family ``protocol``'s (:class:`Matcher`,
-    :class:`Merger`): each of the protocol's named parameters must be ``fn``'s, in the same
-    place for the positional ones, of the same kind and default, and ``fn`` must return the
-    protocol's result type (compared by name); an empty list when it fits. ``fn``'s further
-    keyword-only parameters are its options."""
+    """How ``fn``'s signature departs from the family ``protocol``'s
+    (:class:`lmckit.match.Matcher`, :class:`lmckit.merge.Merger`): each of the protocol's
+    named parameters must be ``fn``'s, in the same place for the positional ones, of the
+    same kind and default, and ``fn`` must return the protocol's result type (compared by
+    name); an empty list when it fits. ``fn``'s further keyword-only parameters are its
+    options."""
     wanted = inspect.signature(protocol.__call__)
     found = inspect.signature(fn)
     params = [p for p in wanted.parameters.values() if p.name != "self"]

@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 
 from lmckit.errors import PermutationError
+from lmckit.kinds import KINDS, haar_orthogonal, mean_free_basis
 from lmckit.params import Params
 from lmckit.perm import (
     Permutation,
@@ -76,49 +77,6 @@ __all__ = [
     "random_map",
     "unfold_norms",
 ]
-
-
-def _tolerance(dtype: torch.dtype) -> float:
-    return 1e-9 if dtype == torch.float64 else 1e-4
-
-
-ORTHOGONAL_KINDS = ("orthogonal", "orthogonal-mean-free")
-# an invertible map this ill-conditioned loses every digit a float32 model has
-_MAX_CONDITION = 1e8
-
-
-def _check_matrix(g: str, kind: str, m64: Tensor, dtype: torch.dtype) -> None:
-    """Raise unless ``m64`` (float64) is a map of ``kind``."""
-    n = m64.shape[0]
-    tol = _tolerance(dtype) * max(1.0, math.sqrt(n))
-    if kind in ORTHOGONAL_KINDS:
-        error = (m64 @ m64.T - torch.eye(n, dtype=torch.float64)).abs().max().item()
-        if error > tol:
-            raise PermutationError(
-                f"group {g!r} is {kind}: its matrix is not orthogonal (|M Mᵀ − I| = {error:.2e})"
-            )
-    if kind == "orthogonal-mean-free":
-        drift = (m64.sum(1) - 1).abs().max().item()
-        if drift > tol:
-            raise PermutationError(
-                f"group {g!r} is orthogonal-mean-free (a LayerNorm's stream): its "
-                f"matrix must fix the all-ones vector (|M 1 − 1| = {drift:.2e})"
-            )
-    if kind == "invertible":
-        condition = torch.linalg.cond(m64).item()
-        if not condition <= _MAX_CONDITION:
-            raise PermutationError(
-                f"group {g!r}: its matrix is singular or nearly so (condition number "
-                f"{condition:.2e} > {_MAX_CONDITION:.0e})"
-            )
-    if kind == "scaling":
-        nonzero = m64 != 0
-        one_per_line = bool((nonzero.sum(0) == 1).all() and (nonzero.sum(1) == 1).all())
-        if not one_per_line or bool((m64 < 0).any()):
-            raise PermutationError(
-                f"group {g!r} is scaling: its matrix must be a permutation matrix with "
-                "positive entries (one per row and column)"
-            )
 
 
 class Transform:
@@ -157,7 +115,7 @@ class Transform:
         checked: dict[str, Tensor] = {}
         for g, m in matrices.items():
             n, kind = spec.groups[g], spec.kind(g)
-            if kind == "permutation":
+            if not KINDS[kind].matrix:
                 raise PermutationError(
                     f"group {g!r} is a permutation group: give it an index vector, not a "
                     "matrix (spec.kinds says which groups admit orthogonal maps)"
@@ -170,7 +128,7 @@ class Transform:
             if not torch.isfinite(m).all():
                 raise PermutationError(f"group {g!r}: the matrix has NaN or infinite entries")
             m64 = m.detach().to("cpu", torch.float64)
-            _check_matrix(g, kind, m64, m.dtype)
+            KINDS[kind].check(g, kind, m64, m.dtype)
             checked[g] = m.detach().to("cpu")
         # a permutation of the spec checks the index vectors and that the groups of a head
         # tie move the heads alike (a matrix group stands in by its head permutation)
@@ -216,7 +174,7 @@ class Transform:
         maps: dict[str, Tensor] = {}
         for g, n in spec.groups.items():
             kind = spec.kind(g)
-            if kind == "permutation":
+            if not KINDS[kind].matrix:
                 maps[g] = perms[g]
             elif g in spec.heads:
                 heads = spec.heads[g][1]
@@ -307,21 +265,14 @@ class Transform:
         matrices, ``M⁻¹`` for invertible and scaling ones)."""
         out = {}
         for g, m in self.items():
-            if m.ndim == 1:
-                out[g] = torch.argsort(m)
-            elif self.spec.kind(g) in ORTHOGONAL_KINDS:
-                out[g] = m.T.contiguous()
-            else:
-                out[g] = torch.linalg.inv(m.to(torch.float64)).to(m.dtype)
-                if self.spec.kind(g) == "scaling":  # exact zeros off the permutation
-                    out[g] = torch.where(m.T != 0, out[g], torch.zeros_like(out[g]))
+            out[g] = torch.argsort(m) if m.ndim == 1 else KINDS[self.spec.kind(g)].inverse(m)
         return Transform(self.spec, out)
 
     def dual(self, group: str) -> Tensor:
         """``M⁻ᵀ`` of a matrix group: how its readers (``spec.duals``) move. ``M`` itself
         for orthogonal kinds."""
         m = self._maps[group]
-        if m.ndim == 1 or self.spec.kind(group) in ORTHOGONAL_KINDS:
+        if m.ndim == 1 or not KINDS[self.spec.kind(group)].dual:
             return m
         if group not in self._duals:
             self._duals[group] = torch.linalg.inv(m.to(torch.float64)).T.to(m.dtype)
@@ -407,8 +358,7 @@ def orthogonal_subgroup(spec: PermutationSpec) -> PermutationSpec:
     Procrustes steps search. Its transforms are transforms of ``spec`` too."""
     from dataclasses import replace
 
-    narrowed = {"invertible": "orthogonal", "scaling": "permutation"}
-    return replace(spec, kinds={g: narrowed.get(k, k) for g, k in spec.kinds.items()})
+    return replace(spec, kinds={g: KINDS[k].narrowed for g, k in spec.kinds.items()})
 
 
 def dense_matrix(m: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
@@ -530,25 +480,10 @@ def random_map(
     kind: str, n: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64
 ) -> Tensor:
     """A random ``n × n`` map of ``kind`` (see :meth:`Transform.random`)."""
-    if kind == "orthogonal":
-        return haar_orthogonal(n, generator, dtype)
-    if kind == "orthogonal-mean-free":
-        basis = mean_free_basis(n, dtype)
-        rotation = torch.eye(n, dtype=dtype)
-        if n > 1:
-            rotation[1:, 1:] = haar_orthogonal(n - 1, generator, dtype)
-        return basis @ rotation @ basis.T
-    if kind == "invertible":
-        s = torch.exp(torch.rand(n, generator=generator, dtype=torch.float64) - 0.5)
-        left, right = haar_orthogonal(n, generator), haar_orthogonal(n, generator)
-        return ((left * s) @ right).to(dtype)
-    if kind == "scaling":
-        order = torch.randperm(n, generator=generator)
-        scales = torch.exp(2 * torch.rand(n, generator=generator, dtype=torch.float64) - 1)
-        out = torch.zeros(n, n, dtype=torch.float64)
-        out[torch.arange(n), order] = scales
-        return out.to(dtype)
-    raise PermutationError(f"no random map of kind {kind!r}")
+    draw = KINDS[kind].random if kind in KINDS else None
+    if draw is None:
+        raise PermutationError(f"no random map of kind {kind!r}")
+    return draw(n, generator, dtype)
 
 
 def random_group_map(
@@ -563,32 +498,6 @@ def random_group_map(
         blocks = [random_map(kind, n // heads, generator) for _ in range(heads)]
         return head_matrix(torch.arange(heads), blocks)
     return random_map(kind, n, generator)
-
-
-def haar_orthogonal(
-    n: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64
-) -> Tensor:
-    """A Haar-random ``n × n`` orthogonal matrix (QR of a Gaussian matrix, signs fixed so
-    that the distribution is uniform — Mezzadri 2007)."""
-    gaussian = torch.randn(n, n, generator=generator, dtype=torch.float64)
-    q, r = torch.linalg.qr(gaussian)
-    signs = torch.sign(torch.diagonal(r))
-    signs[signs == 0] = 1
-    return (q * signs).to(dtype)
-
-
-def mean_free_basis(n: int, dtype: torch.dtype = torch.float64) -> Tensor:
-    """An orthonormal basis of ``R^n`` (columns) whose first vector is ``1/√n``: the
-    others span the mean-free subspace. A Householder reflection of ``e_1`` onto ``1/√n``,
-    so it is exact and deterministic."""
-    ones = torch.full((n,), 1 / math.sqrt(n), dtype=torch.float64)
-    v = ones.clone()
-    v[0] -= 1
-    norm = v.norm()
-    if norm.item() == 0:
-        return torch.eye(n, dtype=dtype)
-    v = v / norm
-    return (torch.eye(n, dtype=torch.float64) - 2 * torch.outer(v, v)).to(dtype)
 
 
 def fold_norms(spec: PermutationSpec, params: Params) -> dict[str, Tensor]:

@@ -13,7 +13,7 @@ use — with what each needs::
 """
 
 from lmckit.match.activation import activation_matching
-from lmckit.match.result import MatchResult
+from lmckit.match.result import Matcher, MatchResult
 from lmckit.match.sinkhorn import sinkhorn_matching
 from lmckit.match.ste import ste_matching
 from lmckit.match.symmetries import symmetry_matching
@@ -134,6 +134,7 @@ __all__ = [
     "METHODS",
     "TRANSFORM_METHODS",
     "MatchResult",
+    "Matcher",
     "ProfiledWeightMatcher",
     "WeightMatcher",
     "activation_matching",

@@ -35,7 +35,7 @@ compared with ``M z`` and ``M⁻ᵀ z`` (a site that is neither is not used).
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from itertools import islice
 
 import numpy as np
@@ -46,6 +46,7 @@ from torch import Tensor, nn
 from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
+from lmckit.kinds import KINDS
 from lmckit.match._functional import batches_per_pass, require_model_and_data
 from lmckit.match.activation import _taps_for
 from lmckit.match.orthogonal import _mean_free_procrustes, procrustes
@@ -58,8 +59,6 @@ from lmckit.spec import GraphTaps
 from lmckit.transform import Transform, head_blocks, head_matrix, random_group_map
 
 __all__ = ["transform_activation_matching"]
-
-_DUAL_KINDS = ("invertible", "scaling")
 
 
 class _Moments:
@@ -143,25 +142,74 @@ class _GroupStats:
         return (self.primal, True) if self.has_primal else (self.dual, False)
 
 
+def _fit_permutation(m: _Moments, primal: bool, n: int, refine: bool) -> Tensor:
+    return torch.arange(n) if refine else _lap(m.correlation())
+
+
+def _fit_scaling(m: _Moments, primal: bool, n: int, refine: bool) -> Tensor:
+    return _scaling(_fit_permutation(m, primal, n, refine), m.ab, m.bb)
+
+
+GROUP_FITS: dict[str, Callable[[_Moments, bool, int, bool], Tensor]] = {
+    "permutation": _fit_permutation,
+    "scaling": _fit_scaling,
+    "invertible": lambda m, primal, n, refine: _least_squares(m.ab, m.aa, m.bb, primal),
+    "orthogonal": lambda m, primal, n, refine: procrustes(m.ab),
+    "orthogonal-mean-free": lambda m, primal, n, refine: _mean_free_procrustes(m.ab),
+}
+"""This matcher's closed-form fit of one group of each kind (:data:`lmckit.kinds.KINDS`)
+from the moments of its activations: ``fit(moments, primal, n, refine)`` (``refine``: keep
+the permutation part where it is)."""
+
+
 def _solve_group(spec: PermutationSpec, g: str, stats: _GroupStats, refine: bool) -> Tensor:
-    kind = spec.kind(g)
     m, primal = stats.pick()
-    n = spec.groups[g]
-    if kind == "permutation":
-        return torch.arange(n) if refine else _lap(m.correlation())
-    if kind == "scaling":
-        perm = torch.arange(n) if refine else _lap(m.correlation())
-        return _scaling(perm, m.ab, m.bb)
-    if kind == "invertible":
-        return _least_squares(m.ab, m.aa, m.bb, primal)
-    if kind == "orthogonal":
-        return procrustes(m.ab)
-    return _mean_free_procrustes(m.ab)
+    return GROUP_FITS[spec.kind(g)](m, primal, spec.groups[g], refine)
 
 
 def _block(c: Tensor, heads: int, i: int, j: int) -> Tensor:
     d = c.shape[0] // heads
     return c[i * d : (i + 1) * d, j * d : (j + 1) * d]
+
+
+class _HeadPair:
+    """The moments of query head ``i`` of A against head ``j`` of B (blocks, on demand)."""
+
+    def __init__(self, m: _Moments, primal: bool, heads: int, i: int, j: int) -> None:
+        self.m, self.primal, self.heads, self.i, self.j = m, primal, heads, i, j
+        self.ab = _block(m.ab, heads, i, j)
+
+    def aa_bb(self) -> tuple[Tensor, Tensor]:
+        return _block(self.m.aa, self.heads, self.i, self.i), _block(
+            self.m.bb, self.heads, self.j, self.j
+        )
+
+    def correlation(self) -> Tensor:
+        return _block(self.m.correlation(), self.heads, self.i, self.j)
+
+
+def _score_permutation(pair: _HeadPair) -> float:
+    corr = pair.correlation()
+    rows, cols = linear_sum_assignment(corr.numpy(), maximize=True)
+    return float(corr.numpy()[rows, cols].sum())
+
+
+HEAD_SCORES: dict[str, Callable[[_HeadPair], float]] = {
+    "permutation": _score_permutation,
+    "orthogonal": lambda pair: float(torch.linalg.svdvals(pair.ab).sum()),
+    "invertible": lambda pair: _explained(pair.ab, *pair.aa_bb(), pair.primal),
+}
+"""How well head ``i`` of A matches head ``j`` of B, per kind of a head-structured group
+(the kinds with ``per_head``), for the LAP over heads."""
+
+HEAD_FITS: dict[str, Callable[[_HeadPair, bool], Tensor]] = {
+    "permutation": lambda pair, refine: (
+        torch.arange(pair.ab.shape[0]) if refine else _lap(pair.correlation())
+    ),
+    "orthogonal": lambda pair, refine: procrustes(pair.ab),
+    "invertible": lambda pair, refine: _least_squares(pair.ab, *pair.aa_bb(), pair.primal),
+}
+"""One head's block of a head-structured group, per kind, once the heads are paired."""
 
 
 def _solve_tie(
@@ -176,38 +224,18 @@ def _solve_tie(
         totals = torch.zeros(heads, heads, dtype=torch.float64)
         for g in groups:
             m, primal = stats[g].pick()
-            kind = spec.kind(g)
+            score = HEAD_SCORES[spec.kind(g)]
             for i in range(heads):
                 for j in range(heads):
-                    ab = _block(m.ab, heads, i, j)
-                    if kind == "invertible":
-                        aa, bb = _block(m.aa, heads, i, i), _block(m.bb, heads, j, j)
-                        totals[i, j] += _explained(ab, aa, bb, primal)
-                    elif kind == "orthogonal":
-                        totals[i, j] += float(torch.linalg.svdvals(ab).sum())
-                    else:
-                        corr = _block(m.correlation(), heads, i, j)
-                        rows, cols = linear_sum_assignment(corr.numpy(), maximize=True)
-                        totals[i, j] += float(corr.numpy()[rows, cols].sum())
+                    totals[i, j] += score(_HeadPair(m, primal, heads, i, j))
         outer = _lap(totals)
     out: dict[str, Tensor] = {}
     for g in groups:
         m, primal = stats[g].pick()
-        kind = spec.kind(g)
+        fit = HEAD_FITS[spec.kind(g)]
         d = spec.groups[g] // heads
-        blocks = []
-        for i in range(heads):
-            j = int(outer[i])
-            ab = _block(m.ab, heads, i, j)
-            if kind == "invertible":
-                aa, bb = _block(m.aa, heads, i, i), _block(m.bb, heads, j, j)
-                blocks.append(_least_squares(ab, aa, bb, primal))
-            elif kind == "orthogonal":
-                blocks.append(procrustes(ab))
-            else:
-                inner = torch.arange(d) if refine else _lap(_block(m.correlation(), heads, i, j))
-                blocks.append(inner)
-        if kind == "permutation":
+        blocks = [fit(_HeadPair(m, primal, heads, i, int(outer[i])), refine) for i in range(heads)]
+        if not KINDS[spec.kind(g)].matrix:
             out[g] = (outer[:, None] * d + torch.stack(blocks)).reshape(-1)
         else:
             out[g] = head_matrix(outer, blocks)
@@ -219,7 +247,7 @@ def _site_sides(
 ) -> dict[str, bool | None]:
     """Per site: True if it moves by ``M`` under a map of its group, False by ``M⁻ᵀ``, None
     if by neither (measured with a random map of the invertible and scaling groups)."""
-    groups = [g for g in spec.groups if spec.kind(g) in _DUAL_KINDS]
+    groups = [g for g in spec.groups if KINDS[spec.kind(g)].dual]
     sides: dict[str, bool | None] = {}
     site_group = {site: g for g, sites in reader.taps().items() for site in sites}
     if not groups:
@@ -374,7 +402,7 @@ def transform_activation_matching(
     identity = Transform.identity(spec)
     step = identity.replace(**maps)
     conditions = {
-        g: _worst_condition(spec, g, m) for g, m in maps.items() if spec.kind(g) == "invertible"
+        g: _worst_condition(spec, g, m) for g, m in maps.items() if KINDS[spec.kind(g)].conditioned
     }
     transform = step.compose(init)
     return MatchResult(

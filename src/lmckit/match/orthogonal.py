@@ -26,6 +26,7 @@ sweep changes nothing.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -34,6 +35,7 @@ from torch import Tensor, nn
 
 from lmckit._checks import check_int
 from lmckit.errors import PermutationError
+from lmckit.kinds import KINDS
 from lmckit.match.result import MatchResult, check_inputs
 from lmckit.options import Count, checked
 from lmckit.params import Params, detached
@@ -76,7 +78,7 @@ def _solve_tie(spec: PermutationSpec, gains: dict[str, Tensor]) -> dict[str, Ten
     for g, c in gains.items():
         d = c.shape[0] // heads
         blocks = c.reshape(heads, d, heads, d).transpose(1, 2)
-        if spec.kind(g) == "permutation":  # a LAP per pair of heads
+        if not KINDS[spec.kind(g)].matrix:  # a LAP per pair of heads
             best[g] = []
             for i in range(heads):
                 row = []
@@ -94,7 +96,7 @@ def _solve_tie(spec: PermutationSpec, gains: dict[str, Tensor]) -> dict[str, Ten
     out: dict[str, Tensor] = {}
     for g, rows in best.items():
         chosen = [rows[i][int(outer[i])] for i in range(heads)]
-        if spec.kind(g) == "permutation":
+        if not KINDS[spec.kind(g)].matrix:
             d = spec.groups[g] // heads
             out[g] = (outer[:, None] * d + torch.stack(chosen)).reshape(-1)
         else:
@@ -102,13 +104,22 @@ def _solve_tie(spec: PermutationSpec, gains: dict[str, Tensor]) -> dict[str, Ten
     return out
 
 
+def _assignment(gains: Tensor) -> Tensor:
+    return torch.from_numpy(linear_sum_assignment(gains.numpy(), maximize=True)[1]).long()
+
+
+FITS: dict[str, Callable[[Tensor], Tensor]] = {
+    "permutation": _assignment,
+    "orthogonal": lambda gains: procrustes(gains),
+    "orthogonal-mean-free": lambda gains: _mean_free_procrustes(gains),
+}
+"""The best map of one group of each distance-keeping kind (the ``narrowed`` kinds of
+:data:`lmckit.kinds.KINDS`: this matcher runs on :func:`~lmckit.transform.orthogonal_subgroup`)
+given its gain matrix ``Σ W_A W̃_Bᵀ`` — the assignment, or Procrustes."""
+
+
 def _solve(spec: PermutationSpec, group: str, gains: Tensor) -> Tensor:
-    kind = spec.kind(group)
-    if kind == "permutation":
-        return torch.from_numpy(linear_sum_assignment(gains.numpy(), maximize=True)[1]).long()
-    if kind == "orthogonal":
-        return procrustes(gains)
-    return _mean_free_procrustes(gains)
+    return FITS[spec.kind(group)](gains)
 
 
 def _value(map_: Tensor, gains: Tensor) -> float:
@@ -215,7 +226,7 @@ def orthogonal_weight_matching(
     if init is not None:
         init = Transform(spec, dict(init.items()))
     params_a, params_b = detached(params_a), detached(params_b)
-    rotated = {g for g in spec.groups if spec.kind(g) != "permutation"}
+    rotated = {g for g in spec.groups if KINDS[spec.kind(g)].matrix}
     gains_of_rotated = {k for k in spec.folds if spec.gain_group(k) in rotated}
     for what, params in (("A", params_a), ("B", params_b)):
         unfolded = [k for k in gains_of_rotated if not bool((params[k] == 1).all())]

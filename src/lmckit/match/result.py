@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor
 
@@ -19,6 +19,10 @@ from lmckit.params import (
     is_running_stat,
 )
 from lmckit.perm import Permutation, PermutationSpec
+
+if TYPE_CHECKING:
+    from lmckit.data import Dataset
+    from lmckit.progress import ProgressCallback
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,30 @@ class MatchResult:
     distance_after: float
     duals: Mapping[str, LapDuals] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+
+
+class Matcher(Protocol):
+    """The matchers' one signature: B's parameters permuted (or transformed) onto A's.
+
+    ``spec`` describes both parameter dicts; ``model`` runs them (methods that need it say
+    so in their registry entry), ``data`` gives examples, ``init`` a starting permutation,
+    ``seed`` every random choice, ``progress`` hears one event per step; the remaining
+    keyword options are the method's own (:meth:`lmckit.registry.Method.options`).
+    """
+
+    def __call__(
+        self,
+        spec: PermutationSpec,
+        params_a: Params,
+        params_b: Params,
+        *,
+        model: Any = None,
+        data: Dataset | None = None,
+        init: Permutation | None = None,
+        seed: int = 0,
+        progress: ProgressCallback | None = None,
+        **options: Any,
+    ) -> MatchResult: ...
 
 
 def check_inputs(

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from lmckit.data import DataSource
 from lmckit.errors import ParamsError
+from lmckit.kinds import KINDS
 from lmckit.match._functional import example_batch
 from lmckit.match.activation_transform import transform_activation_matching
 from lmckit.match.orthogonal import orthogonal_weight_matching
@@ -155,7 +156,7 @@ def symmetry_matching(
             progress=progress if start == "wm" else None,  # one stream: the long stage's
         )  # fmt: skip
         stages = [wm, orth]
-        refine = [g for g in kinds.groups if kinds.kind(g) in ("invertible", "scaling")]
+        refine = [g for g in kinds.groups if KINDS[kinds.kind(g)].fitted_on_data]
         if symmetries == "full" and refine and start == "wm":
             stages.append(
                 transform_activation_matching(

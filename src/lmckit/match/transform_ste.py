@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
+from lmckit.kinds import KINDS
 from lmckit.match._functional import (
     batch_loss,
     batches_per_pass,
@@ -41,11 +42,9 @@ from lmckit.options import Count, Positive, checked
 from lmckit.params import Params, detached
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
-from lmckit.transform import ORTHOGONAL_KINDS, Transform, mean_free_basis, transform_tensor
+from lmckit.transform import Transform, mean_free_basis, transform_tensor
 
 __all__ = ["transform_ste_matching"]
-
-_CONTINUOUS = (*ORTHOGONAL_KINDS, "invertible")
 
 
 class _Maps:
@@ -65,23 +64,11 @@ class _Maps:
 
     def dual(self, group: str) -> Tensor:
         m = self._maps[group]
-        if m.ndim == 1 or self.spec.kind(group) in ORTHOGONAL_KINDS:
+        if m.ndim == 1 or not KINDS[self.spec.kind(group)].dual:
             return m
         if group not in self._duals:
             self._duals[group] = torch.linalg.inv(m).T
         return self._duals[group]
-
-
-def _rotation(kind: str, k: Tensor, basis: Tensor | None) -> Tensor:
-    """``R(K)`` of one block (module docstring)."""
-    if kind == "invertible":
-        return torch.linalg.matrix_exp(k)
-    r = torch.linalg.matrix_exp(k - k.T)
-    if kind == "orthogonal":
-        return r
-    assert basis is not None
-    inner = torch.block_diag(torch.ones(1, 1, dtype=k.dtype), r)
-    return basis @ inner @ basis.T
 
 
 def _maps(spec: PermutationSpec, start: Transform, params: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -91,13 +78,14 @@ def _maps(spec: PermutationSpec, start: Transform, params: dict[str, Tensor]) ->
         if g not in params:
             out[g] = start[g]
             continue
-        kind, m0, k = spec.kind(g), start.matrix(g), params[g]
+        row, m0, k = KINDS[spec.kind(g)], start.matrix(g), params[g]
+        assert row.learned is not None
         if g in spec.heads:
             heads = spec.heads[g][1]
-            rotation = torch.block_diag(*(_rotation(kind, k[i], None) for i in range(heads)))
+            rotation = torch.block_diag(*(row.learned(k[i], None) for i in range(heads)))
         else:
-            basis = mean_free_basis(spec.groups[g]) if kind == "orthogonal-mean-free" else None
-            rotation = _rotation(kind, k, basis)
+            basis = mean_free_basis(spec.groups[g]) if row.needs_basis else None
+            rotation = row.learned(k, basis)
         out[g] = rotation @ m0
     return out
 
@@ -105,14 +93,14 @@ def _maps(spec: PermutationSpec, start: Transform, params: dict[str, Tensor]) ->
 def _free_parameters(spec: PermutationSpec) -> dict[str, Tensor]:
     params: dict[str, Tensor] = {}
     for g, n in spec.groups.items():
-        kind = spec.kind(g)
-        if kind not in _CONTINUOUS:
+        row = KINDS[spec.kind(g)]
+        if row.free_shape is None:  # not learned by gradient
             continue
         if g in spec.heads:
             heads = spec.heads[g][1]
-            shape: tuple[int, ...] = (heads, n // heads, n // heads)
+            shape: tuple[int, ...] = (heads, *row.free_shape(n // heads))
         else:
-            shape = (n - 1, n - 1) if kind == "orthogonal-mean-free" else (n, n)
+            shape = row.free_shape(n)
         params[g] = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
     return params
 

@@ -14,7 +14,7 @@ from lmckit.merge.average import average
 from lmckit.merge.ccmm import ccmm
 from lmckit.merge.many import merge_many
 from lmckit.merge.many_orth import merge_many_orthogonal
-from lmckit.merge.result import MergeResult, merge_with
+from lmckit.merge.result import Merger, MergeResult, merge_with
 from lmckit.merge.star import star
 from lmckit.merge.ste_mm import check_option_combination, check_options_for_count, ste_mm
 from lmckit.registry import Method
@@ -113,6 +113,7 @@ METHODS: dict[str, Method] = {
 __all__ = [
     "METHODS",
     "MergeResult",
+    "Merger",
     "average",
     "ccmm",
     "merge_many",

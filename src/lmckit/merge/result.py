@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor, nn
 
@@ -17,6 +17,10 @@ from lmckit.match.result import check_init, check_inputs
 from lmckit.options import checked
 from lmckit.params import Params, average_params, check_params_compatible, detached, has_batchnorm
 from lmckit.perm import Permutation, PermutationSpec, permute_tensor
+
+if TYPE_CHECKING:
+    from lmckit.data import Dataset
+    from lmckit.progress import ProgressCallback
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,25 @@ class MergeResult:
     history: tuple[float, ...] = ()
     iterations: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+
+
+class Merger(Protocol):
+    """The mergers' one signature: one model from ``params_list`` (all of ``spec``),
+    aligned to ``params_list[reference]``; the other arguments as for
+    :class:`lmckit.match.Matcher`."""
+
+    def __call__(
+        self,
+        spec: PermutationSpec,
+        params_list: Any,
+        *,
+        model: Any = None,
+        data: Dataset | None = None,
+        reference: int = -1,
+        seed: int = 0,
+        progress: ProgressCallback | None = None,
+        **options: Any,
+    ) -> MergeResult: ...
 
 
 def check_models(

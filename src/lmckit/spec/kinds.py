@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from lmckit.errors import SpecError
+from lmckit.kinds import KINDS, GroupFacts, tried_kinds
 from lmckit.options import checked
 from lmckit.perm import PermutationSpec, axis_groups
 from lmckit.spec.trace import (
@@ -67,7 +68,6 @@ _PASS_THROUGH = {
     aten.to.device,
     aten.dropout.default,
 }
-_DUAL_KINDS = ("invertible", "scaling")
 _LAYER_NORMS = {aten.layer_norm.default, aten.native_layer_norm.default}
 _RMS_NORMS = {getattr(aten, "rms_norm", None) and aten.rms_norm.default} - {None}
 
@@ -98,7 +98,7 @@ class SymmetryReport:
         lines = [f"symmetries: {counts} ({self.seconds:.1f} s)"]
         for g in self.spec.groups:
             kind = self.spec.kind(g)
-            if kind != "permutation":
+            if KINDS[kind].matrix:
                 lines.append(f"  {g} ({self.spec.groups[g]}): {kind}")
         for g, why in self.reasons.items():
             lines.append(f"  {g} ({self.spec.groups[g]}): permutation — {why}")
@@ -165,12 +165,11 @@ def symmetry_kinds(
         candidate_biases = {gain: info.bias for gain, info in gains.items() if info.bias}
         layer_norm = any(info.kind == "layer_norm" for info in gains.values())
         candidate_duals = None if gains else _duals_of(spec, g, uses)
-        tries = ["invertible"] if candidate_duals is not None else []
-        tries += ["orthogonal"] if g in spec.heads or not layer_norm else []
-        if g not in spec.heads and n > 2:  # (with two units it fixes, it is a permutation)
-            tries.append("orthogonal-mean-free")
-        if candidate_duals is not None and g not in spec.heads:
-            tries.append("scaling")
+        facts = GroupFacts(
+            size=n, heads=g in spec.heads, layer_norm=layer_norm,
+            readers_dual=candidate_duals is not None,
+        )  # fmt: skip
+        tries = tried_kinds(facts)
         why, chosen = "no orthogonal map of it keeps the outputs", None
         for kind in tries:
             trial = replace(
@@ -178,7 +177,7 @@ def symmetry_kinds(
                 kinds={**kinds, g: kind},
                 folds={**folds, **candidate_folds},
                 norm_biases={**biases, **candidate_biases},
-                duals=duals | (candidate_duals if kind in _DUAL_KINDS else set()),
+                duals=duals | (candidate_duals if KINDS[kind].dual else set()),
             )
             folded = fold_norms(trial, params)
             if not _close(reference, _run(twin, folded, args64, kwargs64, False, select), rtol):
@@ -192,15 +191,15 @@ def symmetry_kinds(
                 chosen = kind
                 break
             why = (
-                "a random orthogonal map of it changes the outputs (an elementwise op acts "
-                "on it: an activation, a gating product, rotary embeddings)"
-                + (", and so does a positive scaling of its units" if kind == "scaling" else "")
+                f"a random map of every kind tried ({', '.join(tries[: tries.index(kind) + 1])})"
+                " changes the outputs (an elementwise op acts on it: an activation, a gating "
+                "product, rotary embeddings)"
             )
         if chosen is None:
             reasons[g] = why
             continue
         kinds[g] = chosen
-        if chosen in _DUAL_KINDS:
+        if KINDS[chosen].dual:
             duals |= candidate_duals
         folds.update(candidate_folds)
         biases.update(candidate_biases)
