@@ -3,7 +3,7 @@
 For each model — the zoo (MLP, VGG-11, ResNet-20), an ``nn.TransformerEncoder`` classifier,
 Hugging Face BERT, GPT-2 and ViT from small configs, and DistilBERT, RoBERTa, Llama,
 Mistral, Qwen2, T5, BART, MobileNetV2, ResNet-50 and ConvNeXt-T (random weights) — it reports
-:func:`lmckit.spec.trace_report`'s wall-clock time (export + rules + verification; median of
+:func:`lmckit.tracing.trace_report`'s wall-clock time (export + rules + verification; median of
 ``--repeats``), its groups and the fraction of parameters in permuted tensors.
 
 When ``rebasin`` (0.0.47; it needs ``torchview``) is importable, its
@@ -31,7 +31,7 @@ from torch import nn
 
 from _timing import machine  # benchmarks/_timing.py (scripts run from this folder)
 from lmckit.models import build_model
-from lmckit.spec import trace_report
+from lmckit.tracing import trace_report
 
 
 class EncoderClassifier(nn.Module):

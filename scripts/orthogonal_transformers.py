@@ -4,7 +4,7 @@ transformers that permutations leave apart?
 For every pair of the checkpoints given, with both models' norm gains folded (the same
 functions): the naive path, weight matching over permutations (``wm-fast``), weight
 matching over permutations *and* orthogonal maps (the spec's kinds from
-:func:`lmckit.spec.symmetry_kinds`, the descent started at WM's permutations), the same
+:func:`lmckit.tracing.symmetry_kinds`, the descent started at WM's permutations), the same
 refined by least squares on activations for the invertible head maps (``wm-full``) and
 every group fitted on activations (``am-full``) — each as a linear path evaluated on a
 seeded subset of the test split (loss, calibrated loss, accuracy; perplexity for token
@@ -34,7 +34,7 @@ from lmckit.evaluate.interpolation import interpolate
 from lmckit.match import symmetry_matching, weight_matching
 from lmckit.match.orthogonal import orthogonal_weight_matching
 from lmckit.merge import merge_many, merge_many_orthogonal
-from lmckit.spec.kinds import symmetry_kinds
+from lmckit.tracing.kinds import symmetry_kinds
 from lmckit.transform import fold_norms, unfold_norms
 
 PATHS = (

@@ -23,7 +23,7 @@ def live() -> dict:
     from lmckit.data.splits import SPLIT_KINDS
     from lmckit.experiments.executors import EXECUTORS
     from lmckit.match import METHODS as MATCHERS
-    from lmckit.match._functional import VARIANTS
+    from lmckit.match.network import VARIANTS
     from lmckit.merge import METHODS as MERGERS
     from lmckit.models import ALIASES, MODELS
     from lmckit.train import OPTIMIZERS, SCHEDULES

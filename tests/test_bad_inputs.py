@@ -23,7 +23,7 @@ from lmckit.match import activation_matching, sinkhorn_matching, ste_matching, w
 from lmckit.merge import ccmm, merge_many, star, ste_mm
 from lmckit.models import build_model, permutation_spec
 from lmckit.params import average_params, lerp_params, params_distance
-from lmckit.spec import trace
+from lmckit.tracing import trace
 from lmckit.train import TrainConfig, train
 
 torch.manual_seed(0)

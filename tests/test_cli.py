@@ -458,7 +458,7 @@ def bad_inputs(f):
     # a device type this machine lacks: CUDA on CI, MPS on a CUDA machine
     absent = "mps" if torch.cuda.is_available() else "cuda"
     spec, shape5 = ["spec"], ["--input-shape", "5"]
-    cumsum = "tests.spec.test_trace:CumsumInTheMiddle"
+    cumsum = "tests.tracing.test_trace:CumsumInTheMiddle"
     return [
         ("train-out-file", [*train, "--out", file], 2, "is a file"),
         ("train-out-under-file", [*train, "--out", f"{file}/x"], 2, "under a file"),
@@ -696,7 +696,7 @@ def test_spec_prints_the_report_and_writes_json(tmp_path, capsys):
     import json
 
     out = tmp_path / "spec.json"
-    argv = ["spec", "tests.spec.test_trace:TinyTransformer", "--input-shape", "6"]
+    argv = ["spec", "tests.tracing.test_trace:TinyTransformer", "--input-shape", "6"]
     assert main([*argv, "--tokens", "11", "--model-args", '{"d": 8}', "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "7 groups" in printed and "verified in eval and train mode" in printed
@@ -735,8 +735,8 @@ def test_match_and_interpolate_take_a_users_state_dicts(tmp_path, capsys):
     from safetensors.torch import save_file
 
     from lmckit.perm import Permutation
-    from lmckit.spec import trace
-    from tests.spec.test_trace import DigitsCNN
+    from lmckit.tracing import trace
+    from tests.tracing.test_trace import DigitsCNN
 
     torch.manual_seed(0)
     model = DigitsCNN()
@@ -745,7 +745,7 @@ def test_match_and_interpolate_take_a_users_state_dicts(tmp_path, capsys):
     b = Permutation.random(spec, 1).apply(a)
     save_file(a, tmp_path / "a.safetensors")
     torch.save(b, tmp_path / "b.pt")
-    user = ["--model-class", "tests.spec.test_trace:DigitsCNN", "--input-shape", "1", "8", "8"]
+    user = ["--model-class", "tests.tracing.test_trace:DigitsCNN", "--input-shape", "1", "8", "8"]
     pair = [str(tmp_path / "a.safetensors"), str(tmp_path / "b.pt")]
     out = tmp_path / "perm.json"
     assert main(["match", *pair, *user, "--out", str(out), "-q"]) == 0

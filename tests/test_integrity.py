@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from lmckit._io import clean_stale, scratch_prefix
 from lmckit.checkpoint import load_checkpoint, load_foreign, save_checkpoint
 from lmckit.errors import CheckpointError
+from lmckit.files import clean_stale, scratch_prefix
 from lmckit.models import build_model, permutation_spec
 from lmckit.store import Store, StoreError, make_key, meta_digest
 
@@ -142,7 +142,7 @@ def test_scratch_of_dead_writers_is_removed_and_live_ones_kept(tmp_path):
 def test_a_killed_run_leaves_no_scratch_after_the_next_one(tmp_path):
     """SIGKILL a training run mid-write (its atomic writes leave ``.part`` files): the next
     command holding the folder removes them."""
-    from lmckit._io import locked_output
+    from lmckit.files import locked_output
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip

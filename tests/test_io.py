@@ -2,14 +2,14 @@
 
 import pytest
 
-from lmckit._io import (
+from lmckit.errors import OutputPathError
+from lmckit.files import (
     atomic_path,
     atomic_write_json,
     check_output_dir,
     prepare_output_dir,
     prepare_output_file,
 )
-from lmckit.errors import OutputPathError
 
 
 def test_output_folders_are_checked_then_created(tmp_path):
@@ -49,7 +49,7 @@ def test_atomic_writes_leave_the_old_file_on_failure(tmp_path):
 def test_a_guarded_folder_never_overwrites_what_lmckit_did_not_write(tmp_path):
     """Inside ``locked_output`` every write is claimed first: a user's file under an
     output's name is refused (and left as it was), lmckit's own outputs are rewritten."""
-    from lmckit._io import MANIFEST, check_outputs, locked_output
+    from lmckit.files import MANIFEST, check_outputs, locked_output
 
     out = tmp_path / "out"
     out.mkdir()
@@ -82,7 +82,7 @@ def test_a_guarded_folder_never_overwrites_what_lmckit_did_not_write(tmp_path):
 def test_a_folder_an_older_lmckit_wrote_is_adopted_whole(tmp_path):
     """Locked before (``.lmckit.lock``) but no list of files: written by an lmckit that kept
     none — its files are lmckit's."""
-    from lmckit._io import locked_output
+    from lmckit.files import locked_output
 
     (tmp_path / ".lmckit.lock").write_text("")
     (tmp_path / "interpolation.json").write_text("{}")
@@ -95,7 +95,7 @@ def test_a_refused_command_leaves_a_users_folder_as_it_was(tmp_path):
     interpolation.json as its own output and overwrote it."""
     import os
 
-    from lmckit._io import OutputPathError, locked_output
+    from lmckit.files import OutputPathError, locked_output
 
     (tmp_path / "interpolation.json").write_text("mine")
     with pytest.raises(RuntimeError), locked_output(tmp_path):
@@ -113,7 +113,7 @@ def test_a_refused_command_leaves_a_users_folder_as_it_was(tmp_path):
 def _writer(name):
     """A command that writes ``name-<item>.json`` for each item (and an always-written
     summary) into ``out``, and replaces its earlier call's item files."""
-    from lmckit._io import check_outputs, writes_folder
+    from lmckit.files import check_outputs, writes_folder
 
     @writes_folder("out", replaces=(f"{name}-*.json", "sub/*.json"))
     def command(out, items, inputs=(), log=None):
@@ -168,7 +168,7 @@ def test_a_shared_folder_keeps_a_file_while_another_commands_last_call_wrote_it(
 def test_what_an_earlier_call_wrote_stays_when_it_is_an_input_or_its_writer_is_unknown(tmp_path):
     import json
 
-    from lmckit._io import MANIFEST
+    from lmckit.files import MANIFEST
 
     out = tmp_path / "out"
     perm = _writer("perm")
@@ -196,7 +196,7 @@ def test_a_failed_call_removes_nothing(tmp_path):
 def test_a_folder_reached_through_a_symbolic_link_is_guarded_too(tmp_path):
     """The held folder is resolved; the paths written into it were compared unresolved, so
     through a link in --out nothing was guarded and a user's file was overwritten."""
-    from lmckit._io import locked_output
+    from lmckit.files import locked_output
 
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to("real")

@@ -18,11 +18,11 @@ LAYERS: dict[int, tuple[str, ...]] = {
     8: ("analysis", "merge"),
     7: ("checkpoint", "train", "match", "plots"),
     6: ("models", "evaluate"),
-    5: ("spec",),
+    5: ("tracing",),
     4: ("transform", "budget", "metrics", "store"),
     3: ("perm", "functional"),
     2: ("params", "data", "lap", "registry", "resume", "kinds"),
-    1: ("options", "progress", "optim", "_io", "_checks", "_warm_jv", "_catalog", "_moved"),
+    1: ("options", "progress", "optim", "files", "_checks", "_warm_jv", "_catalog", "_moved"),
     0: ("errors",),
 }
 """Rank → the packages and top-level modules on it (higher ranks import lower ones)."""

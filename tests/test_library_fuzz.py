@@ -15,7 +15,7 @@ from lmckit.models import build_model, permutation_spec
 
 MODULES = (
     "lmckit.analysis", "lmckit.evaluate", "lmckit.match", "lmckit.merge", "lmckit.params",
-    "lmckit.data", "lmckit.spec", "lmckit.models", "lmckit.metrics", "lmckit.functional",
+    "lmckit.data", "lmckit.tracing", "lmckit.models", "lmckit.metrics", "lmckit.functional",
 )  # fmt: skip
 SKIP = {"download", "write_idx", "write_cifar_batch"}  # write files where they are told
 BAD = (None, "x", -1, float("nan"), {}, [], {"a": torch.zeros(2)}, torch.zeros(3))

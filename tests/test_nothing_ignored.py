@@ -32,7 +32,7 @@ def f(tmp_path_factory):
     (root / "old.safetensors").write_bytes(bytes(flipped))
     (root / "old.json").write_text(json.dumps({**meta, "format_version": 1}))
     # a user's plain state dict (for --model-class) and files that are not lmckit's
-    from tests.spec.test_trace import DigitsCNN
+    from tests.tracing.test_trace import DigitsCNN
 
     torch.manual_seed(0)
     save_file(DigitsCNN().state_dict(), root / "mine.safetensors")
@@ -64,7 +64,7 @@ def _digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-CNN = "tests.spec.test_trace:DigitsCNN"
+CNN = "tests.tracing.test_trace:DigitsCNN"
 
 
 def cases(f):

@@ -3,9 +3,9 @@ relative to the working folder, through ``..``, through a symbolically linked fo
 symbolic link to the file, a hard link to it. A guard that compares paths as written lets
 one of these forms through — and a user's input is overwritten or removed.
 
-The guards: an output is never one of the inputs (:func:`lmckit._io.check_not_inputs`,
-:func:`lmckit._io.input_at`); the inputs of the command holding a folder are found from any
-form of the folder's path (:func:`lmckit._io.held_inputs`); a model folder written again
+The guards: an output is never one of the inputs (:func:`lmckit.files.check_not_inputs`,
+:func:`lmckit.files.input_at`); the inputs of the command holding a folder are found from any
+form of the folder's path (:func:`lmckit.files.held_inputs`); a model folder written again
 removes only plain names its own ``lmckit.json`` listed, never ``../x``, ``sub/x`` or an
 absolute path that an edited (or hostile) ``lmckit.json`` lists."""
 
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from lmckit._io import (
+from lmckit.errors import OutputPathError
+from lmckit.files import (
     check_not_inputs,
     check_outputs,
     held_inputs,
     input_at,
     locked_output,
 )
-from lmckit.errors import OutputPathError
 
 FORMS = ("absolute", "relative", "dotdot", "linked-folder", "symlink", "hardlink")
 

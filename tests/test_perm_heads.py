@@ -185,7 +185,7 @@ def test_every_method_returns_head_structured_permutations(transformer):
 def test_inner_permutations_lower_the_weight_matching_distance(transformer):
     """The inner permutations are extra freedom: with them WM ends at least as close as with
     whole heads only (the same model traced with inside_blocks=False), and here closer."""
-    from lmckit.spec import trace
+    from lmckit.tracing import trace
 
     model, spec, (a, b, _), _ = transformer
     whole = trace(model, torch.randn(2, 8, 8), inside_blocks=False)
@@ -196,7 +196,7 @@ def test_inner_permutations_lower_the_weight_matching_distance(transformer):
 
 
 def test_tracing_without_inside_blocks_moves_whole_heads():
-    from lmckit.spec import trace_report
+    from lmckit.tracing import trace_report
 
     torch.manual_seed(0)
     model = build_model("transformer", in_dim=8, length=8, dim=12, depth=1, heads=3)

@@ -17,7 +17,10 @@ import tracemalloc
 import pytest
 import torch
 
-from lmckit._io import (
+from lmckit.checkpoint import read_meta, read_safetensors, save_checkpoint
+from lmckit.cli import main
+from lmckit.errors import CheckpointError, OutputPathError, ParamsError, PermutationError
+from lmckit.files import (
     atomic_write_json,
     check_output_dir,
     check_output_file,
@@ -26,9 +29,6 @@ from lmckit._io import (
     prepare_output_file,
     special_kind,
 )
-from lmckit.checkpoint import read_meta, read_safetensors, save_checkpoint
-from lmckit.cli import main
-from lmckit.errors import CheckpointError, OutputPathError, ParamsError, PermutationError
 from lmckit.models import build_model
 
 DEVICE = "/dev/null"  # a character device on every Linux

@@ -4,7 +4,7 @@
   whose dotted name has no part starting with ``_``), each rendered by mkdocstrings from
   the docstrings, and an index listing them with each module's first docstring line —
   generated at build time, so a new module is in the reference without anyone writing a page.
-* The experiment file reference (from :mod:`lmckit.experiments.spec`'s annotated example
+* The experiment file reference (from :mod:`lmckit.experiments.schema`'s annotated example
   and key sets, ``TrainConfig`` and the method registries) and an index of the benchmark
   scripts and results — generated the same way, so neither can fall behind the code.
 * The experiment files, the benchmark scripts and their JSON results, copied into the site
@@ -79,7 +79,7 @@ def _constant(tree: ast.Module, name: str):
 
 
 def _experiment_reference() -> str:
-    """The experiment file's schema, from :mod:`lmckit.experiments.spec` (its annotated
+    """The experiment file's schema, from :mod:`lmckit.experiments.schema` (its annotated
     example and key sets), :class:`lmckit.train.TrainConfig` (the ``[train]`` options) and
     the method registries (names, what each does, the options each takes)."""
     from lmckit.match import METHODS as MATCHERS
@@ -100,7 +100,7 @@ def _experiment_reference() -> str:
     lines = [
         "# Experiment file reference",
         "",
-        "Generated from `lmckit.experiments.spec`, `lmckit.train.TrainConfig` and the method",
+        "Generated from `lmckit.experiments.schema`, `lmckit.train.TrainConfig` and the method",
         "registries when the site is built: every key `lmckit run` accepts. An unknown key, a",
         "value of the wrong type or an option a method does not take is an error naming it.",
         "",

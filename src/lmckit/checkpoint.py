@@ -44,8 +44,8 @@ from torch import Tensor, nn
 
 from lmckit import __version__
 from lmckit._checks import check_device
-from lmckit._io import atomic_write_bytes, atomic_write_json, refuse_special, require_regular_file
 from lmckit.errors import CheckpointError, LmcError, ParamsError
+from lmckit.files import atomic_write_bytes, atomic_write_json, refuse_special, require_regular_file
 from lmckit.functional import check_model_fits
 from lmckit.models import build_model, model_config, permutation_spec
 from lmckit.models.custom import class_source_digest

@@ -10,7 +10,7 @@ shard the index says, no tensor twice), hashes every file, and builds the model 
 ``local_files_only=True``: never a download; the weights memory-mapped, not copied). Every
 tensor of the model must come from the folder — a missing or extra tensor, a shape that
 does not fit, a NaN is an error naming it, never a silently re-initialised weight. The
-permutation spec is traced on the loaded model (:func:`lmckit.spec.trace_report`; verified
+permutation spec is traced on the loaded model (:func:`lmckit.tracing.trace_report`; verified
 in float32 where the float64 copies would not fit in memory) and its report kept, so that
 a folder the tracer cannot cover completely is announced before any long work.
 
@@ -42,7 +42,14 @@ from torch import Tensor, nn
 
 from lmckit import __version__
 from lmckit._checks import check_device
-from lmckit._io import (
+from lmckit.checkpoint import (
+    SAFETENSORS_DTYPES,
+    Checkpoint,
+    check_dtype_kinds,
+    parse_safetensors_header,
+)
+from lmckit.errors import CheckpointError, ParamsError, UsageError
+from lmckit.files import (
     atomic_path,
     atomic_write_json,
     check_not_inputs,
@@ -52,13 +59,6 @@ from lmckit._io import (
     leading_format,
     refuse_special,
 )
-from lmckit.checkpoint import (
-    SAFETENSORS_DTYPES,
-    Checkpoint,
-    check_dtype_kinds,
-    parse_safetensors_header,
-)
-from lmckit.errors import CheckpointError, ParamsError, UsageError
 from lmckit.options import checked
 from lmckit.params import check_finite
 from lmckit.perm import Permutation, PermutationSpec, permute_tensor
@@ -359,7 +359,7 @@ def load_model_folder(
         device: where the parameters go (``"cpu"`` keeps them memory-mapped).
         spec: a spec traced for the same architecture already (a second folder of a pair);
             it is checked against this folder's tensors instead of tracing again.
-        precision: the tracer's verification dtype (:func:`lmckit.spec.trace_report`). By
+        precision: the tracer's verification dtype (:func:`lmckit.tracing.trace_report`). By
             default float64 where its copies fit beside the model in the memory available
             and in ``max_memory``, else float32.
         trace: ``False`` skips tracing (the checkpoint's ``spec`` is then unavailable).
@@ -368,7 +368,7 @@ def load_model_folder(
     The checkpoint's ``meta["model"]`` is ``{"name": "hf", "class": ..., "config": ...}``
     (the config without :data:`VOLATILE_CONFIG`): two folders count as one architecture
     when these agree. ``meta["files"]`` maps each file read to its SHA-256 and
-    ``trace_report`` holds the trace report (:class:`~lmckit.spec.TraceReport`).
+    ``trace_report`` holds the trace report (:class:`~lmckit.tracing.TraceReport`).
 
     Raises:
         CheckpointError: see :func:`read_layout`; the model cannot be built from the config;
@@ -435,12 +435,12 @@ def load_model_folder(
         except Exception as exc:  # a spec of another architecture
             raise CheckpointError(f"{layout.folder}: the given spec does not fit: {exc}") from None
     elif trace:
-        from lmckit.spec import trace_report
+        from lmckit.tracing import trace_report
 
         args, kwargs = example_inputs(model, layout.config)
         if precision is None:
             from lmckit.budget import available_memory
-            from lmckit.spec.trace import verification_bytes
+            from lmckit.tracing.trace import verification_bytes
 
             limit = (
                 available_memory() if max_memory is None else min(max_memory, available_memory())

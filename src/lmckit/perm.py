@@ -108,7 +108,7 @@ class PermutationSpec:
             ``"scaling"`` — a permutation times positive per-unit scales (the hidden units of
             a ReLU-family activation, ``relu(s z) = s relu(z)`` for ``s > 0``), with
             ``duals`` as for invertible maps.
-            :func:`lmckit.spec.symmetry_kinds` sets them from a model's graph and checks each
+            :func:`lmckit.tracing.symmetry_kinds` sets them from a model's graph and checks each
             numerically.
         folds: norm gain name -> the ``(tensor, axis)`` pairs that read its output through
             linear maps only. An elementwise gain does not commute with a rotation, so

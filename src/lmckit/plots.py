@@ -14,8 +14,8 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
-from lmckit._io import atomic_path
 from lmckit.evaluate import Curve
+from lmckit.files import atomic_path
 
 SPLIT_STYLE = {"train": "--", "test": "-"}
 

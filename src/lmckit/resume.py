@@ -27,8 +27,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from lmckit._io import atomic_path
 from lmckit.errors import LmcError, ParamsError
+from lmckit.files import atomic_path
 
 __all__ = [
     "ResumeError",

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from lmckit import __version__
-from lmckit._io import atomic_path, atomic_write_json, claim, scratch_prefix
 from lmckit.errors import LmcError
+from lmckit.files import atomic_path, atomic_write_json, claim, scratch_prefix
 
 __all__ = ["Artifact", "Store", "StoreError", "canonical_json", "content_hash", "make_key"]
 

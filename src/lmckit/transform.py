@@ -37,7 +37,7 @@ provided nothing elementwise acts on the group between a writer and a reader. No
   per-unit scales, ``relu(s z) = s relu(z)``, so an MLP's hidden units admit a permutation
   times positive scales (not so GELU or SiLU). Readers are dual, as for invertible maps.
 
-:func:`lmckit.spec.symmetry_kinds` decides each group's kind from the model's graph and
+:func:`lmckit.tracing.symmetry_kinds` decides each group's kind from the model's graph and
 checks it numerically; tests hold every kind to float64 function preservation.
 """
 

@@ -10,7 +10,7 @@ from lmckit.analysis import alignment, l2_distances, singular_values, taylor_bar
 from lmckit.checkpoint import load_checkpoint
 from lmckit.experiments.report import write_report
 from lmckit.experiments.runner import run_experiment
-from lmckit.experiments.spec import load_experiment
+from lmckit.experiments.schema import load_experiment
 from lmckit.store import Store
 from lmckit.workflows.matching import load_permutation
 from tests.experiments.conftest import read_ledger

@@ -10,11 +10,11 @@ from lmckit.checkpoint import load_checkpoint
 from lmckit.errors import CheckpointError
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.runner import run_experiment
-from lmckit.experiments.spec import ExperimentError, load_experiment, model_configs
+from lmckit.experiments.schema import ExperimentError, load_experiment, model_configs
 from lmckit.models import build_model, model_config, permutation_spec
 from lmckit.models.custom import class_source_digest
-from lmckit.spec import trace
 from lmckit.store import Store
+from lmckit.tracing import trace
 from tests.experiments.conftest import read_ledger
 
 CLASS = "tests.experiments.test_custom:SmallNet"

@@ -9,7 +9,7 @@ import pytest
 
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.runner import run_experiment
-from lmckit.experiments.spec import load_experiment
+from lmckit.experiments.schema import load_experiment
 from tests.data.test_text import write_tree
 
 FILE = Path(__file__).parents[2] / "experiments" / "gpt-python-stdlib.toml"

@@ -8,7 +8,7 @@ from lmckit.cli import main
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.report import write_report
 from lmckit.experiments.runner import run_experiment
-from lmckit.experiments.spec import load_experiment
+from lmckit.experiments.schema import load_experiment
 from tests.experiments.conftest import TINY, read_ledger
 
 SMALL = {

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from lmckit.experiments.runner import run_experiment
-from lmckit.experiments.spec import load_experiment
+from lmckit.experiments.schema import load_experiment
 from tests.data.files import write_tiny_idx
 from tests.experiments.conftest import read_ledger
 

@@ -8,7 +8,7 @@ from lmckit.cli import main
 from lmckit.experiments.dag import select_jobs
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.runner import run_experiment
-from lmckit.experiments.spec import ExperimentError, load_experiment
+from lmckit.experiments.schema import ExperimentError, load_experiment
 from lmckit.experiments.steps import Job
 from tests.experiments.conftest import TINY, read_ledger
 

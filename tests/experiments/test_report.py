@@ -12,7 +12,7 @@ import pytest
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.report import _unit, write_report
 from lmckit.experiments.runner import run_experiment
-from lmckit.experiments.spec import load_experiment
+from lmckit.experiments.schema import load_experiment
 from tests.experiments.conftest import TINY
 
 CHROMIUM = shutil.which("chromium")

@@ -12,7 +12,7 @@ import torch
 
 from lmckit.cli import main
 from lmckit.experiments.runner import run_experiment
-from lmckit.experiments.spec import load_experiment
+from lmckit.experiments.schema import load_experiment
 from tests.experiments.conftest import read_ledger
 
 ROOT = Path(__file__).resolve().parents[2]

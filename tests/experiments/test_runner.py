@@ -16,7 +16,7 @@ import lmckit.experiments.steps as steps
 from lmckit.errors import OutputPathError
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.runner import run_experiment
-from lmckit.experiments.spec import load_experiment
+from lmckit.experiments.schema import load_experiment
 from tests.experiments.conftest import TINY
 
 QUIET = {"log": lambda _: None}
@@ -145,7 +145,7 @@ def test_failures_are_recorded_and_retried_only_when_asked(tmp_path, monkeypatch
 
 
 def test_a_second_run_into_the_folder_is_refused(tmp_path):
-    from lmckit._io import locked_output
+    from lmckit.files import locked_output
 
     with locked_output(tmp_path):  # held by this process; a second process is refused
         result = subprocess.run(
@@ -669,7 +669,7 @@ def test_status_counts_the_planned_jobs_that_have_not_entered_the_ledger(
     status shows the jobs still waiting — here the six curves whose AM matches failed."""
     from lmckit.cli import main
     from lmckit.experiments.dag import build_jobs
-    from lmckit.experiments.spec import model_configs
+    from lmckit.experiments.schema import model_configs
     from lmckit.experiments.status import waiting_counts
 
     _fail_am_matches(monkeypatch)
@@ -782,7 +782,7 @@ def test_an_evaluation_subset_larger_than_its_split_is_said(tmp_path, capsys):
     import tomli_w
 
     from lmckit.cli import main
-    from lmckit.experiments.spec import parse_experiment
+    from lmckit.experiments.schema import parse_experiment
 
     raw = tomllib.loads(TINY.read_text())
     raw.pop("grid"), raw.pop("merge")
@@ -858,7 +858,7 @@ def test_a_run_with_a_job_of_impossible_epochs_is_refused_before_it_starts(tmp_p
     block asking 10¹² STE epochs is refused with the estimate; nothing is written."""
     from lmckit.budget import ResourceError
     from lmckit.experiments.runner import plan_run
-    from lmckit.experiments.spec import parse_experiment
+    from lmckit.experiments.schema import parse_experiment
 
     raw = tomllib.loads(TINY.read_text())
     raw.pop("grid"), raw.pop("merge")

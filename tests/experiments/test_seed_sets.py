@@ -8,7 +8,7 @@ from lmckit.experiments.dag import build_jobs
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.report import metric_groups
 from lmckit.experiments.runner import run_experiment
-from lmckit.experiments.spec import ExperimentError, load_experiment, model_configs
+from lmckit.experiments.schema import ExperimentError, load_experiment, model_configs
 from lmckit.metrics import evaluate
 from lmckit.params import average_params
 from lmckit.store import Store

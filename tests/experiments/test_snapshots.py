@@ -7,7 +7,7 @@ from lmckit.checkpoint import load_checkpoint
 from lmckit.experiments.dag import build_jobs
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.runner import run_experiment
-from lmckit.experiments.spec import load_experiment, model_configs
+from lmckit.experiments.schema import load_experiment, model_configs
 from lmckit.store import Store
 from lmckit.train import TrainConfig, init_model, train
 

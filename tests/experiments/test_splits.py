@@ -10,7 +10,7 @@ from lmckit.data import Split
 from lmckit.experiments.dag import build_jobs
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.runner import run_experiment
-from lmckit.experiments.spec import ExperimentError, load_experiment, model_configs
+from lmckit.experiments.schema import ExperimentError, load_experiment, model_configs
 from lmckit.store import Store
 
 TOML = """

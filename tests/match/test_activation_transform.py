@@ -17,9 +17,9 @@ from lmckit.match.activation_transform import (
     transform_activation_matching,
 )
 from lmckit.models import build_model, permutation_spec
-from lmckit.spec import GraphTaps, symmetry_kinds, trace
+from lmckit.tracing import GraphTaps, symmetry_kinds, trace
 from lmckit.transform import Transform, fold_norms, head_matrix
-from tests.spec.test_kinds import randomized_norms, relu_gpt2_config
+from tests.tracing.test_kinds import randomized_norms, relu_gpt2_config
 
 T = pytest.importorskip("transformers", reason="a dev dependency: pip install -e '.[dev]'")
 

@@ -15,7 +15,7 @@ from lmckit.match import weight_matching, weight_matching_reference
 from lmckit.match.orthogonal import orthogonal_weight_matching, procrustes
 from lmckit.models import build_model, permutation_spec
 from lmckit.perm import Permutation, PermutationSpec
-from lmckit.spec import symmetry_kinds
+from lmckit.tracing import symmetry_kinds
 from lmckit.transform import (
     Transform,
     fold_norms,
@@ -23,7 +23,7 @@ from lmckit.transform import (
     mean_free_basis,
     orthogonal_subgroup,
 )
-from tests.spec.test_kinds import randomized_norms
+from tests.tracing.test_kinds import randomized_norms
 
 
 def test_procrustes_beats_every_sampled_orthogonal_matrix():

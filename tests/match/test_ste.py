@@ -75,7 +75,7 @@ def test_straight_through_mixture_has_the_naive_estimators_value_and_gradients()
     ``Σ_i w_i (proxy_i + (π_i(θ_i) − proxy_i).detach())`` plus members without a proxy —
     for the loss of a real network: same forward values, same gradient on every proxy."""
     from lmckit.functional import forward
-    from lmckit.match._functional import straight_through
+    from lmckit.match.network import straight_through
     from lmckit.params import average_params
     from lmckit.train import init_model
 

@@ -18,9 +18,9 @@ from lmckit.match.transform_ste import (
     transform_ste_matching,
 )
 from lmckit.models import build_model, permutation_spec
-from lmckit.spec import symmetry_kinds
+from lmckit.tracing import symmetry_kinds
 from lmckit.transform import fold_norms, head_blocks
-from tests.spec.test_kinds import randomized_norms
+from tests.tracing.test_kinds import randomized_norms
 
 
 def _gpt(seed):

@@ -8,7 +8,7 @@ from lmckit.match.weight import weight_matching_reference
 from lmckit.match.weight_matcher import DeltaPolicy
 from lmckit.models import build_model, permutation_spec
 from lmckit.perm import Permutation, group_cost_matrix, group_rows
-from lmckit.spec import trace
+from lmckit.tracing import trace
 from tests.match.test_weight import double
 from tests.zoo import SMALL_ZOO, SMALL_ZOO_IDS, nontrivial, random_pair
 
@@ -102,7 +102,7 @@ def near_pair(model, spec, noise=0.3, seed=0):
 
 
 def traced_models():
-    from tests.spec.test_trace import DigitsSums
+    from tests.tracing.test_trace import DigitsSums
 
     torch.manual_seed(0)
     transformer = build_model("transformer", in_dim=8, length=8, dim=12, depth=2, heads=3)

@@ -12,9 +12,9 @@ import torch
 from lmckit.errors import ParamsError
 from lmckit.merge import METHODS, merge_many, merge_many_orthogonal
 from lmckit.models import build_model, permutation_spec
-from lmckit.spec import symmetry_kinds
+from lmckit.tracing import symmetry_kinds
 from lmckit.transform import Transform, fold_norms, orthogonal_subgroup, unfold_norms
-from tests.spec.test_kinds import randomized_norms
+from tests.tracing.test_kinds import randomized_norms
 
 
 def _gpt(seed: int):

@@ -73,12 +73,12 @@ def test_specs_are_traced_once_per_architecture(monkeypatch):
     """A second model of one architecture gets the first one's spec without a trace; one
     that differs only in its head count (which no layer's shape shows) is traced anew."""
     import lmckit.models.transformer as transformer
-    import lmckit.spec
+    import lmckit.tracing
 
     traced = []
-    real = lmckit.spec.trace
+    real = lmckit.tracing.trace
     monkeypatch.setattr(transformer, "_TRACED_SPECS", {})
-    monkeypatch.setattr(lmckit.spec, "trace", lambda *a, **k: traced.append(1) or real(*a, **k))
+    monkeypatch.setattr(lmckit.tracing, "trace", lambda *a, **k: traced.append(1) or real(*a, **k))
     config = {"vocab_size": 20, "context": 8, "dim": 16, "depth": 1, "mlp_dim": 24}
     first = permutation_spec(build_model("gpt", heads=4, **config))
     assert permutation_spec(build_model("gpt", heads=4, **config)) is first

@@ -87,8 +87,8 @@ def test_a_changed_spec_is_another_permutation_key(pair, tmp_path):
     groups) must not reuse it."""
     import torch
 
-    from lmckit.spec import trace
     from lmckit.store import Store
+    from lmckit.tracing import trace
     from lmckit.workflows.matching import match_key, spec_digest, stored_match
 
     torch.manual_seed(0)

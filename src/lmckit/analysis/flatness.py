@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmckit.analysis.layerwise import OUTPUT, Layer, _Capture, _cosines, model_layers
+from lmckit.analysis.layerwise import OUTPUT, Capture, Layer, cosines, model_layers
 from lmckit.errors import ParamsError
 from lmckit.evaluate.bn import bn_reset
 from lmckit.functional import check_model_fits, module_mode, per_token
@@ -110,7 +110,7 @@ def flatness(
     cos_sum = {lay.name: [0.0] * len(lambdas) for lay in resolved}
     rows = {lay.name: [0] * len(lambdas) for lay in resolved}
     count = 0
-    capture = _Capture(model, resolved)
+    capture = Capture(model, resolved)
     try:
         with torch.no_grad(), module_mode(model, False):
             for x, y in loader:
@@ -122,7 +122,7 @@ def flatness(
                     loss[i] += float(F.cross_entropy(logits.float(), targets, reduction="sum"))
                     correct[i] += int((logits.argmax(1) == targets).sum())
                     for lay in resolved:
-                        c = _cosines(ref[lay.name], seen[("post", lay.post)])
+                        c = cosines(ref[lay.name], seen[("post", lay.post)])
                         cos_sum[lay.name][i] += float(c.sum(dtype=torch.float64))
                         rows[lay.name][i] += len(c)
                 count += y.numel()  # tokens, for a language model's (N, L) targets

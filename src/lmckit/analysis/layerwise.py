@@ -141,7 +141,7 @@ def _cosine_from(dot: Tensor, sq_x: Tensor, sq_y: Tensor) -> Tensor:
     return torch.where(both_zero, torch.ones_like(cos), cos)
 
 
-def _cosines(x: Tensor, y: Tensor) -> Tensor:
+def cosines(x: Tensor, y: Tensor) -> Tensor:
     """Per-sample cosine over the unit axis (see :func:`_unit_dot`)."""
     return _cosine_from(_unit_dot(x, y), _unit_dot(x, x), _unit_dot(y, y))
 
@@ -188,7 +188,7 @@ class _Sums:
         return float(self.total[key]) / self.count[key] if self.count.get(key) else None
 
 
-class _Capture:
+class Capture:
     """Forward hooks recording each layer's post/pre outputs and its linear's input and
     output for every forward pass run through :meth:`run`."""
 
@@ -328,7 +328,7 @@ def layerwise(
     sums, moments = _Sums(), {}
     commute: dict[str, list[float]] = {}
     count = 0
-    capture = _Capture(model, resolved)
+    capture = Capture(model, resolved)
     try:
         with torch.no_grad(), module_mode(model, False):
             for x, _ in loader:
@@ -382,7 +382,7 @@ def _accumulate(lay, lam, seen_a, seen_b, seen_c, sums, moments, commute, module
         za, zb = seen_a[("pre", lay.pre)], seen_b[("pre", lay.pre)]
         relu_mix = torch.lerp(za, zb, lam).relu_()
         mix_relu = torch.lerp(F.relu(za), F.relu(zb), lam)
-        sums.add(f"{key}.weak_additivity", _cosines(relu_mix, mix_relu))
+        sums.add(f"{key}.weak_additivity", cosines(relu_mix, mix_relu))
         over = [d for d in range(za.ndim) if d != 1]  # samples and positions
         m = moments.setdefault(key, {"a": 0.0, "b": 0.0, "n": 0})
         m["a"] = m["a"] + za.square().sum(over).to(torch.float64)
@@ -478,6 +478,6 @@ def gaussian_weak_additivity(
     for d in dims:
         u = torch.randn(samples, int(d), generator=gen, dtype=torch.float64)
         v = torch.randn(samples, int(d), generator=gen, dtype=torch.float64)
-        cos = _cosines(F.relu(u) + F.relu(v), F.relu(u + v))
+        cos = cosines(F.relu(u) + F.relu(v), F.relu(u + v))
         out[int(d)] = (float(cos.mean()), float(cos.std()) if samples > 1 else 0.0)
     return out

@@ -31,7 +31,7 @@ NO_REPEATS = ("method", "gamma")
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from lmckit._io import check_output_dir
+    from lmckit.files import check_output_dir
     from lmckit.workflows.analysis import run_analyze, run_counterexample
 
     check_output_dir(args.out, "--out")

@@ -107,8 +107,8 @@ def out_path(text: str) -> Path:
 def weights(text: str) -> Path:
     """A checkpoint's weights: an existing file, an lmckit checkpoint by stem, or a Hugging
     Face model folder."""
-    from lmckit._io import special_kind
     from lmckit.checkpoint import checkpoint_paths
+    from lmckit.files import special_kind
     from lmckit.model_folder import is_model_folder
 
     path = Path(text)
@@ -139,7 +139,7 @@ def existing(kind: str) -> Callable[[str], Path]:
     """An argument type for an existing ``"file"`` or ``"folder"``."""
 
     def parse(text: str) -> Path:
-        from lmckit._io import describe_path
+        from lmckit.files import describe_path
 
         path = Path(text)
         if not (path.is_file() if kind == "file" else path.is_dir()):

@@ -15,8 +15,8 @@ NO_REPEATS: tuple[str, ...] = ()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from lmckit._io import check_output_dir
     from lmckit.experiments.demo import DemoRow, format_table, run_demo
+    from lmckit.files import check_output_dir
 
     check_output_dir(args.out, "--out")
     with ProgressBars(not args.quiet) as bars:

@@ -21,7 +21,7 @@ NO_REPEATS = ("method",)
 
 
 def cmd_interpolate(args: argparse.Namespace) -> int:
-    from lmckit._io import check_output_dir
+    from lmckit.files import check_output_dir
     from lmckit.params import has_batchnorm
     from lmckit.workflows.interpolation import run_interpolate
 

@@ -26,7 +26,7 @@ _STARTS = {"wm": "wm", "wm-fast": "wm", "am": "am", "ste": "ste"}  # --symmetrie
 
 def _check_aligned(args: argparse.Namespace) -> None:
     """``--aligned``: a folder of its own, not ``--out``, not inside an input folder."""
-    from lmckit._io import check_output_dir
+    from lmckit.files import check_output_dir
 
     check_output_dir(args.aligned, "--aligned")
     if args.aligned.resolve() == args.out.resolve():
@@ -41,7 +41,7 @@ def _check_aligned(args: argparse.Namespace) -> None:
 
 
 def cmd_match(args: argparse.Namespace) -> int:
-    from lmckit._io import check_output_file, prepare_output_file
+    from lmckit.files import check_output_file, prepare_output_file
     from lmckit.match import METHODS, TRANSFORM_METHODS
     from lmckit.workflows.estimates import check_match
     from lmckit.workflows.inputs import graph_example
@@ -114,7 +114,7 @@ def cmd_match(args: argparse.Namespace) -> int:
 
 
 def _print_transform(result, args: argparse.Namespace) -> None:
-    spec = result.perm.spec
+    spec = result.alignment.spec
     counts = spec.kind_counts()
     stages = result.info["stages"]
     path = " -> ".join(f"{s['distance']:.4f} ({s['method']})" for s in stages)

@@ -49,7 +49,7 @@ def _check_merge_draws(args: argparse.Namespace) -> None:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from lmckit._io import check_output_dir
+    from lmckit.files import check_output_dir
     from lmckit.model_folder import is_model_folder
     from lmckit.workflows.merging import (
         check_checkpoints,

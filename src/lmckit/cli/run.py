@@ -18,9 +18,9 @@ NO_REPEATS: tuple[str, ...] = ()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from lmckit._io import check_output_dir
     from lmckit.experiments.runner import run_experiment
-    from lmckit.experiments.spec import load_experiment, parse_overrides
+    from lmckit.experiments.schema import load_experiment, parse_overrides
+    from lmckit.files import check_output_dir
 
     experiment = load_experiment(args.experiment, parse_overrides(args.set or []))
     check_output_dir(args.out, "--out")

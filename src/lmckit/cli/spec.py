@@ -32,8 +32,8 @@ SPEC_FORMAT = "lmckit-trace-report"
 
 
 def cmd_spec(args: argparse.Namespace) -> int:
-    from lmckit._io import atomic_write_json, check_output_file, prepare_output_file, special_kind
-    from lmckit.spec import trace_report
+    from lmckit.files import atomic_write_json, check_output_file, prepare_output_file, special_kind
+    from lmckit.tracing import trace_report
 
     if args.out is not None:
         prepare_output_file(args.out, "--out", create=False)  # written once traced

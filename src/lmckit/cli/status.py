@@ -14,9 +14,9 @@ NO_REPEATS: tuple[str, ...] = ()
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from lmckit._io import check_output_dir, locked_output
     from lmckit.experiments.ledger import Ledger
     from lmckit.experiments.status import status_lines
+    from lmckit.files import check_output_dir, locked_output
 
     path = args.out / "ledger.sqlite"
     if not path.is_file():

@@ -51,7 +51,7 @@ def _split_option(args: argparse.Namespace) -> dict | None:
 def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
-    from lmckit._io import check_output_dir
+    from lmckit.files import check_output_dir
     from lmckit.train import TrainConfig
     from lmckit.workflows.training import load_for_model, model_config_for, train_seeds
 

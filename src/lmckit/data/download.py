@@ -10,8 +10,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from lmckit._io import atomic_path
 from lmckit.errors import DataError
+from lmckit.files import atomic_path
 
 TIMEOUT_S = 60
 

@@ -34,11 +34,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmckit._checks import check_seed
-from lmckit._io import atomic_write_bytes, refuse_special
 from lmckit.data import DataSource
 from lmckit.errors import ParamsError
 from lmckit.evaluate.bn import bn_reset, channel_statistics, repair, repair_layers
 from lmckit.evaluate.calibration import calibrated_loss, calibration_metrics
+from lmckit.files import atomic_write_bytes, refuse_special
 from lmckit.functional import check_model_fits, forward
 from lmckit.metrics import predict
 from lmckit.options import NonNegative, checked

@@ -1,4 +1,4 @@
-"""The experiment engine: an experiment file (:mod:`~lmckit.experiments.spec`) expanded into
+"""The experiment engine: an experiment file (:mod:`~lmckit.experiments.schema`) expanded into
 a job graph (:mod:`~lmckit.experiments.dag`), its steps (:mod:`~lmckit.experiments.steps`,
 which call :mod:`lmckit.workflows`) run by an executor (local processes or Ray), recorded in
 a SQLite ledger and reported as HTML; the demo is an experiment file run by it.

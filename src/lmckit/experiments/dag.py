@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from lmckit.data.splits import Split
-from lmckit.experiments.spec import Experiment, ExperimentError, train_options
+from lmckit.experiments.schema import Experiment, ExperimentError, train_options
 from lmckit.experiments.steps import Job
 from lmckit.models import build_model, model_config
 from lmckit.params import has_batchnorm
@@ -114,7 +114,7 @@ def _parts_of(train: dict[str, Any], indices: tuple[int, ...]) -> dict[str, Any]
 
 def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]) -> list[Job]:
     """The jobs of ``experiment``, dependencies first. ``configs`` holds each grid cell's
-    ``(model name, zoo configuration)`` (:func:`lmckit.experiments.spec.model_configs`)."""
+    ``(model name, zoo configuration)`` (:func:`lmckit.experiments.schema.model_configs`)."""
     jobs: list[Job] = []
     cells = list(zip(experiment.cells(), configs, strict=True))
     bases = [

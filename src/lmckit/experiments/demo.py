@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmckit._io import atomic_write_bytes, atomic_write_json, writes_folder
 from lmckit.budget import Budget
 from lmckit.data import Dataset, fashion_mnist_available, load_dataset
 from lmckit.errors import LmcError
 from lmckit.evaluate import Curve, save_curves
 from lmckit.experiments.ledger import Ledger
 from lmckit.experiments.runner import run_experiment
-from lmckit.experiments.spec import Experiment, load_experiment
+from lmckit.experiments.schema import Experiment, load_experiment
+from lmckit.files import atomic_write_bytes, atomic_write_json, writes_folder
 from lmckit.plots import plot_barriers, plot_interpolation
 from lmckit.progress import ProgressCallback
 from lmckit.store import Store

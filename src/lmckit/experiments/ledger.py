@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lmckit._io import claim
 from lmckit.errors import LmcError
+from lmckit.files import claim
 
 __all__ = ["PROGRESS_EVERY", "STATUSES", "Ledger", "LedgerError"]
 
@@ -492,7 +492,7 @@ class Ledger:
     # -- export --------------------------------------------------------------------------
     def export_csv(self, folder: str | Path) -> list[Path]:
         """Write the latest run's ``jobs.csv`` and ``metrics.csv`` into ``folder``."""
-        from lmckit._io import atomic_write_bytes
+        from lmckit.files import atomic_write_bytes
 
         folder = Path(folder)
         written = []
@@ -518,7 +518,7 @@ class Ledger:
             import pyarrow.parquet as pq
         except ImportError:
             raise LmcError("Parquet export needs pyarrow (pip install pyarrow)") from None
-        from lmckit._io import atomic_path
+        from lmckit.files import atomic_path
 
         folder = Path(folder)
         written = []

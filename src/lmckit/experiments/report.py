@@ -28,10 +28,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
-from lmckit._io import atomic_write_bytes, read_head, special_kind
 from lmckit.errors import OutputPathError, UsageError
 from lmckit.experiments.ledger import Ledger, LedgerError
-from lmckit.experiments.spec import VARIANT_KEY
+from lmckit.experiments.schema import VARIANT_KEY
+from lmckit.files import atomic_write_bytes, read_head, special_kind
 from lmckit.plots import grouped_bars
 from lmckit.store import Store
 

@@ -41,14 +41,14 @@ from typing import Any
 import torch
 
 from lmckit import __version__
-from lmckit._io import atomic_write_bytes, check_outputs, special_kind, writes_folder
 from lmckit.budget import Budget
 from lmckit.errors import LmcError, Terminated, UsageError
 from lmckit.experiments.dag import build_jobs, select_jobs
 from lmckit.experiments.executors import default_threads, make_executor, usable_cores
 from lmckit.experiments.ledger import PROGRESS_EVERY, Ledger
-from lmckit.experiments.spec import DEFAULT_NAME, Experiment, model_configs
+from lmckit.experiments.schema import DEFAULT_NAME, Experiment, model_configs
 from lmckit.experiments.steps import ARTIFACT_KIND, STEPS, Job, dataset_for, job_key
+from lmckit.files import atomic_write_bytes, check_outputs, special_kind, writes_folder
 from lmckit.progress import Progress, ProgressCallback
 from lmckit.resume import save_interval, saved_progress
 from lmckit.store import Store

@@ -10,8 +10,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from lmckit._io import folder_holder
 from lmckit.experiments.ledger import PROGRESS_EVERY, STATUSES, Ledger
+from lmckit.files import folder_holder
 
 
 def status_lines(out: Path, ledger: Ledger) -> list[str]:

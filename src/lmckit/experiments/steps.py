@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
-from lmckit._io import atomic_write_json
 from lmckit.checkpoint import load_checkpoint, save_checkpoint
 from lmckit.data import Dataset, Split
 from lmckit.evaluate.parts import part_groups
+from lmckit.files import atomic_write_json
 from lmckit.models import build_model, permutation_spec
 from lmckit.perm import Permutation
 from lmckit.progress import ProgressCallback

@@ -10,7 +10,7 @@ Which activations belong to which group is the model's to say: ``taps`` maps a g
 the names of modules whose outputs carry its units on axis 1 (the zoo's CNNs and MLPs
 provide ``model.activation_taps()``, marking post-ReLU features with ``nn.Identity`` taps).
 Any other model — the zoo's transformers, a user's model — is read through its traced graph
-(:class:`lmckit.spec.GraphTaps`: outputs of activation functions, else norms, else linear
+(:class:`lmckit.tracing.GraphTaps`: outputs of activation functions, else norms, else linear
 maps). A group with several taps — a residual stream — sums the per-tap gain matrices, so
 every place the stream is materialised votes for its permutation.
 """
@@ -29,13 +29,13 @@ from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError, SpecError
 from lmckit.functional import check_model_fits, forward, module_mode
 from lmckit.lap import assign_groups
-from lmckit.match._functional import batches_per_pass, require_model_and_data
+from lmckit.match.network import batches_per_pass, require_model_and_data
 from lmckit.match.result import MatchResult, check_inputs
 from lmckit.options import Count, checked
 from lmckit.params import Params, params_distance
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
-from lmckit.spec import GraphTaps
+from lmckit.tracing import GraphTaps
 
 ActivationStatistic = Literal["correlation", "cross_moment"]
 METHODS: tuple[str, ...] = get_args(ActivationStatistic)
@@ -120,7 +120,7 @@ class _ModuleTaps:
         return captured
 
 
-def _taps_for(model: nn.Module, spec: PermutationSpec, taps, x: Tensor):
+def taps_for(model: nn.Module, spec: PermutationSpec, taps, x: Tensor):
     """What reads the activations: the given module names, a :class:`GraphTaps`, the
     model's ``activation_taps()``, or else the sites of the model's traced graph."""
     if isinstance(taps, GraphTaps):
@@ -174,7 +174,7 @@ def activation_matching(
             units, 0.353 vs 0.360 at ×1, 0.335 vs 0.343 at ×4 — so it stays the default.
         n_batches: use only the first ``n_batches`` batches (all by default).
         taps: group -> module names whose outputs carry the group's units on axis 1, or a
-            :class:`~lmckit.spec.GraphTaps`. Default: ``model.activation_taps()`` (the
+            :class:`~lmckit.tracing.GraphTaps`. Default: ``model.activation_taps()`` (the
             zoo's CNNs and MLPs), else the activation sites of the model's traced graph
             (the model must trace to ``spec``; traced on the first batch's first rows).
 
@@ -200,7 +200,7 @@ def activation_matching(
         for x, _ in islice(batches, n_batches):
             x = x.to(device)
             if reader is None:
-                reader = _taps_for(model, spec, taps, x)
+                reader = taps_for(model, spec, taps, x)
             acts_a = reader(params_a, x)
             acts_b = reader(params_b, x)
             for name, act_a in acts_a.items():
@@ -229,7 +229,7 @@ def activation_matching(
     )
     perm = Permutation(spec, perms)
     return MatchResult(
-        perm=perm,
+        alignment=perm,
         method=f"activation_matching[{method}]",
         history=(gain,),
         iterations=used,

@@ -47,15 +47,15 @@ from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
 from lmckit.kinds import KINDS
-from lmckit.match._functional import batches_per_pass, require_model_and_data
-from lmckit.match.activation import _taps_for
-from lmckit.match.orthogonal import _mean_free_procrustes, procrustes
+from lmckit.match.activation import taps_for
+from lmckit.match.network import batches_per_pass, require_model_and_data
+from lmckit.match.orthogonal import mean_free_procrustes, procrustes
 from lmckit.match.result import MatchResult
 from lmckit.options import Count, checked
 from lmckit.params import Params, detached
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
-from lmckit.spec import GraphTaps
+from lmckit.tracing import GraphTaps
 from lmckit.transform import Transform, head_blocks, head_matrix, random_group_map
 
 __all__ = ["transform_activation_matching"]
@@ -155,7 +155,7 @@ GROUP_FITS: dict[str, Callable[[_Moments, bool, int, bool], Tensor]] = {
     "scaling": _fit_scaling,
     "invertible": lambda m, primal, n, refine: _least_squares(m.ab, m.aa, m.bb, primal),
     "orthogonal": lambda m, primal, n, refine: procrustes(m.ab),
-    "orthogonal-mean-free": lambda m, primal, n, refine: _mean_free_procrustes(m.ab),
+    "orthogonal-mean-free": lambda m, primal, n, refine: mean_free_procrustes(m.ab),
 }
 """This matcher's closed-form fit of one group of each kind (:data:`lmckit.kinds.KINDS`)
 from the moments of its activations: ``fit(moments, primal, n, refine)`` (``refine``: keep
@@ -306,7 +306,7 @@ def transform_activation_matching(
     """Fit each group's map of ``spec``'s kind on activations (module docstring).
 
     Args:
-        spec: a spec with kinds and duals (:func:`lmckit.spec.symmetry_kinds`).
+        spec: a spec with kinds and duals (:func:`lmckit.tracing.symmetry_kinds`).
         params_a, params_b: models A and B, norm gains folded
             (:func:`lmckit.transform.fold_norms`) for groups of an orthogonal kind.
         model: a module both fit, traced for its activation sites (it must trace to
@@ -319,7 +319,7 @@ def transform_activation_matching(
         refine: fit only these groups, keeping their heads' and units' order (each other
             group keeps ``init``'s map). All groups by default.
         n_batches: use only the first ``n_batches`` batches.
-        taps: a :class:`~lmckit.spec.GraphTaps` to read the sites with (traced by default).
+        taps: a :class:`~lmckit.tracing.GraphTaps` to read the sites with (traced by default).
         batch_size: for a ``Dataset``.
 
     Returns:
@@ -362,7 +362,7 @@ def transform_activation_matching(
         for x, _ in islice(batches, n_batches):
             x = x.to(device)
             if reader is None:
-                reader = taps if taps is not None else _taps_for(model, spec, None, x)
+                reader = taps if taps is not None else taps_for(model, spec, None, x)
                 sides = _site_sides(spec, reader, params_a, x, seed)
                 site_group = {s: g for g, sites in reader.taps().items() for s in sites}
             acts_a, acts_b = reader(params_a, x), reader(moved_b, x)
@@ -406,7 +406,7 @@ def transform_activation_matching(
     }
     transform = step.compose(init)
     return MatchResult(
-        perm=transform,
+        alignment=transform,
         method="am-transform" if refine is None else "ls-refine",
         history=(),
         iterations=used,

@@ -2,7 +2,7 @@
 
 The objective is weight matching's, ``max ⟨θ_A, T(θ_B)⟩`` (equivalently ``min ‖θ_A −
 T(θ_B)‖²``), now over a :class:`~lmckit.transform.Transform`: an orthogonal matrix for
-each group whose kind allows one (``spec.kinds``, :func:`lmckit.spec.symmetry_kinds`), a
+each group whose kind allows one (``spec.kinds``, :func:`lmckit.tracing.symmetry_kinds`), a
 permutation elsewhere. The coordinate descent is Git Re-Basin Alg. 1's: visit the update
 units in a random order; with every other group fixed, the objective is linear in the
 group's map, ``⟨M, C⟩`` with the same gain matrix ``C`` as weight matching's LAP, and its
@@ -60,7 +60,7 @@ def procrustes(gains: Tensor) -> Tensor:
     return u @ vh
 
 
-def _mean_free_procrustes(gains: Tensor) -> Tensor:
+def mean_free_procrustes(gains: Tensor) -> Tensor:
     n = gains.shape[0]
     basis = mean_free_basis(n)
     inner = basis.T @ gains.to(torch.float64) @ basis
@@ -111,7 +111,7 @@ def _assignment(gains: Tensor) -> Tensor:
 FITS: dict[str, Callable[[Tensor], Tensor]] = {
     "permutation": _assignment,
     "orthogonal": lambda gains: procrustes(gains),
-    "orthogonal-mean-free": lambda gains: _mean_free_procrustes(gains),
+    "orthogonal-mean-free": lambda gains: mean_free_procrustes(gains),
 }
 """The best map of one group of each distance-keeping kind (the ``narrowed`` kinds of
 :data:`lmckit.kinds.KINDS`: this matcher runs on :func:`~lmckit.transform.orthogonal_subgroup`)
@@ -183,7 +183,7 @@ def orthogonal_weight_matching(
     """Find ``T`` maximising ``⟨θ_A, T(θ_B)⟩`` over the spec's kinds (module docstring).
 
     Args:
-        spec: a spec with kinds (:func:`lmckit.spec.symmetry_kinds`); groups without one are
+        spec: a spec with kinds (:func:`lmckit.tracing.symmetry_kinds`); groups without one are
             permuted, so a spec without kinds gives weight matching's permutations. Weight
             matching searches the distance-keeping part of each kind
             (:func:`~lmckit.transform.orthogonal_subgroup`): invertible groups get orthogonal
@@ -280,7 +280,7 @@ def orthogonal_weight_matching(
     counts = spec.kind_counts()
     transform = Transform(given, dict(transform.items()))
     return MatchResult(
-        perm=transform,
+        alignment=transform,
         method="wm-orth",
         history=tuple(history),
         iterations=sweeps,

@@ -23,16 +23,21 @@ from lmckit.perm import Permutation, PermutationSpec
 if TYPE_CHECKING:
     from lmckit.data import Dataset
     from lmckit.progress import ProgressCallback
+    from lmckit.transform import Transform
 
 
 @dataclass(frozen=True)
 class MatchResult:
-    """A permutation of model B onto model A and how it was found.
+    """What aligns model B to model A — a permutation, or for the methods beyond
+    permutations a transform — and how it was found.
 
-    ``perm.apply(params_b)`` is π(θ_B), aligned to θ_A.
+    ``alignment.apply(params_b)`` is π(θ_B), aligned to θ_A (for a transform, of the
+    norm-folded models: :func:`lmckit.transform.align`).
 
     Attributes:
-        perm: the permutation.
+        alignment: a :class:`~lmckit.perm.Permutation`, or a
+            :class:`~lmckit.transform.Transform` (``wm-orth``, ``am-full`` …: the methods of
+            :data:`lmckit.match.TRANSFORM_METHODS`).
         method: the matcher's name.
         history: the matcher's objective after each iteration (weight matching: the inner
             product ⟨θ_A, π(θ_B)⟩ over the matched tensors after each sweep; STE/Sinkhorn:
@@ -46,7 +51,7 @@ class MatchResult:
         info: method-specific extras (settings, counters).
     """
 
-    perm: Permutation
+    alignment: Permutation | Transform
     method: str
     history: tuple[float, ...]
     iterations: int
@@ -55,6 +60,11 @@ class MatchResult:
     distance_after: float
     duals: Mapping[str, LapDuals] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def perm(self) -> Permutation | Transform:
+        """The old name of :attr:`alignment` (it held transforms too), kept for one release."""
+        return self.alignment
 
 
 class Matcher(Protocol):

@@ -25,7 +25,7 @@ from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
 from lmckit.lap import assign_groups
-from lmckit.match._functional import (
+from lmckit.match.network import (
     Variant,
     batch_loss,
     batches_per_pass,
@@ -202,7 +202,7 @@ def sinkhorn_matching(
         perms = assign_groups(soft, spec.heads)
     perm = Permutation(spec, perms)
     return MatchResult(
-        perm=perm,
+        alignment=perm,
         method=f"sinkhorn[{objective}]",
         history=tuple(history),
         iterations=n_steps,

@@ -19,7 +19,7 @@ from torch import nn
 from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
-from lmckit.match._functional import (
+from lmckit.match.network import (
     Variant,
     batch_loss,
     batches_per_pass,
@@ -143,7 +143,7 @@ def ste_matching(
     steps = 0
     with module_mode(model, True):
         wm = project(init, None)
-        perm, duals = wm.perm, wm.duals
+        perm, duals = wm.alignment, wm.duals
         best_perm = perm
         best_loss = _midpoint_loss(model, params_a, params_b, perm, eval_set)
         eval_history.append(best_loss)
@@ -153,7 +153,7 @@ def ste_matching(
                 t0 = time.perf_counter()
                 wm = project(perm, duals)
                 wm_seconds += time.perf_counter() - t0
-                perm, duals = wm.perm, wm.duals
+                perm, duals = wm.alignment, wm.duals
                 with torch.no_grad():
                     mid = lerp_params(params_a, perm.apply(params_b), 0.5)
                 loss = batch_loss(model, straight_through(mid, [(proxy, 0.5)]), x, y)
@@ -164,13 +164,13 @@ def ste_matching(
                 notify(progress, steps, total and total * epochs, loss=value, epoch=epoch + 1)
             history.append(loss_sum / max(count, 1))
             final = project(perm, duals)
-            perm, duals = final.perm, final.duals
+            perm, duals = final.alignment, final.duals
             score = _midpoint_loss(model, params_a, params_b, perm, eval_set)
             eval_history.append(score)
             if score < best_loss or paper:  # the paper returns the last projection
                 best_perm, best_loss = perm, score
     return MatchResult(
-        perm=best_perm,
+        alignment=best_perm,
         method="ste",
         history=tuple(history),
         iterations=steps,

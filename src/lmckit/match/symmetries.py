@@ -3,7 +3,7 @@ norms, match.
 
 The matchers of :mod:`lmckit.match.orthogonal` and :mod:`lmckit.match.activation_transform`
 need a spec with kinds and both models' norm gains folded; :func:`symmetry_matching`
-does both from the model (:func:`lmckit.spec.symmetry_kinds` on an example batch) and runs
+does both from the model (:func:`lmckit.tracing.symmetry_kinds` on an example batch) and runs
 the stages of one recipe:
 
 * ``start="wm"``: weight matching over permutations, continued over orthogonal maps
@@ -34,8 +34,8 @@ from torch import Tensor, nn
 from lmckit.data import DataSource
 from lmckit.errors import ParamsError
 from lmckit.kinds import KINDS
-from lmckit.match._functional import example_batch
 from lmckit.match.activation_transform import transform_activation_matching
+from lmckit.match.network import example_batch
 from lmckit.match.orthogonal import orthogonal_weight_matching
 from lmckit.match.result import MatchResult, check_inputs
 from lmckit.match.transform_ste import transform_ste_matching
@@ -114,7 +114,7 @@ def symmetry_matching(
         ParamsError: an unknown ``symmetries`` or ``start``, no model or data, an ``init``,
             or a model whose graph admits nothing beyond permutations.
     """
-    from lmckit.spec import symmetry_kinds
+    from lmckit.tracing import symmetry_kinds
 
     started = time.perf_counter()
     if symmetries not in SYMMETRIES:
@@ -152,7 +152,7 @@ def symmetry_matching(
     else:
         wm = weight_matching(kinds, folded_a, folded_b, seed=seed, restarts=restarts)
         orth = orthogonal_weight_matching(
-            kinds, folded_a, folded_b, init=wm.perm, seed=seed, max_iter=max_iter,
+            kinds, folded_a, folded_b, init=wm.alignment, seed=seed, max_iter=max_iter,
             progress=progress if start == "wm" else None,  # one stream: the long stage's
         )  # fmt: skip
         stages = [wm, orth]
@@ -160,7 +160,7 @@ def symmetry_matching(
         if symmetries == "full" and refine and start == "wm":
             stages.append(
                 transform_activation_matching(
-                    kinds, folded_a, folded_b, init=stages[-1].perm, refine=refine, **common
+                    kinds, folded_a, folded_b, init=stages[-1].alignment, refine=refine, **common
                 )
             )
         if start == "ste":
@@ -171,7 +171,7 @@ def symmetry_matching(
                     folded_b,
                     model=model,
                     data=data,
-                    init=stages[-1].perm,
+                    init=stages[-1].alignment,
                     seed=seed,
                     progress=progress,
                     epochs=epochs,
@@ -182,7 +182,7 @@ def symmetry_matching(
             )
     final = stages[-1]
     return MatchResult(
-        perm=final.perm,
+        alignment=final.alignment,
         method=f"{start}-{symmetries}",
         history=final.history,
         iterations=final.iterations,

@@ -30,7 +30,7 @@ from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
 from lmckit.kinds import KINDS
-from lmckit.match._functional import (
+from lmckit.match.network import (
     batch_loss,
     batches_per_pass,
     check_training_options,
@@ -138,7 +138,7 @@ def transform_ste_matching(
     """Minimise the midpoint loss over the orthogonal and invertible maps (module docstring).
 
     Args:
-        spec: a spec with kinds (:func:`lmckit.spec.symmetry_kinds`).
+        spec: a spec with kinds (:func:`lmckit.tracing.symmetry_kinds`).
         params_a, params_b: models A and B with their norm gains folded.
         model: a module both fit (run in eval mode: dropout off).
         data: an lmckit ``Dataset`` (training split, shuffled by ``seed``) or batches.
@@ -204,7 +204,7 @@ def transform_ste_matching(
     transform = Transform(spec, final)
     identity = Transform.identity(spec)
     return MatchResult(
-        perm=transform,
+        alignment=transform,
         method="ste-transform",
         history=tuple(history),
         iterations=steps,

@@ -203,14 +203,14 @@ def weight_matching(
     if restarts > 1:
         info.update(restart_objectives=objectives, best_restart=best_index)
     return MatchResult(
-        perm=best.perm,
+        alignment=best.alignment,
         method=best.method,
         history=best.history,
         iterations=best.iterations,
         seconds=time.perf_counter() - start,
         # one tensor permuted at a time: a permuted copy of B would be a third model
         distance_before=Permutation.identity(spec).distance(params_a, params_b),
-        distance_after=best.perm.distance(params_a, params_b),
+        distance_after=best.alignment.distance(params_a, params_b),
         duals=best.duals,
         info=info,
     )

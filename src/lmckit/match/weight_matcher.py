@@ -668,7 +668,7 @@ class WeightMatcher:
             before = _distance(spec, params_a, params_b, None)
             after = _distance(spec, params_a, params_b, perm)
         return MatchResult(
-            perm=final,
+            alignment=final,
             method="weight_matching[warm]" if warm_start else "weight_matching",
             history=tuple(history),
             iterations=sweeps,

@@ -77,9 +77,9 @@ def merge_many(
                 objective=False,
             )
             duals[i] = r.duals
-            if r.perm != perms[i]:
-                perms[i] = r.perm
-                aligned[i] = r.perm.apply(params_list[i])
+            if r.alignment != perms[i]:
+                perms[i] = r.alignment
+                aligned[i] = r.alignment.apply(params_list[i])
                 changed += 1
         history.append(float(pairwise_inner_sum(aligned)))
         notify(progress, rounds, None, objective=history[-1], changed=changed)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from lmckit._checks import check_int
 from lmckit.data import DataSource
 from lmckit.errors import ParamsError
-from lmckit.match._functional import example_batch
+from lmckit.match.network import example_batch
 from lmckit.match.orthogonal import orthogonal_weight_matching
 from lmckit.merge.many import merge_many
 from lmckit.merge.result import MergeResult, check_models
@@ -57,7 +57,7 @@ def merge_many_orthogonal(
     Args:
         spec, params_list: the models (at least two, fitting the spec), norms not folded.
         model: the module they fit; its graph decides which groups rotate
-            (:func:`lmckit.spec.symmetry_kinds`).
+            (:func:`lmckit.tracing.symmetry_kinds`).
         data: where the example batch comes from when ``example_inputs`` is not given.
         reference: the model whose frame the maps are finally expressed in.
         seed: the rounds' visiting orders and the descents' group orders.
@@ -76,7 +76,7 @@ def merge_many_orthogonal(
     Raises:
         ParamsError: no model, no example batch, or a model whose graph lets nothing rotate.
     """
-    from lmckit.spec import symmetry_kinds
+    from lmckit.tracing import symmetry_kinds
 
     start = time.perf_counter()
     ref = check_models(spec, params_list, reference, None, seed)
@@ -106,7 +106,7 @@ def merge_many_orthogonal(
             result = orthogonal_weight_matching(
                 kinds, others, folded[i], init=maps[i], seed=seed + rounds, max_iter=20
             )
-            maps[i] = result.perm
+            maps[i] = result.alignment
             aligned[i] = maps[i].apply(folded[i])
         history.append(float(pairwise_inner_sum(aligned)))
         notify(progress, rounds, None, objective=history[-1])

@@ -68,7 +68,7 @@ def star(
             data=data if matcher.needs_data else None,  # data also BN-resets the merge
             **match_options,
         )  # fmt: skip
-        perms.append(result.perm)
+        perms.append(result.alignment)
         notify(progress, len(perms) - (ref < i), n - 1, model=i)
     return merged_result(
         f"star-{method}" + ("-others" if average == "others" else ""),

@@ -25,7 +25,7 @@ from lmckit.data import Dataset, DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
 from lmckit.lap import LapDuals
-from lmckit.match._functional import (
+from lmckit.match.network import (
     Variant,
     batch_loss,
     batches_per_pass,
@@ -357,7 +357,7 @@ def ste_mm(
             distances=False,
             objective=False,
         )
-        perms[i], duals[i] = r.perm, r.duals
+        perms[i], duals[i] = r.alignment, r.duals
         lap_work[i] += r.info.get("lap_solves", 0)
 
     pool = ThreadPoolExecutor(workers, "lmckit-ste-mm") if workers > 1 else None

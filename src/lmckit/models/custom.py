@@ -9,7 +9,7 @@ dict keys are the class's own), with what the zoo's models have:
   it again; ``source_sha256`` (:func:`class_source_digest`) is the digest of the class's
   code as it is *now*, so that keys of results change when the code does;
 * ``model.permutation_spec()`` — traced from the model's graph on an example input of
-  ``input_shape`` and verified (:func:`lmckit.spec.trace`), once per model.
+  ``input_shape`` and verified (:func:`lmckit.tracing.trace`), once per model.
 
 Importing a class runs its module's code, so a checkpoint whose sidecar names a user class
 is built only when the caller names that class (see :func:`lmckit.checkpoint.load_checkpoint`).
@@ -152,7 +152,7 @@ def build_custom(
     def permutation_spec() -> PermutationSpec:
         """Traced from the model's graph on an example input (and verified), once."""
         if not cache:
-            from lmckit.spec import trace
+            from lmckit.tracing import trace
 
             parameter = next(model.parameters(), None)
             device = parameter.device if parameter is not None else torch.device("cpu")

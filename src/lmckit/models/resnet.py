@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmckit.errors import ModelConfigError, ParamsError
-from lmckit.models._spec import SpecBuilder
+from lmckit.models._builder import SpecBuilder
 from lmckit.models.norms import make_norm, scaled_width
 from lmckit.options import check_arguments
 from lmckit.perm import PermutationSpec

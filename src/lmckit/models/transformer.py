@@ -2,7 +2,7 @@
 decoder-only language model.
 
 Both are pre-LN (``x + attn(LN(x))``, ``x + mlp(LN(x))``) with separate query, key and value
-projections, so their permutation spec — traced with :func:`lmckit.spec.trace`, not written
+projections, so their permutation spec — traced with :func:`lmckit.tracing.trace`, not written
 by hand — has one group for the residual stream, one per MLP hidden layer, and one per
 attention layer permuting whole heads (blocks of the head dimension in Q, K, V and O).
 
@@ -97,12 +97,12 @@ class _Transformer(nn.Module):
         self.head = nn.Linear(dim, num_classes)
 
     def permutation_spec(self) -> PermutationSpec:
-        """Traced from the model's own graph (and verified): see :mod:`lmckit.spec`. A
+        """Traced from the model's own graph (and verified): see :mod:`lmckit.tracing`. A
         trace takes about half a second and an experiment asks for the spec of every model
         it loads, so specs are kept per architecture: the module tree as ``repr`` prints it
         (every layer's type and shape), every module's plain settings (heads, causal) and
         the example input's shape."""
-        from lmckit.spec import trace
+        from lmckit.tracing import trace
 
         settings = tuple(
             (name, tuple(sorted((k, repr(v)) for k, v in vars(m).items() if _plain(v))))

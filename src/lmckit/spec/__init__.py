@@ -1,10 +1,5 @@
-"""Permutation specs derived from a model's code: :func:`trace` exports the model with
-``torch.export``, relates the axes of every op and verifies the result; :class:`GraphTaps`
-reads each group's activations off the same graph (for activation matching);
-:func:`symmetry_kinds` finds which groups also admit orthogonal maps."""
+"""Moved to :mod:`lmckit.tracing` (this path, and its modules' paths, stay for one release)."""
 
-from lmckit.spec.kinds import SymmetryReport, symmetry_kinds
-from lmckit.spec.taps import GraphTaps
-from lmckit.spec.trace import TraceReport, trace, trace_report
+from lmckit._moved import alias
 
-__all__ = ["GraphTaps", "SymmetryReport", "TraceReport", "symmetry_kinds", "trace", "trace_report"]
+alias(__name__, "lmckit.tracing")

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmckit._io import atomic_write_json, check_outputs, prepare_output_dir, writes_folder
 from lmckit.analysis.counterexample import (
     counterexample_data,
     counterexample_error,
@@ -33,6 +32,7 @@ from lmckit.analysis.taylor import taylor_barrier
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset, TensorLoader
 from lmckit.errors import UsageError
+from lmckit.files import atomic_write_json, check_outputs, prepare_output_dir, writes_folder
 from lmckit.match import METHODS, TRANSFORM_METHODS
 from lmckit.params import Params, has_batchnorm, lerp_params
 from lmckit.perm import Permutation, PermutationSpec

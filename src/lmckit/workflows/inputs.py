@@ -108,9 +108,9 @@ def load_inputs(
     its spec traced once on an example of ``input_shape``; or Hugging Face model folders
     (all of one kind: folders and checkpoints do not mix). ``log`` hears what a folder load
     reads, ``warn`` which of its tensors the trace leaves frozen."""
-    from lmckit._io import special_kind
     from lmckit.checkpoint import checkpoint_paths, load_checkpoint, load_foreign
-    from lmckit.spec import trace
+    from lmckit.files import special_kind
+    from lmckit.tracing import trace
 
     folders = [p for p in paths if Path(p).is_dir()]
     if folders:

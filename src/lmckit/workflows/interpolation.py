@@ -8,11 +8,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lmckit._io import atomic_write_json, check_outputs, prepare_output_dir, writes_folder
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset
 from lmckit.errors import UsageError
 from lmckit.evaluate import Curve, interpolate, lambda_grid, save_curves
+from lmckit.files import atomic_write_json, check_outputs, prepare_output_dir, writes_folder
 from lmckit.match import METHODS
 from lmckit.params import has_batchnorm
 from lmckit.perm import Permutation

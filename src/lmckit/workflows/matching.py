@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from lmckit._io import atomic_write_json, refuse_special
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset
 from lmckit.errors import DataError, LmcError, ParamsError, PermutationError, UsageError
+from lmckit.files import atomic_write_json, refuse_special
 from lmckit.functional import forward, module_mode, per_token
 from lmckit.match import METHODS, TRANSFORM_METHODS, MatchResult
 from lmckit.params import check_products_finite
@@ -131,7 +131,7 @@ TRANSFORM_FORMAT = "lmckit-transform"
 def save_transform(path: str | Path, result: MatchResult, **extra: Any) -> None:
     """Write a transform file: the kinds and folds of the spec (what the maps need: fold
     the norms, then apply), each group's index vector or matrix, and the match's summary."""
-    spec = result.perm.spec
+    spec = result.alignment.spec
     atomic_write_json(
         Path(path),
         {
@@ -142,7 +142,7 @@ def save_transform(path: str | Path, result: MatchResult, **extra: Any) -> None:
             "folds": {k: [list(r) for r in v] for k, v in spec.folds.items()},
             "norm_biases": dict(spec.norm_biases),
             "duals": sorted(list(d) for d in spec.duals),
-            "maps": result.perm.to_dict(),
+            "maps": result.alignment.to_dict(),
             "distance_before": result.distance_before,
             "distance_after": result.distance_after,
             "seconds": result.seconds,
@@ -200,8 +200,8 @@ def save_match(path: str | Path, result: MatchResult, **extra: Any) -> None:
         {
             "format": PERMUTATION_FORMAT,
             "method": result.method,
-            "groups": dict(result.perm.spec.groups),
-            "perm": result.perm.to_dict(),
+            "groups": dict(result.alignment.spec.groups),
+            "perm": result.alignment.to_dict(),
             "distance_before": result.distance_before,
             "distance_after": result.distance_after,
             "seconds": result.seconds,
@@ -314,7 +314,7 @@ def stored_match(
 
     def write(folder: Path) -> tuple[str, dict[str, Any]]:
         result = match_checkpoints(a, b, method, data, seed=seed, progress=progress, **used)
-        if isinstance(result.perm, Transform):
+        if isinstance(result.alignment, Transform):
             save_transform(folder / "perm.json", result)
         else:
             save_match(folder / "perm.json", result)
@@ -325,7 +325,7 @@ def stored_match(
             "distance_before": result.distance_before,
             "distance_after": result.distance_after,
         }
-        return permutation_content(result.perm), record
+        return permutation_content(result.alignment), record
 
     artifact, reused = store.get_or_put("permutation", key, document, write)
     return load_alignment(artifact.file("perm.json"), a.spec), artifact, reused
@@ -448,7 +448,7 @@ def locked_match_outputs(
     """Hold the folder of the match file ``out`` (and the model folder ``aligned``, when
     given) for one writer, refusing outputs that are ``a``'s or ``b``'s files — before any
     lock file is made and again once the folders are held."""
-    from lmckit._io import check_not_inputs, check_outputs, locked_output
+    from lmckit.files import check_not_inputs, check_outputs, locked_output
     from lmckit.model_folder import output_names
 
     with contextlib.ExitStack() as stack:
@@ -476,12 +476,12 @@ def write_aligned(
     from lmckit.model_folder import provenance, write_model_folder
 
     about: dict[str, Any] = {"method": result.method, "inputs": provenance({"a": a, "b": b})}
-    if isinstance(result.perm, Transform):
+    if isinstance(result.alignment, Transform):
         from lmckit.transform import align, unfold_norms
 
-        spec = result.perm.spec
+        spec = result.alignment.spec
         gains = {k: a.params[k] for k in spec.folds}
-        moved = unfold_norms(spec, align(result.perm, b.params), gains)
+        moved = unfold_norms(spec, align(result.alignment, b.params), gains)
         about["layout"] = (
             "B moved by the transform, with A's norm gains (the same function as B; "
             "interpolating it with A is the folded path)"
@@ -489,7 +489,7 @@ def write_aligned(
         write_model_folder(folder, b, params=moved, about=about, log=log)
         return
     about["l2_distance"] = {"before": result.distance_before, "after": result.distance_after}
-    write_model_folder(folder, b, perm=result.perm, about=about, log=log)
+    write_model_folder(folder, b, perm=result.alignment, about=about, log=log)
 
 
 def match_to_files(

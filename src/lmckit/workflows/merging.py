@@ -12,18 +12,18 @@ from typing import Any
 import torch
 from safetensors.torch import save as save_tensors
 
-from lmckit._io import (
+from lmckit.analysis import multi_model_metrics, plane_landscape, sharpness
+from lmckit.checkpoint import Checkpoint, save_checkpoint
+from lmckit.data import Dataset, Split, indices_digest
+from lmckit.errors import ParamsError, UsageError
+from lmckit.evaluate.parts import ENSEMBLE, part_groups, parts_report
+from lmckit.files import (
     atomic_write_bytes,
     atomic_write_json,
     check_outputs,
     prepare_output_dir,
     writes_folder,
 )
-from lmckit.analysis import multi_model_metrics, plane_landscape, sharpness
-from lmckit.checkpoint import Checkpoint, save_checkpoint
-from lmckit.data import Dataset, Split, indices_digest
-from lmckit.errors import ParamsError, UsageError
-from lmckit.evaluate.parts import ENSEMBLE, part_groups, parts_report
 from lmckit.merge import METHODS, MergeResult
 from lmckit.models import build_model
 from lmckit.params import check_products_finite, has_batchnorm

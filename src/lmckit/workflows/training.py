@@ -16,12 +16,12 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from lmckit._io import prepare_output_dir, writes_folder
 from lmckit.budget import Budget, check_budget, forward_seconds
 from lmckit.checkpoint import checkpoint_paths, save_checkpoint, verify_checkpoint
 from lmckit.data import Dataset, Split, canonical_name, load_dataset
 from lmckit.data.datasets import INPUT_SHAPES
 from lmckit.errors import CheckpointError, ModelConfigError, ParamsError
+from lmckit.files import prepare_output_dir, writes_folder
 from lmckit.models import ALIASES, MODELS, build_model
 from lmckit.models import model_config as config_of
 from lmckit.models.norms import scaled_width

@@ -2,7 +2,7 @@
 
 import pytest
 
-from lmckit.experiments.spec import ExperimentError, load_experiment, parse_experiment
+from lmckit.experiments.schema import ExperimentError, load_experiment, parse_experiment
 from tests.experiments.conftest import TINY
 
 BASE = {"data": {"dataset": "digits"}, "model": {"name": "mlp"}}
@@ -164,7 +164,7 @@ def test_every_experiment_file_in_the_repository_is_valid():
 
 
 def test_variants_are_crossed_with_the_grid(tmp_path):
-    from lmckit.experiments.spec import VARIANT_KEY
+    from lmckit.experiments.schema import VARIANT_KEY
 
     path = tmp_path / "v.toml"
     path.write_text(
@@ -215,7 +215,7 @@ def test_a_file_that_is_not_utf8_is_named(tmp_path):
 
 
 def test_model_options_are_typed_once_the_data_is_known(digits):
-    from lmckit.experiments.spec import model_configs
+    from lmckit.experiments.schema import model_configs
 
     for model, message in (
         ({"name": "mlp", "hidden": "64"}, "hidden must be a list of integers ≥ 1, got '64'"),
@@ -231,7 +231,7 @@ def test_model_options_are_typed_once_the_data_is_known(digits):
 def test_the_annotated_example_names_every_key():
     """The module docstring's annotated file is the experiment reference of the site: every
     key the parser accepts appears in it."""
-    from lmckit.experiments import spec
+    from lmckit.experiments import schema as spec
 
     doc = spec.__doc__
     for keys in (spec.TOP_KEYS, spec.COMPARE_KEYS, spec.MERGE_KEYS, spec.TRIPLET_KEYS,
@@ -257,7 +257,7 @@ def test_fixed_merge_weights_must_fit_every_count_of_their_block():
 
 
 def test_overrides_are_read_as_toml_and_each_key_is_given_once():
-    from lmckit.experiments.spec import parse_overrides
+    from lmckit.experiments.schema import parse_overrides
 
     assert parse_overrides(["train.epochs=2", "seeds=[0, 1]", "model.name=mlp", "x = 1.5"]) == {
         "train.epochs": 2, "seeds": [0, 1], "model.name": "mlp", "x": 1.5

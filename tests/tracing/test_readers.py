@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from lmckit.spec import symmetry_kinds, trace
+from lmckit.tracing import symmetry_kinds, trace
 from lmckit.transform import Transform, fold_norms
 
 FORMS = {

@@ -1,4 +1,4 @@
-"""lmckit.spec.trace: specs read off the export graph, checked against the zoo's hand-built
+"""lmckit.tracing.trace: specs read off the export graph, checked against the zoo's hand-built
 specs, against planted permutations, and against rules made wrong on purpose."""
 
 import sys
@@ -11,10 +11,10 @@ from lmckit.errors import SpecError
 from lmckit.models import build_model, permutation_spec
 from lmckit.params import params_distance
 from lmckit.perm import Permutation
-from lmckit.spec import trace, trace_report
+from lmckit.tracing import trace, trace_report
 from tests.zoo import SMALL_ZOO, SMALL_ZOO_IDS, nontrivial, planted_recovery
 
-rules = sys.modules["lmckit.spec.rules"]
+rules = sys.modules["lmckit.tracing.rules"]
 aten = torch.ops.aten
 
 
@@ -812,7 +812,7 @@ def test_two_sums_cut_alike_move_their_parts_together():
 def test_the_check_moves_every_group_even_small_ones():
     """A 2-unit group stays put under half of all random permutations; the check draws
     again until it moves, so a wrong rule on a small group cannot pass by luck."""
-    moving = sys.modules["lmckit.spec.trace"]._moving_permutation
+    moving = sys.modules["lmckit.tracing.trace"]._moving_permutation
     spec = trace(Grouped(), torch.randn(4, 3, 6, 6))  # one group of 2 units
     for seed in range(20):
         perm = moving(spec, seed)

@@ -1,11 +1,11 @@
-"""lmckit.spec.trace on Hugging Face models (small configs, random weights, no downloads):
+"""lmckit.tracing.trace on Hugging Face models (small configs, random weights, no downloads):
 each traced spec is verified by the tracer itself, and WM must recover a planted
 permutation of it exactly."""
 
 import pytest
 import torch
 
-from lmckit.spec import trace_report
+from lmckit.tracing import trace_report
 from tests.zoo import planted_recovery
 
 T = pytest.importorskip("transformers", reason="a dev dependency: pip install -e '.[dev]'")

@@ -12,8 +12,8 @@ from lmckit.match import activation_matching
 from lmckit.models import build_model, permutation_spec
 from lmckit.params import params_distance
 from lmckit.perm import PermutationSpec
-from lmckit.spec import GraphTaps, trace
-from tests.spec.test_trace import DigitsSums
+from lmckit.tracing import GraphTaps, trace
+from tests.tracing.test_trace import DigitsSums
 from tests.zoo import moving_permutation, nontrivial
 
 

@@ -34,13 +34,13 @@ from lmckit.errors import SpecError
 from lmckit.kinds import KINDS, GroupFacts, tried_kinds
 from lmckit.options import checked
 from lmckit.perm import PermutationSpec, axis_groups
-from lmckit.spec.trace import (
-    _close,
-    _logits_if_any,
-    _run,
-    _to_double,
-    _tolerance,
+from lmckit.tracing.trace import (
     export_model,
+    logits_if_any,
+    output_tolerance,
+    outputs_close,
+    run_outputs,
+    to_double,
 )
 from lmckit.transform import (
     Transform,
@@ -119,8 +119,8 @@ def symmetry_kinds(
 
     Args:
         model: the module ``spec`` was traced from (left unchanged).
-        example_inputs, example_kwargs, outputs: as for :func:`~lmckit.spec.trace`.
-        spec: its permutation spec (:func:`~lmckit.spec.trace`); groups keep their names.
+        example_inputs, example_kwargs, outputs: as for :func:`~lmckit.tracing.trace`.
+        spec: its permutation spec (:func:`~lmckit.tracing.trace`); groups keep their names.
         seed: seeds the random orthogonal maps of the check.
 
     Returns:
@@ -139,12 +139,12 @@ def symmetry_kinds(
     exported, args, kwargs = export_model(model, example_inputs, example_kwargs)
     found = _norms(exported, spec, _aliases(model))
     uses = _linear_uses(exported)
-    select = outputs if outputs is not None else _logits_if_any
+    select = outputs if outputs is not None else logits_if_any
     twin = copy.deepcopy(model).double()
-    args64, kwargs64 = _to_double((args, kwargs))
+    args64, kwargs64 = to_double((args, kwargs))
     params = {k: v.detach() for k, v in twin.state_dict().items()}
-    rtol = _tolerance(exported, "float64")
-    reference = _run(twin, params, args64, kwargs64, False, select)
+    rtol = output_tolerance(exported, "float64")
+    reference = run_outputs(twin, params, args64, kwargs64, False, select)
     generator = torch.Generator().manual_seed(seed)
 
     kinds: dict[str, str] = {}
@@ -180,14 +180,18 @@ def symmetry_kinds(
                 duals=duals | (candidate_duals if KINDS[kind].dual else set()),
             )
             folded = fold_norms(trial, params)
-            if not _close(reference, _run(twin, folded, args64, kwargs64, False, select), rtol):
+            if not outputs_close(
+                reference, run_outputs(twin, folded, args64, kwargs64, False, select), rtol
+            ):
                 why = "folding its norm gains changes the outputs"
                 break
             transform = Transform.identity(trial).replace(
                 **{g: random_group_map(trial, g, kind, generator)}
             )
             moved = transform.apply(folded)
-            if _close(reference, _run(twin, moved, args64, kwargs64, False, select), rtol):
+            if outputs_close(
+                reference, run_outputs(twin, moved, args64, kwargs64, False, select), rtol
+            ):
                 chosen = kind
                 break
             why = (

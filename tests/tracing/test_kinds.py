@@ -1,4 +1,4 @@
-"""lmckit.spec.symmetry_kinds and lmckit.transform on real transformer code: a random
+"""lmckit.tracing.symmetry_kinds and lmckit.transform on real transformer code: a random
 element of the symmetry group found (orthogonal stream, per-head orthogonal query/key and
 value/output maps, permutations elsewhere) leaves the model's outputs unchanged to 1e-10
 in float64 — with trained-looking norms (gains and biases far from 1 and 0), so a fold
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lmckit.models import build_model, permutation_spec
-from lmckit.spec import symmetry_kinds, trace
+from lmckit.tracing import symmetry_kinds, trace
 from lmckit.transform import Transform, fold_norms, unfold_norms
 
 T = pytest.importorskip("transformers", reason="a dev dependency: pip install -e '.[dev]'")

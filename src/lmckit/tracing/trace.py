@@ -1,7 +1,7 @@
 """A model's permutation symmetries, read off its ``torch.export`` graph and then verified.
 
 Every axis of every tensor in the exported ATen graph is a node of a union-find. Each op's
-rule (:mod:`lmckit.spec.rules`) joins the axes that must carry one permutation for the op
+rule (:mod:`lmckit.tracing.rules`) joins the axes that must carry one permutation for the op
 to commute with it, or freezes axes no permutation may touch; model inputs and outputs are
 frozen, and so is every axis an op without a rule touches. Each class that is not frozen,
 is longer than 1 and holds an axis of a ``state_dict`` tensor becomes a group.
@@ -61,7 +61,7 @@ from lmckit.functional import module_mode
 from lmckit.options import checked
 from lmckit.params import check_finite
 from lmckit.perm import Permutation, PermutationSpec, axis_groups, random_index_vectors
-from lmckit.spec.rules import IGNORED, Axes, rule_for
+from lmckit.tracing.rules import IGNORED, Axes, rule_for
 
 __all__ = ["TraceReport", "trace", "trace_report"]
 
@@ -121,7 +121,7 @@ class TraceReport:
             off).
         activation_sites: ``{group: ((graph node, axis), ...)}`` — where the exported graph
             holds the group's units one per entry, for activation matching
-            (:class:`lmckit.spec.GraphTaps`): the outputs of activation functions if any
+            (:class:`lmckit.tracing.GraphTaps`): the outputs of activation functions if any
             carry the group, else of norms (a residual stream), else of linear maps and
             convolutions (attention's projections), else of any op.
         seconds: wall-clock time of export, tracing and verification.
@@ -306,7 +306,7 @@ def trace_report(
         raise SpecError(f"precision must be 'float64' or 'float32', got {precision!r}")
     start = time.perf_counter()
     exported, args, kwargs = export_model(model, example_inputs, example_kwargs)
-    select = outputs if outputs is not None else _logits_if_any
+    select = outputs if outputs is not None else logits_if_any
     uf, unknown, found = _relate(exported, _output_names(exported, select))
     state = model.state_dict(keep_vars=True)
     aliases, placeholder_of = _state_placeholders(exported, state, uf)
@@ -319,7 +319,7 @@ def trace_report(
         exported, state, aliases, placeholder_of, uf, found, inner=inside_blocks
     )
     precision = precision or _precision_that_fits(state)
-    rtol = _tolerance(exported, precision)
+    rtol = output_tolerance(exported, precision)
     if not inside_blocks:
         inside = dict.fromkeys(_blocked_groups(spec), "inside_blocks=False")
     try:
@@ -375,7 +375,7 @@ def export_model(
     return exported, args, kwargs
 
 
-def _logits_if_any(output: Any) -> Any:
+def logits_if_any(output: Any) -> Any:
     """The default of ``outputs``: a mapping output (Hugging Face's ``ModelOutput``) that
     holds ``logits`` is read as them; anything else is the function whole."""
     if isinstance(output, Mapping) and "logits" in output:
@@ -986,7 +986,7 @@ def _precision_that_fits(state: Mapping[str, Tensor]) -> str:
     return "float64" if fits else "float32"
 
 
-def _tolerance(exported, precision: str = "float64") -> float:
+def output_tolerance(exported, precision: str = "float64") -> float:
     """The relative tolerance of the check: 1e-7 in float64, unless the model casts to a
     lower precision itself (Llama's RMSNorm computes in float32 whatever the weights'
     dtype) or the check runs in float32, in which case a permutation's reordered sums
@@ -1009,7 +1009,7 @@ def _verify(
     kwargs,
     seed: int,
     rtol: float = 1e-7,
-    select: Callable[[Any], Any] = _logits_if_any,
+    select: Callable[[Any], Any] = logits_if_any,
     precision: str = "float64",
 ) -> tuple[str, ...]:
     """Check that random permutations leave the outputs unchanged (to ``rtol`` of the
@@ -1019,8 +1019,8 @@ def _verify(
         return ("eval", "train")
     if precision == "float64":
         twin = copy.deepcopy(model).double()
-        args64, kwargs64 = _to_double((args, kwargs))
-        params = {k: v.detach() for k, v in twin.state_dict().items()}  # _run copies buffers
+        args64, kwargs64 = to_double((args, kwargs))
+        params = {k: v.detach() for k, v in twin.state_dict().items()}  # run_outputs copies buffers
     else:
         twin, args64, kwargs64 = model, args, kwargs
         params = {k: v.detach() for k, v in model.state_dict().items()}
@@ -1030,23 +1030,27 @@ def _verify(
     floor = 1e-2 if precision == "float64" else 1.0
 
     def close(x: list[Tensor], y: list[Tensor]) -> bool:
-        return _close(x, y, rtol, floor)
+        return outputs_close(x, y, rtol, floor)
 
     modes: list[str] = []
     for mode in ("eval", "train"):
-        reference = _run(twin, params, args64, kwargs64, mode == "train", select, dtype)
+        reference = run_outputs(twin, params, args64, kwargs64, mode == "train", select, dtype)
         if mode == "train":
-            again = _run(twin, params, args64, kwargs64, True, select, dtype)
+            again = run_outputs(twin, params, args64, kwargs64, True, select, dtype)
             if not close(reference, again):
                 continue  # random in train mode even with dropout modules off
         perm = _moving_permutation(spec, seed)
-        permuted = _run(twin, perm.apply(params), args64, kwargs64, mode == "train", select, dtype)
+        permuted = run_outputs(
+            twin, perm.apply(params), args64, kwargs64, mode == "train", select, dtype
+        )
         if close(reference, permuted):
             modes.append(mode)
             continue
         for unit in spec.update_units():  # groups tied by one head permutation move together
             one = Permutation.identity(spec).replace(**{g: perm[g] for g in unit})
-            out = _run(twin, one.apply(params), args64, kwargs64, mode == "train", select, dtype)
+            out = run_outputs(
+                twin, one.apply(params), args64, kwargs64, mode == "train", select, dtype
+            )
             if not close(reference, out):
                 g = unit[0]
                 tied = f" (with {', '.join(map(repr, unit[1:]))}, one head permutation)"
@@ -1070,7 +1074,7 @@ def _moving_permutation(spec: PermutationSpec, seed: int) -> Permutation:
     return Permutation(spec, random_index_vectors(spec, generator, moving=True))
 
 
-def _to_double(tree):
+def to_double(tree):
     return pytree.tree_map(
         lambda t: t.double() if isinstance(t, Tensor) and t.is_floating_point() else t, tree
     )
@@ -1102,13 +1106,13 @@ class _NoDropout(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _run(
+def run_outputs(
     model: nn.Module,
     params,
     args,
     kwargs,
     training: bool,
-    select=_logits_if_any,
+    select=logits_if_any,
     dtype: torch.dtype = torch.float64,
 ) -> list[Tensor]:
     """The twin's outputs. Tensors the model makes in forward at the default dtype
@@ -1135,7 +1139,9 @@ def _run(
     return [t for t in pytree.tree_leaves(select(out)) if isinstance(t, Tensor)]
 
 
-def _close(x: list[Tensor], y: list[Tensor], rtol: float = 1e-7, floor: float = 1e-2) -> bool:
+def outputs_close(
+    x: list[Tensor], y: list[Tensor], rtol: float = 1e-7, floor: float = 1e-2
+) -> bool:
     """Whether outputs agree to ``rtol`` relative, with an absolute floor of ``floor ×
     rtol`` of their largest magnitude (entries near zero carry the rounding of the large
     ones they were summed from)."""

@@ -3,7 +3,7 @@
 Activation matching needs, for every group, tensors that hold the group's units on one
 axis. The zoo's models mark them with ``nn.Identity`` modules (``activation_taps()``); any
 other model gets them from its trace: :class:`GraphTaps` traces the model, takes each
-group's *activation sites* (:attr:`~lmckit.spec.TraceReport.activation_sites`: outputs of
+group's *activation sites* (:attr:`~lmckit.tracing.TraceReport.activation_sites`: outputs of
 activation functions, else of norms, else of linear maps) and runs the exported graph with
 those intermediate results as extra outputs. Nothing is stored beyond one batch.
 
@@ -24,7 +24,7 @@ from lmckit.errors import SpecError
 from lmckit.functional import module_mode
 from lmckit.params import Params
 from lmckit.perm import PermutationSpec
-from lmckit.spec.trace import trace_report
+from lmckit.tracing.trace import trace_report
 
 __all__ = ["GraphTaps"]
 
@@ -37,7 +37,7 @@ class GraphTaps:
         spec: the spec the activations are for; the model must trace to exactly this spec
             (a hand-written or edited spec has no sites to read).
         example_inputs: a small batch (at least 2) to trace with, as for
-            :func:`~lmckit.spec.trace`.
+            :func:`~lmckit.tracing.trace`.
 
     Raises:
         SpecError: the model traces to another spec, or a group has no activation site.
@@ -55,7 +55,7 @@ class GraphTaps:
             raise SpecError(
                 f"{type(model).__name__} traces to another permutation spec than the one "
                 "given; activations can be read from the graph only for the traced spec "
-                "(lmckit.spec.trace(model, inputs)) or one equal to it up to group names"
+                "(lmckit.tracing.trace(model, inputs)) or one equal to it up to group names"
             )
         sites = {names[g]: found for g, found in report.activation_sites.items()}
         missing = sorted(set(spec.groups) - set(sites))
