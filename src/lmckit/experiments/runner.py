@@ -452,6 +452,62 @@ def run_experiment(
         return dataset_for(model_name, experiment.dataset, data_key, download)
 
     reuse = [Path(r) for r in reuse_from]
+    all_jobs, ledger = _start_run(
+        experiment, out, data_for, reuse=reuse, only=only, budget=budget, threads=threads,
+        log=log,
+    )  # fmt: skip
+    summary = RunSummary(out)
+    on_progress = _progress_recorder(ledger, job_progress)
+    common = {
+        "store": str(out / "store"),
+        "reuse_from": [str(r / "store") for r in reuse],
+        "dataset": experiment.dataset,
+        "data_dir": data_key,
+        "download": download,
+        "device": device,
+        "threads": threads,
+        "num_cpus": threads,
+    }
+    with sigterm_as_interrupt():
+        pool = make_executor(executor, jobs=jobs, address=address, on_progress=on_progress)
+        scheduler = _Scheduler(
+            pool, all_jobs, ledger, summary, common, data_for, retry_failed=retry_failed,
+            log=log, overall=overall,
+        )  # fmt: skip
+        try:
+            scheduler.run(on_progress)
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
+            why = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
+            stopped = ledger.interrupt_running(f"the run was stopped ({why}) while this job ran")
+            summary.waiting.extend(stopped)
+            pool.abort()
+            raise
+        finally:
+            pool.close()
+            ledger.close()
+    # resume files of jobs no longer in the file (edited, copied runs); a slice's run cannot
+    # tell those from the jobs outside it
+    if summary.complete and not only:
+        for stale in Store(out / "store").resume_files():
+            stale.unlink(missing_ok=True)
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def _start_run(
+    experiment: Experiment,
+    out: Path,
+    data_for: Callable[[str], Any],
+    *,
+    reuse: list[Path],
+    only: Sequence[str],
+    budget: Budget | None,
+    threads: int,
+    log: Callable[[str], None],
+) -> tuple[list[Job], Ledger]:
+    """Check the run's folders, expand the experiment into its jobs (the ``only`` slice),
+    refuse training beyond the budget, write the experiment file and open the ledger with
+    the run recorded: the jobs and the ledger."""
     _check_outputs(experiment, out)
     _check_run_folders(experiment, out, reuse)
     configs = model_configs(experiment, data_for)
@@ -473,14 +529,19 @@ def run_experiment(
     for job in all_jobs:
         planned[job.kind] = planned.get(job.kind, 0) + 1
     ledger.start_run(as_run, facts, experiment.overrides, planned)
-    summary = RunSummary(out)
+    return all_jobs, ledger
+
+
+def _progress_recorder(
+    ledger: Ledger, job_progress: Callable[[str], ProgressCallback | None] | None
+) -> Callable[[str, Progress], None]:
+    """``on_progress(job name, event)``: the ledger keeps each job's latest event, for
+    ``lmckit status`` (at most one write per :data:`PROGRESS_EVERY` seconds a job, and its
+    first and last events); ``job_progress`` makes each job's bar."""
+    recorded: dict[str, float] = {}
     bars: dict[str, ProgressCallback | None] = {}
 
-    recorded: dict[str, float] = {}
-
     def on_progress(name: str, event: Progress) -> None:
-        # the ledger keeps each job's latest event, for lmckit status: at most one write
-        # per PROGRESS_EVERY seconds a job, and its first and last events
         now = time.time()
         last = event.total is not None and event.step >= event.total
         if name not in recorded or last or now - recorded[name] >= PROGRESS_EVERY:
@@ -493,115 +554,127 @@ def run_experiment(
         if bars[name] is not None:
             bars[name](event)
 
-    with sigterm_as_interrupt():
-        pool = make_executor(executor, jobs=jobs, address=address, on_progress=on_progress)
-        results: dict[str, dict[str, Any]] = {}
-        blocked: set[str] = set()
-        remaining: list[Job] = list(all_jobs)
-        running: dict[Any, tuple[Job, str]] = {}
-        finished = 0
+    return on_progress
+
+
+class _Scheduler:
+    """Hands the jobs to the executor as their inputs finish (at most its capacity at a
+    time), records each in the ledger, and skips those whose inputs failed or that failed
+    before (unless ``retry_failed``)."""
+
+    def __init__(
+        self,
+        pool: Any,
+        jobs: list[Job],
+        ledger: Ledger,
+        summary: RunSummary,
+        common: dict[str, Any],
+        data_for: Callable[[str], Any],
+        *,
+        retry_failed: bool,
+        log: Callable[[str], None],
+        overall: ProgressCallback | None,
+    ) -> None:
+        self.pool, self.ledger, self.summary, self.common = pool, ledger, summary, common
+        self.data_for, self.retry_failed, self.log, self.overall = (
+            data_for, retry_failed, log, overall
+        )  # fmt: skip
+        self.total = len(jobs)
+        self.remaining: list[Job] = list(jobs)
+        self.results: dict[str, dict[str, Any]] = {}
+        self.blocked: set[str] = set()
+        self.running: dict[Any, tuple[Job, str]] = {}
+        self.finished = 0
+
+    def run(self, on_progress: Callable[[str, Progress], None]) -> None:
+        """Until every job has run, failed or waits on a failed one."""
+        while self.remaining or self.running:
+            self.submit_ready()
+            for name, event in self.pool.poll_progress():
+                on_progress(name, event)
+            done = [f for f in self.running if f.done()]
+            if not done:
+                time.sleep(0.05)
+                continue
+            for future in done:
+                self.collect(future)
+
+    def submit_ready(self) -> None:
+        """Submit the jobs whose inputs are done, while the executor has room."""
+        for job in list(self.remaining):
+            if len(self.running) >= self.pool.capacity:
+                break
+            if any(d in self.blocked for d in job.deps):
+                self.blocked.add(job.name)
+                self.remaining.remove(job)
+                self.summary.waiting.append(job.name)
+                continue
+            if not all(d in self.results for d in job.deps):
+                continue
+            self.remaining.remove(job)
+            self._submit(job)
+
+    def _submit(self, job: Job) -> None:
+        ledger = self.ledger
+        data = self.data_for(job.settings["model_name"])
+        deps = {d: self.results[d] for d in job.deps}
+        key, _ = job_key(job, deps, data)
+        ledger.add_job(job.name, key, job.kind, {**job.settings, "labels": job.labels})
+        earlier = ledger.earlier(key)
+        if earlier and earlier["status"] == "failed" and not self.retry_failed:
+            ledger.failed(job.name, earlier["error"] or "failed before", ran=False)
+            self.blocked.add(job.name)
+            self.summary.failed.append(job.name)
+            self.log(f"{job.name}: failed in an earlier run (see lmckit status; --retry-failed)")
+            return
+        ledger.started(job.name)
+        payload = {
+            "name": job.name,
+            "kind": job.kind,
+            "key": key,
+            "settings": dict(job.settings),
+            "deps": deps,
+            "dep_order": list(job.deps),
+            **self.common,
+            "num_gpus": STEPS[job.kind].num_gpus,
+        }
+        self.running[self.pool.submit(payload)] = (job, key)
+
+    def collect(self, future: Any) -> None:
+        """Record the outcome of a finished job's ``future``."""
+        job, key = self.running.pop(future)
         try:
-            while remaining or running:
-                for job in list(remaining):
-                    if len(running) >= pool.capacity:
-                        break
-                    if any(d in blocked for d in job.deps):
-                        blocked.add(job.name)
-                        remaining.remove(job)
-                        summary.waiting.append(job.name)
-                        continue
-                    if not all(d in results for d in job.deps):
-                        continue
-                    remaining.remove(job)
-                    data = data_for(job.settings["model_name"])
-                    deps = {d: results[d] for d in job.deps}
-                    key, _ = job_key(job, deps, data)
-                    ledger.add_job(job.name, key, job.kind, {**job.settings, "labels": job.labels})
-                    earlier = ledger.earlier(key)
-                    if earlier and earlier["status"] == "failed" and not retry_failed:
-                        ledger.failed(job.name, earlier["error"] or "failed before", ran=False)
-                        blocked.add(job.name)
-                        summary.failed.append(job.name)
-                        log(
-                            f"{job.name}: failed in an earlier run "
-                            "(see lmckit status; --retry-failed)"
-                        )
-                        continue
-                    ledger.started(job.name)
-                    payload = {
-                        "name": job.name,
-                        "kind": job.kind,
-                        "key": key,
-                        "settings": dict(job.settings),
-                        "deps": deps,
-                        "dep_order": list(job.deps),
-                        "store": str(out / "store"),
-                        "reuse_from": [str(r / "store") for r in reuse],
-                        "dataset": experiment.dataset,
-                        "data_dir": data_key,
-                        "download": download,
-                        "device": device,
-                        "threads": threads,
-                        "num_cpus": threads,
-                        "num_gpus": STEPS[job.kind].num_gpus,
-                    }
-                    running[pool.submit(payload)] = (job, key)
-                for name, event in pool.poll_progress():
-                    on_progress(name, event)
-                done = [f for f in running if f.done()]
-                if not done:
-                    time.sleep(0.05)
-                    continue
-                for future in done:
-                    job, key = running.pop(future)
-                    try:
-                        result = future.result()
-                    except BrokenProcessPool:
-                        _worker_died(ledger, [job, *(j for j, _ in running.values())], summary)
-                        raise LmcError(
-                            "a worker process died (killed, or out of memory) while running "
-                            f"{job.name}; finished results are kept — rerun the same command to "
-                            "continue"
-                        ) from None
-                    finished += 1
-                    if "error" in result:
-                        ledger.failed(job.name, result["error"])
-                        blocked.add(job.name)
-                        summary.failed.append(job.name)
-                        last = result["error"].strip().splitlines()[-1]
-                        log(f"{job.name}: failed ({last}); recorded in the ledger")
-                    else:
-                        record = dict(result["record"])
-                        # the time the artifact took to compute (stored with it), not this run's
-                        seconds = record.pop("seconds", result["seconds"])
-                        ledger.done(
-                            job.name,
-                            record,
-                            seconds=seconds,
-                            reused=result["reused"],
-                            finished=result.get("created") if result["reused"] else None,
-                        )
-                        results[job.name] = {
-                            "key": key,
-                            "content": result["content"],
-                            "kind": ARTIFACT_KIND[job.kind],
-                        }
-                        (summary.reused if result["reused"] else summary.done).append(job.name)
-                    if overall is not None:
-                        overall(Progress(finished, len(all_jobs), {"job": job.name}))
-        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
-            why = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
-            stopped = ledger.interrupt_running(f"the run was stopped ({why}) while this job ran")
-            summary.waiting.extend(stopped)
-            pool.abort()
-            raise
-        finally:
-            pool.close()
-            ledger.close()
-    # resume files of jobs no longer in the file (edited, copied runs); a slice's run cannot
-    # tell those from the jobs outside it
-    if summary.complete and not only:
-        for stale in Store(out / "store").resume_files():
-            stale.unlink(missing_ok=True)
-    summary.seconds = time.perf_counter() - start
-    return summary
+            result = future.result()
+        except BrokenProcessPool:
+            _worker_died(self.ledger, [job, *(j for j, _ in self.running.values())], self.summary)
+            raise LmcError(
+                "a worker process died (killed, or out of memory) while running "
+                f"{job.name}; finished results are kept — rerun the same command to "
+                "continue"
+            ) from None
+        self.finished += 1
+        if "error" in result:
+            self.ledger.failed(job.name, result["error"])
+            self.blocked.add(job.name)
+            self.summary.failed.append(job.name)
+            last = result["error"].strip().splitlines()[-1]
+            self.log(f"{job.name}: failed ({last}); recorded in the ledger")
+        else:
+            record = dict(result["record"])
+            # the time the artifact took to compute (stored with it), not this run's
+            seconds = record.pop("seconds", result["seconds"])
+            self.ledger.done(
+                job.name,
+                record,
+                seconds=seconds,
+                reused=result["reused"],
+                finished=result.get("created") if result["reused"] else None,
+            )
+            self.results[job.name] = {
+                "key": key,
+                "content": result["content"],
+                "kind": ARTIFACT_KIND[job.kind],
+            }
+            (self.summary.reused if result["reused"] else self.summary.done).append(job.name)
+        if self.overall is not None:
+            self.overall(Progress(self.finished, self.total, {"job": job.name}))
