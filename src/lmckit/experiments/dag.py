@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Sequence
-from dataclasses import replace
-from functools import partial
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property, partial
 from typing import Any
 
 import torch
@@ -114,15 +114,33 @@ def _parts_of(train: dict[str, Any], indices: tuple[int, ...]) -> dict[str, Any]
 
 def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]) -> list[Job]:
     """The jobs of ``experiment``, dependencies first. ``configs`` holds each grid cell's
-    ``(model name, zoo configuration)`` (:func:`lmckit.experiments.schema.model_configs`)."""
-    jobs: list[Job] = []
+    ``(model name, zoo configuration)`` (:func:`lmckit.experiments.schema.model_configs`):
+    every training job, then per cell its compare, triplet, spectra and merge jobs (a
+    matching job just before the first job that needs it)."""
     cells = list(zip(experiment.cells(), configs, strict=True))
     bases = [
         TrainConfig.paper_defaults(name, experiment.dataset, **train_options(cell["train"], 0))
         for cell, (name, _) in cells
     ]
+    jobs = _train_jobs(experiment, cells, bases)
+    for c, (cell, (name, config)) in enumerate(cells):
+        common = {"model_name": name, "model_config": config}
+        train_names = [f"train/c{c}/seed{seed}" for seed in experiment.seeds]
+        match_job = partial(_match_job, jobs, train_names, experiment.seeds, c, common)
+        cell_jobs = _CellJobs(experiment, c, cell, common, train_names, match_job, jobs)
+        cell_jobs.compare()
+        cell_jobs.triplets()
+        cell_jobs.spectra()
+        parts = bases[c].split.parts_count if bases[c].split is not None else None
+        cell_jobs.merges(parts)
+    return jobs
+
+
+def _train_jobs(experiment: Experiment, cells: list, bases: list[TrainConfig]) -> list[Job]:
+    """One training job per cell and used seed, each snapshot source before the cells it
+    stands in for."""
+    jobs: list[Job] = []
     source, snapshots = _snapshot_sources(cells, bases)
-    # Training first, each snapshot source before the cells it stands in for.
     order = sorted(range(len(cells)), key=lambda c: (c in source, c))
     for c in order:
         cell, (name, config) = cells[c]
@@ -154,50 +172,70 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
                     labels=labels,
                 )
             )
-    for c, (cell, (name, config)) in enumerate(cells):
-        where = {"cell": c, **cell["values"]}
-        common = {"model_name": name, "model_config": config}
-        train_names = [f"train/c{c}/seed{seed}" for seed in experiment.seeds]
-        batchnorm = _uses_batchnorm(name, config)
+    return jobs
 
-        match_job = partial(_match_job, jobs, train_names, experiment.seeds, c, common)
-        for b, block in enumerate(experiment.compare):
-            for i, j in block.pair_list(len(experiment.seeds)):
-                pair = (experiment.seeds[i], experiment.seeds[j])
+
+@dataclass
+class _CellJobs:
+    """The jobs of one grid cell after its training, appended to ``jobs`` in order."""
+
+    experiment: Experiment
+    c: int
+    cell: dict[str, Any]
+    common: dict[str, Any]
+    train_names: list[str]
+    match_job: Callable[..., str]
+    jobs: list[Job]
+
+    @property
+    def where(self) -> dict[str, Any]:
+        return {"cell": self.c, **self.cell["values"]}
+
+    @cached_property
+    def batchnorm(self) -> bool:
+        return _uses_batchnorm(self.common["model_name"], self.common["model_config"])
+
+    def compare(self) -> None:
+        """Each compare block's curves (and analyses) per pair and method."""
+        e, c, seeds, train_names = self.experiment, self.c, self.experiment.seeds, self.train_names
+        batchnorm = self.batchnorm
+        for b, block in enumerate(e.compare):
+            for i, j in block.pair_list(len(seeds)):
+                pair = (seeds[i], seeds[j])
                 for method in block.methods:
-                    labels = {**where, "pair": list(pair), "method": method, "block": b}
+                    labels = {**self.where, "pair": list(pair), "method": method, "block": b}
                     deps = (train_names[i], train_names[j])
                     if method != "none":
                         options = block.options.get(method, {})
-                        match = match_job(
+                        match = self.match_job(
                             i, j, method, options, f"b{b}", labels, block.server_examples
                         )
                         deps = (*deps, match)
-                    jobs.append(
+                    self.jobs.append(
                         Job(
                             name=f"curve/b{b}/c{c}/{pair[0]}-{pair[1]}/{method}",
                             kind="curve",
                             settings={
-                                **common,
+                                **self.common,
                                 "splits": dict(block.splits),
                                 "lambdas": block.lambdas,
                                 "calibrated": block.calibrated,
                                 "ensemble": block.ensemble,
                                 "batchnorm": batchnorm,
                                 "seed": 0,
-                                **_parts_of(cell["train"], (i, j)),
+                                **_parts_of(self.cell["train"], (i, j)),
                             },
                             deps=deps,
                             labels=labels,
                         )
                     )
                     if block.analyses:
-                        jobs.append(
+                        self.jobs.append(
                             Job(
                                 name=f"analysis/b{b}/c{c}/{pair[0]}-{pair[1]}/{method}",
                                 kind="analysis",
                                 settings={
-                                    **common,
+                                    **self.common,
                                     "analyses": list(block.analyses),
                                     "splits": dict(block.splits),
                                     "gammas": [0.0, 0.3],
@@ -208,57 +246,66 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
                                 labels=labels,
                             )
                         )
-        for b, block in enumerate(experiment.triplets):
-            for i, j, k in block.triple_list(len(experiment.seeds)):
-                seeds = [experiment.seeds[t] for t in (i, j, k)]
+
+    def triplets(self) -> None:
+        """Each triplet block's job per triple and method, after its two matches."""
+        e, c, train_names = self.experiment, self.c, self.train_names
+        for b, block in enumerate(e.triplets):
+            for i, j, k in block.triple_list(len(e.seeds)):
+                seeds = [e.seeds[t] for t in (i, j, k)]
                 for method in block.methods:
-                    labels = {**where, "triple": seeds, "method": method, "block": b}
+                    labels = {**self.where, "triple": seeds, "method": method, "block": b}
                     options = block.options.get(method, {})
                     matches = (
-                        match_job(i, j, method, options, f"t{b}", labels),
-                        match_job(i, k, method, options, f"t{b}", labels),
+                        self.match_job(i, j, method, options, f"t{b}", labels),
+                        self.match_job(i, k, method, options, f"t{b}", labels),
                     )
-                    jobs.append(
+                    self.jobs.append(
                         Job(
                             name=f"triplet/b{b}/c{c}/{'-'.join(map(str, seeds))}/{method}",
                             kind="triplet",
                             settings={
-                                **common,
+                                **self.common,
                                 "gamma": block.gamma,
                                 "splits": dict(block.splits),
-                                "batchnorm": batchnorm,
+                                "batchnorm": self.batchnorm,
                             },
                             deps=(train_names[i], train_names[j], train_names[k], *matches),
                             labels=labels,
                         )
                     )
-        if experiment.spectra:
-            jobs.append(
+
+    def spectra(self) -> None:
+        """The cell's spectra job, when the experiment asks for spectra."""
+        if self.experiment.spectra:
+            self.jobs.append(
                 Job(
-                    name=f"spectra/c{c}",
+                    name=f"spectra/c{self.c}",
                     kind="spectra",
-                    settings={**common, "seeds": list(experiment.seeds)},
-                    deps=tuple(train_names),
-                    labels=dict(where),
+                    settings={**self.common, "seeds": list(self.experiment.seeds)},
+                    deps=tuple(self.train_names),
+                    labels=dict(self.where),
                 )
             )
-        parts = bases[c].split.parts_count if bases[c].split is not None else None
-        for b, block in enumerate(experiment.merge):
+
+    def merges(self, parts: int | None) -> None:
+        """Each merge block's job per method, model count and seed set."""
+        for b, block in enumerate(self.experiment.merge):
             for method in block.methods:
                 for n in block.counts(parts):
                     for r in range(block.seed_sets):
                         # set 0 keeps the names and labels it had before seed sets existed
                         suffix = f"/s{r}" if r else ""
-                        labels = {**where, "method": method, "n": n, "block": b}
+                        labels = {**self.where, "method": method, "n": n, "block": b}
                         if block.seed_sets > 1:
                             labels["set"] = r
                         indices = block.seed_indices(parts, n, r)
-                        jobs.append(
+                        self.jobs.append(
                             Job(
-                                name=f"merge/b{b}/c{c}/{method}/n{n}{suffix}",
+                                name=f"merge/b{b}/c{self.c}/{method}/n{n}{suffix}",
                                 kind="merge",
                                 settings={
-                                    **common,
+                                    **self.common,
                                     "method": method,
                                     "n": n,
                                     "seed": 0,
@@ -266,11 +313,10 @@ def build_jobs(experiment: Experiment, configs: list[tuple[str, dict[str, Any]]]
                                     "server_examples": block.server_examples,
                                     "train_metrics": block.train_metrics,
                                 },
-                                deps=tuple(train_names[i] for i in indices),
+                                deps=tuple(self.train_names[i] for i in indices),
                                 labels=labels,
                             )
                         )
-    return jobs
 
 
 def select_jobs(jobs: Sequence[Job], patterns: Sequence[str]) -> list[Job]:
