@@ -224,23 +224,7 @@ def run_analyze(
         ``{"results": {label: analyze_pair(...)}, "layerwise": {...} (with ``layerwise``),
         "files": [...]}``.
     """
-    unknown = [m for m in methods if m != NAIVE and m not in METHODS]
-    if unknown:
-        raise UsageError(f"unknown matching method(s) {unknown}; choose from {sorted(METHODS)}")
-    beyond = [m for m in methods if m in TRANSFORM_METHODS]
-    if beyond:
-        raise UsageError(
-            f"the analyses work on permutations; {beyond} align with maps beyond permutations "
-            "(use lmckit interpolate for their paths)"
-        )
-    check_same_architecture(a, b)
-    needs_data = [m for m in methods if m != NAIVE and METHODS[m].needs_data]
-    if data is None and (needs_data and perm_file is None):
-        raise UsageError(f"method(s) {needs_data} need a dataset")
-    if data is not None:
-        check_data_fits(a, data)
-    if layerwise and data is None:
-        raise UsageError("the layerwise analysis needs a dataset (it runs the models on data)")
+    _check_analysis(a, b, data, methods, perm_file, layerwise)
     out = Path(out)
     names = ["analysis.json", "store", "spectra.png", "alignment.png", "alignment-merged.png"]
     names += ["distances.png", "taylor.png", "layerwise.json", "flatness.png"]
@@ -276,6 +260,50 @@ def run_analyze(
         )
     summary: dict[str, Any] = {"a": str(a.path), "b": str(b.path), "results": results}
     files = [out / "analysis.json"]
+    files += _write_spectra(a, b, data, out, summary)
+    atomic_write_json(out / "analysis.json", summary)
+    files += _analysis_figures(results, gammas, out)
+    summary = {"results": results, "files": files}
+    if layerwise:
+        summary["layerwise"] = _write_layerwise(a, b, data, perms, out, files, seed, log)
+    return summary
+
+
+def _check_analysis(
+    a: Checkpoint,
+    b: Checkpoint,
+    data: Dataset | None,
+    methods: Sequence[str],
+    perm_file: str | Path | None,
+    layerwise: bool,
+) -> None:
+    """Refuse, before any work, methods that do not exist, that are not permutations, or
+    that need data not given; checkpoints of two architectures; data that does not fit."""
+    unknown = [m for m in methods if m != NAIVE and m not in METHODS]
+    if unknown:
+        raise UsageError(f"unknown matching method(s) {unknown}; choose from {sorted(METHODS)}")
+    beyond = [m for m in methods if m in TRANSFORM_METHODS]
+    if beyond:
+        raise UsageError(
+            f"the analyses work on permutations; {beyond} align with maps beyond permutations "
+            "(use lmckit interpolate for their paths)"
+        )
+    check_same_architecture(a, b)
+    needs_data = [m for m in methods if m != NAIVE and METHODS[m].needs_data]
+    if data is None and (needs_data and perm_file is None):
+        raise UsageError(f"method(s) {needs_data} need a dataset")
+    if data is not None:
+        check_data_fits(a, data)
+    if layerwise and data is None:
+        raise UsageError("the layerwise analysis needs a dataset (it runs the models on data)")
+
+
+def _write_spectra(
+    a: Checkpoint, b: Checkpoint, data: Dataset | None, out: Path, summary: dict[str, Any]
+) -> list[Path]:
+    """Both models' singular values (and a conv net's operator spectra) into ``summary``,
+    with their figures: the figures' paths."""
+    files = []
     spectra_b = singular_values(b.params)
     spectra = {k: [s.tolist(), spectra_b[k].tolist()] for k, s in singular_values(a.params).items()}
     summary["spectra"] = spectra
@@ -297,7 +325,15 @@ def run_analyze(
                     title="convolutions as operators (circular padding)",
                 )
             )
-    atomic_write_json(out / "analysis.json", summary)
+    return files
+
+
+def _analysis_figures(
+    results: dict[str, dict[str, Any]], gammas: Sequence[float], out: Path
+) -> list[Path]:
+    """R per γ and method, R to the merged model, per-tensor distances, cosine heat maps
+    and the Taylor barrier, drawn from each method's :func:`analyze_pair`."""
+    files = []
     bars = {
         f"γ={g}": {lab: r["R"][g]["total"] for lab, r in results.items()} for g in map(_key, gammas)
     }
@@ -328,10 +364,7 @@ def run_analyze(
     taylors = {lab: r["taylor"] for lab, r in results.items() if "taylor" in r}
     if taylors:
         files.append(plot_taylor(taylors, out / "taylor.png"))
-    summary = {"results": results, "files": files}
-    if layerwise:
-        summary["layerwise"] = _write_layerwise(a, b, data, perms, out, files, seed, log)
-    return summary
+    return files
 
 
 def _write_layerwise(a, b, data, perms, out: Path, files: list, seed: int, log) -> dict:
