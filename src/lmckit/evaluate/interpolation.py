@@ -311,6 +311,63 @@ def interpolate(
         endpoints = tuple(
             channel_statistics(model, p, repair_data, layers) for p in (params_a, params_b)
         )
+    collected, labels = _logits_along(
+        model, params_a, params_b, lams, loaders, device=device, repair_data=repair_data,
+        endpoints=endpoints, bn_reset_data=bn_reset_data, bn_reset_batches=bn_reset_batches,
+        seed=seed, progress=progress, resume=resume, resume_every=resume_every,
+    )  # fmt: skip
+    splits: dict[str, dict[str, list[float]]] = {}
+    curve_barriers: dict[str, dict[str, dict[str, float]]] = {}
+    reliability: dict[str, dict[str, Any]] = {}
+    for split in loaders:
+        metrics, reliable = _point_metrics(
+            torch.stack(collected[split]), labels[split], lams, calibrated=calibrated,
+            calibration_fraction=calibration_fraction, seed=seed, ensemble=ensemble,
+            class_groups=class_groups,
+        )  # fmt: skip
+        if reliable is not None:
+            reliability[split] = reliable
+        splits[split] = metrics
+        curve_barriers[split] = {
+            "loss": barriers(lams, metrics["loss"], higher_is_better=False),
+            "accuracy": barriers(lams, metrics["accuracy"], higher_is_better=True),
+        }
+        if calibrated:
+            curve_barriers[split]["calibrated_loss"] = barriers(
+                lams, metrics["calibrated_loss"], higher_is_better=False
+            )
+    info = {
+        "bn_reset": bn_reset_data is not None,
+        "repair": repair_data is not None,
+        "calibrated": calibrated,
+        "ensemble": ensemble,
+    }
+    if class_groups:
+        info["class_groups"] = {g: list(c) for g, c in class_groups.items()}
+        info["reliability"] = reliability
+    return Curve(lams, splits, curve_barriers, info)
+
+
+def _logits_along(
+    model: nn.Module,
+    params_a: Params,
+    params_b: Params,
+    lams: list[float],
+    loaders: Mapping[str, Any],
+    *,
+    device: torch.device,
+    repair_data: Any,
+    endpoints: Any,
+    bn_reset_data: Any,
+    bn_reset_batches: int | None,
+    seed: int,
+    progress: ProgressCallback | None,
+    resume: str | os.PathLike | None,
+    resume_every: float | None,
+) -> tuple[dict[str, list[Tensor]], dict[str, Tensor]]:
+    """Each split's logits at every λ (one tensor per point) and its labels: the model at
+    ``lerp(A, B, λ)`` — REPAIRed or BN-reset at interior points — evaluated on the split's
+    loader, resumed from and saved to ``resume`` (see :func:`interpolate`)."""
     collected: dict[str, list[Tensor]] = {s: [] for s in loaders}
     labels: dict[str, Tensor] = {}
     fingerprint: dict[str, Any] = {}
@@ -372,59 +429,50 @@ def interpolate(
             }
             save_resume_state(resume, tensors, info, fingerprint)
             last_save = now
-    splits: dict[str, dict[str, list[float]]] = {}
-    curve_barriers: dict[str, dict[str, dict[str, float]]] = {}
-    reliability: dict[str, dict[str, Any]] = {}
-    for split in loaders:
-        y = labels[split]
-        stack = torch.stack(collected[split])  # (λ, N, C)
-        metrics: dict[str, list[float]] = {
-            "loss": [F.cross_entropy(lg, y).item() for lg in stack],
-            "accuracy": [(lg.argmax(-1) == y).double().mean().item() for lg in stack],
-            "ece": [calibration_metrics(lg, y)["ece"] for lg in stack],
-        }
-        if calibrated:
-            fits = [
-                calibrated_loss(lg, y, fraction=calibration_fraction, seed=seed) for lg in stack
-            ]
-            metrics["temperature"] = [f["temperature"] for f in fits]
-            metrics["calibrated_loss"] = [f["loss"] for f in fits]
-        if ensemble:
-            ens = [(1 - lam) * stack[0] + lam * stack[-1] for lam in lams]
-            metrics["ensemble_loss"] = [F.cross_entropy(lg, y).item() for lg in ens]
-            metrics["ensemble_accuracy"] = [
-                (lg.argmax(-1) == y).double().mean().item() for lg in ens
-            ]
-        if class_groups:
-            for group, classes in class_groups.items():
-                mask = torch.isin(y, torch.as_tensor(list(classes), dtype=y.dtype))
-                metrics[f"accuracy[{group}]"] = _masked_accuracy(stack, y, mask)
-                if ensemble:
-                    metrics[f"ensemble_accuracy[{group}]"] = _masked_accuracy(ens, y, mask)
-            best = int(np.argmin(metrics["loss"]))
-            reliability[split] = {
-                str(lams[i]): calibration_metrics(stack[i], y)["bins"]
-                for i in sorted({0, len(lams) - 1, best})
-            }
-        splits[split] = metrics
-        curve_barriers[split] = {
-            "loss": barriers(lams, metrics["loss"], higher_is_better=False),
-            "accuracy": barriers(lams, metrics["accuracy"], higher_is_better=True),
-        }
-        if calibrated:
-            curve_barriers[split]["calibrated_loss"] = barriers(
-                lams, metrics["calibrated_loss"], higher_is_better=False
-            )
-    info = {
-        "bn_reset": bn_reset_data is not None,
-        "repair": repair_data is not None,
-        "calibrated": calibrated,
-        "ensemble": ensemble,
+    return collected, labels
+
+
+def _point_metrics(
+    stack: Tensor,
+    y: Tensor,
+    lams: Sequence[float],
+    *,
+    calibrated: bool,
+    calibration_fraction: float,
+    seed: int,
+    ensemble: bool,
+    class_groups: Mapping[str, Sequence[int]] | None,
+) -> tuple[dict[str, list[float]], dict[str, Any] | None]:
+    """One split's metrics at every λ from its logits ``stack`` (λ, N, C) and labels ``y``:
+    loss, accuracy, ECE, and as asked the calibrated loss and temperature, the ensemble's,
+    and each class group's accuracy — with, for class groups, the reliability bins at the
+    endpoints and the best λ (else ``None``)."""
+    metrics: dict[str, list[float]] = {
+        "loss": [F.cross_entropy(lg, y).item() for lg in stack],
+        "accuracy": [(lg.argmax(-1) == y).double().mean().item() for lg in stack],
+        "ece": [calibration_metrics(lg, y)["ece"] for lg in stack],
     }
-    if class_groups:
-        info["class_groups"] = {g: list(c) for g, c in class_groups.items()}
-        info["reliability"] = reliability
-    return Curve(lams, splits, curve_barriers, info)
+    if calibrated:
+        fits = [calibrated_loss(lg, y, fraction=calibration_fraction, seed=seed) for lg in stack]
+        metrics["temperature"] = [f["temperature"] for f in fits]
+        metrics["calibrated_loss"] = [f["loss"] for f in fits]
+    if ensemble:
+        ens = [(1 - lam) * stack[0] + lam * stack[-1] for lam in lams]
+        metrics["ensemble_loss"] = [F.cross_entropy(lg, y).item() for lg in ens]
+        metrics["ensemble_accuracy"] = [(lg.argmax(-1) == y).double().mean().item() for lg in ens]
+    if not class_groups:
+        return metrics, None
+    for group, classes in class_groups.items():
+        mask = torch.isin(y, torch.as_tensor(list(classes), dtype=y.dtype))
+        metrics[f"accuracy[{group}]"] = _masked_accuracy(stack, y, mask)
+        if ensemble:
+            metrics[f"ensemble_accuracy[{group}]"] = _masked_accuracy(ens, y, mask)
+    best = int(np.argmin(metrics["loss"]))
+    reliability = {
+        str(lams[i]): calibration_metrics(stack[i], y)["bins"]
+        for i in sorted({0, len(lams) - 1, best})
+    }
+    return metrics, reliability
 
 
 def _saved_points(
