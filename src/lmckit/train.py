@@ -368,6 +368,32 @@ def _state_copy(model: nn.Module) -> dict[str, Tensor]:
 
 
 @checked
+def _training_part(data: Dataset, config: TrainConfig) -> Dataset:
+    """``data`` with its training set cut to ``config.split``'s part (the test set whole)."""
+    if config.split is None:
+        return data
+    try:
+        part = config.split.indices(data.train_y, data.num_classes)
+    except DataError as exc:
+        raise TrainConfigError(str(exc)) from None
+    return data.subset(train_idx=part)
+
+
+def _snapshot_epochs(
+    snapshots: Sequence[int], config: TrainConfig, on_snapshot: Callable | None
+) -> list[int]:
+    """The snapshot epochs, sorted and checked: before the last epoch, with a callback."""
+    epochs = sorted({int(e) for e in snapshots})
+    if epochs and (epochs[0] < 1 or epochs[-1] >= config.epochs):
+        raise TrainConfigError(
+            f"snapshot epochs must be in [1, {config.epochs - 1}] (before the last epoch), "
+            f"got {epochs}"
+        )
+    if epochs and on_snapshot is None:
+        raise TrainConfigError("snapshots need an on_snapshot callback")
+    return epochs
+
+
 def train(
     model: nn.Module,
     data: Dataset,
@@ -421,12 +447,7 @@ def train(
     """
     check_resume_every(resume, resume_every, "train")
     device = next(model.parameters()).device
-    if config.split is not None:
-        try:
-            part = config.split.indices(data.train_y, data.num_classes)
-        except DataError as exc:
-            raise TrainConfigError(str(exc)) from None
-        data = data.subset(train_idx=part)
+    data = _training_part(data, config)
     loader = data.loader(
         "train",
         batch_size=config.batch_size,
@@ -442,14 +463,7 @@ def train(
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(config, step, steps)
     )
-    snapshots = sorted({int(e) for e in snapshots})
-    if snapshots and (snapshots[0] < 1 or snapshots[-1] >= config.epochs):
-        raise TrainConfigError(
-            f"snapshot epochs must be in [1, {config.epochs - 1}] (before the last epoch), "
-            f"got {snapshots}"
-        )
-    if snapshots and on_snapshot is None:
-        raise TrainConfigError("snapshots need an on_snapshot callback")
+    snapshots = _snapshot_epochs(snapshots, config, on_snapshot)
     history: list[EpochStats] = []
     start = time.perf_counter()
     last_good, last_good_epoch = _state_copy(model), 0
