@@ -34,7 +34,7 @@ import torch
 from lmckit.errors import DataError, DatasetNotFoundError
 
 if TYPE_CHECKING:
-    from lmckit.data.datasets import Dataset
+    from lmckit.data.dataset import Dataset
 
 EXCLUDED_FOLDERS = frozenset(
     {
@@ -98,7 +98,7 @@ def load_code_corpus(
         DatasetNotFoundError: ``root`` does not exist or holds no ``*.py`` file.
         DataError: a split holds less than one window, or a file cannot be read.
     """
-    from lmckit.data.datasets import Dataset
+    from lmckit.data.dataset import Dataset
 
     if isinstance(context, bool) or not isinstance(context, int) or context < 1:
         raise DataError(f"context must be a positive integer, got {context!r}")
