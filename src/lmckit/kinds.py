@@ -202,9 +202,9 @@ class Kind:
             trying this kind on the group makes sense at all (the trial then decides).
         random: ``random(n, generator, dtype)`` — a random ``n × n`` map of the kind (``None``
             for index-vector kinds: :func:`lmckit.perm.random_index_vectors` draws those).
-        check: ``check(group, kind, m64, dtype)`` raises :class:`~lmckit.errors.
-            PermutationError` unless the float64 matrix ``m64`` is a map of the kind (to the
-            tolerance of ``dtype``).
+        check: ``check(group, kind, m64, dtype)`` raises
+            :class:`~lmckit.errors.PermutationError` unless the float64 matrix ``m64`` is a
+            map of the kind (to the tolerance of ``dtype``).
         inverse: ``inverse(M)`` — ``M⁻¹``.
         learned: ``learned(K, basis)`` — the map of free parameters ``K`` (transform STE:
             ``M = learned(K) M₀``; zero ``K`` is the identity), or ``None`` when the kind is

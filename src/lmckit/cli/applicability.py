@@ -32,7 +32,7 @@ def method_option(registry_name: str, dest: str) -> Callable[[argparse.Namespace
     one of the swept methods) takes it — read from the method registry."""
 
     def check(a: argparse.Namespace) -> str | None:
-        from lmckit.cli.merge import SWEEP_METHODS
+        from lmckit.workflows.merging import SWEEP_METHODS
 
         registry = _registry(registry_name)
         swept = getattr(a, "methods", None) or list(SWEEP_METHODS)

@@ -26,9 +26,6 @@ NO_REPEATS = ("methods",)
 METHOD_FAMILY = "merge"
 
 
-SWEEP_METHODS = ("star-wm", "merge-many", "ccmm", "ste-mm")
-
-
 _DRAWLESS_MERGES = ("average", "fedavg")  # no group order, no batches, no probes of their own
 
 
@@ -79,6 +76,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
     options = method_options("merge", args)  # the options the registry's methods take
     with ProgressBars(not args.quiet) as bars:
         if args.sweep_n:
+            from lmckit.workflows.merging import SWEEP_METHODS
+
             methods = args.methods or list(SWEEP_METHODS)
             results = sweep(
                 ckpts,

@@ -77,9 +77,9 @@ def status_lines(out: Path, ledger: Ledger) -> list[str]:
 
 
 def plan_lines(planned: list, *, retry_failed: bool = False, only: bool = False) -> list[str]:
-    """``lmckit run --dry-run``: one line per job of ``planned`` (:func:`lmckit.experiments.
-    runner.plan_run`) saying what the run would do with it, then the counts; ``only``: the
-    plan is a slice (``--only``), its jobs named or needed."""
+    """``lmckit run --dry-run``: one line per job of ``planned``
+    (:func:`lmckit.experiments.runner.plan_run`) saying what the run would do with it, then
+    the counts; ``only``: the plan is a slice (``--only``), its jobs named or needed."""
     lines = []
     width = max(len(job.name) for job in planned)
     counts = {"finished before": 0, "failed before": 0, "waiting": 0, "resumable": 0, "to run": 0}

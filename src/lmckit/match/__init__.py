@@ -1,5 +1,5 @@
-"""Two-model matching: every method returns a :class:`MatchResult` whose ``perm`` maps
-model B onto model A (``perm.apply(params_b)`` is π(θ_B)).
+"""Two-model matching: every method returns a :class:`MatchResult` whose ``alignment`` maps
+model B onto model A (``alignment.apply(params_b)`` is π(θ_B)).
 
 All matchers share one signature::
 

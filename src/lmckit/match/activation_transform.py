@@ -323,7 +323,7 @@ def transform_activation_matching(
         batch_size: for a ``Dataset``.
 
     Returns:
-        :class:`MatchResult` whose ``perm`` is a :class:`~lmckit.transform.Transform`,
+        :class:`MatchResult` whose ``alignment`` is a :class:`~lmckit.transform.Transform`,
         ``iterations`` the batches used, ``info["examples"]`` the examples and
         ``info["unused_sites"]`` the sites that moved by neither ``M`` nor ``M⁻ᵀ``,
         ``info["conditions"]`` each fitted invertible group's largest condition number

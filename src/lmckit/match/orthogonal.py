@@ -205,7 +205,7 @@ def orthogonal_weight_matching(
             converge: the maps' own change is the test that recovers them to 1e-10.)
 
     Returns:
-        :class:`MatchResult` whose ``perm`` is a :class:`~lmckit.transform.Transform`
+        :class:`MatchResult` whose ``alignment`` is a :class:`~lmckit.transform.Transform`
         (``perm.apply(params_b)`` is ``T(θ_B)``), ``history`` the objective after each
         sweep, ``info["kinds"]`` the number of groups per kind.
 

@@ -19,7 +19,7 @@ the stages of one recipe:
   ill-conditioned maps (condition numbers in the hundreds on our ViTs) put the descent
   where the midpoint is worst.
 
-The result's ``perm`` is a :class:`~lmckit.transform.Transform` of the *folded* models:
+The result's ``alignment`` is a :class:`~lmckit.transform.Transform` of the *folded* models:
 :func:`lmckit.transform.align_pair` folds A and B and applies it.
 """
 
@@ -106,9 +106,10 @@ def symmetry_matching(
             (:func:`~lmckit.match.transform_ste.transform_ste_matching`).
 
     Returns:
-        the last stage's :class:`MatchResult` (``perm`` a :class:`~lmckit.transform.
-        Transform` of the folded models, distances between folded models, ``seconds`` of
-        all stages); ``info["stages"]`` lists each stage's method, distance and seconds.
+        the last stage's :class:`MatchResult` (``alignment`` a
+        :class:`~lmckit.transform.Transform` of the folded models, distances between folded
+        models, ``seconds`` of all stages); ``info["stages"]`` lists each stage's method,
+        distance and seconds.
 
     Raises:
         ParamsError: an unknown ``symmetries`` or ``start``, no model or data, an ``init``,

@@ -150,7 +150,7 @@ def transform_ste_matching(
         n_batches: steps per epoch at most.
 
     Returns:
-        :class:`MatchResult` whose ``perm`` is the final :class:`~lmckit.transform.Transform`
+        :class:`MatchResult` whose ``alignment`` is the final :class:`~lmckit.transform.Transform`
         and ``history`` the midpoint loss of every step.
 
     Raises:

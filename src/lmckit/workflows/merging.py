@@ -506,6 +506,10 @@ def parse_range(text: str) -> list[int]:
     return list(range(lo, hi + 1))
 
 
+SWEEP_METHODS = ("star-wm", "merge-many", "ccmm", "ste-mm")
+"""The methods a sweep over the number of models compares when none are named."""
+
+
 @writes_folder("out", replaces=("sweep/*.json",))
 def sweep(
     ckpts: Sequence[Checkpoint],
