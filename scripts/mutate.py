@@ -688,8 +688,8 @@ MUTATIONS = [
         "am-first-tap-only",
         "activation matching uses one tap of a residual stream instead of all of them",
         "src/lmckit/match/activation.py",
-        "gains = sum(moments[name].gains(method) for name in names)",
-        "gains = moments[names[0]].gains(method)",
+        "gains = sum(moments[name].gains(statistic) for name in names)",
+        "gains = moments[names[0]].gains(statistic)",
         ("tests/match/test_activation.py",),
     ),
     M(

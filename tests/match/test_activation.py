@@ -30,11 +30,11 @@ def alive_units(model, params, loader):
 
 
 @pytest.mark.parametrize(("name", "config", "shape"), SMALL_ZOO, ids=SMALL_ZOO_IDS)
-@pytest.mark.parametrize("method", ["correlation", "cross_moment"])
-def test_activation_matching_recovers_a_planted_permutation(name, config, shape, method):
+@pytest.mark.parametrize("statistic", ["correlation", "cross_moment"])
+def test_activation_matching_recovers_a_planted_permutation(name, config, shape, statistic):
     model, spec, a, b, truth = planted(name, config)
     loader = random_loader(shape)
-    result = activation_matching(spec, a, b, model=model, data=loader, method=method)
+    result = activation_matching(spec, a, b, model=model, data=loader, statistic=statistic)
     alive = alive_units(model, a, loader)
     for g in spec.groups:
         assert torch.equal(result.perm[g][alive[g]], truth[g][alive[g]]), g
@@ -96,8 +96,8 @@ def test_missing_model_or_data_and_bad_options_are_named():
         activation_matching(spec, a, b, data=loader)
     with pytest.raises(ParamsError, match="needs data="):
         activation_matching(spec, a, b, model=model)
-    with pytest.raises(ParamsError, match="method must be"):
-        activation_matching(spec, a, b, model=model, data=loader, method="cosine")
+    with pytest.raises(ParamsError, match="statistic must be"):
+        activation_matching(spec, a, b, model=model, data=loader, statistic="cosine")
     with pytest.raises(ParamsError, match="n_batches"):
         activation_matching(spec, a, b, model=model, data=loader, n_batches=0)
     with pytest.raises(ParamsError, match="got no batches"):
@@ -107,8 +107,8 @@ def test_missing_model_or_data_and_bad_options_are_named():
         activation_matching(spec, a, b, model=other, data=loader)
 
 
-@pytest.mark.parametrize("method", ["correlation", "cross_moment"])
-def test_the_gains_are_the_naive_statistics_of_the_activations(method):
+@pytest.mark.parametrize("statistic", ["correlation", "cross_moment"])
+def test_the_gains_are_the_naive_statistics_of_the_activations(statistic):
     """Against statistics computed directly from all activations at once: Pearson
     correlation (centred, normalised) or the raw cross-moment E[z_A z_Bᵀ]."""
     model, spec, a, b = random_pair("mlp", {"in_dim": 10, "hidden": [12], "out_dim": 3})
@@ -116,11 +116,11 @@ def test_the_gains_are_the_naive_statistics_of_the_activations(method):
     x = torch.cat([x for x, _ in loader])
     za = torch.relu(x @ a["layers.0.weight"].T + a["layers.0.bias"]).double()
     zb = torch.relu(x @ b["layers.0.weight"].T + b["layers.0.bias"]).double()
-    if method == "correlation":
+    if statistic == "correlation":
         gains = torch.corrcoef(torch.cat([za.T, zb.T]))[:12, 12:]
     else:
         gains = za.T @ zb / len(x)
     rows, cols = linear_sum_assignment(gains.numpy(), maximize=True)
-    result = activation_matching(spec, a, b, model=model, data=loader, method=method)
+    result = activation_matching(spec, a, b, model=model, data=loader, statistic=statistic)
     assert result.perm["hidden0"].tolist() == cols.tolist()
     assert result.history[0] == pytest.approx(float(gains[rows, cols].sum()), rel=1e-9)

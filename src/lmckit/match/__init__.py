@@ -61,7 +61,7 @@ METHODS: dict[str, Method] = {
             needs_model=True,
             needs_data=True,
             summary="activation matching on the correlation of units over the data",
-            fixed={"method": "correlation"},
+            fixed={"statistic": "correlation"},
         ),
         Method(
             "am-ls",
@@ -70,7 +70,7 @@ METHODS: dict[str, Method] = {
             needs_data=True,
             summary="activation matching in Git Re-Basin's least-squares form (§3.1 eq. 1): "
             "the cross-moment E[z_A z_Bᵀ]",
-            fixed={"method": "cross_moment"},
+            fixed={"statistic": "cross_moment"},
         ),
         Method(
             "ste",

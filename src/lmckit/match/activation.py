@@ -38,7 +38,7 @@ from lmckit.progress import ProgressCallback, notify
 from lmckit.tracing import GraphTaps
 
 ActivationStatistic = Literal["correlation", "cross_moment"]
-METHODS: tuple[str, ...] = get_args(ActivationStatistic)
+STATISTICS: tuple[str, ...] = get_args(ActivationStatistic)
 
 
 class _Moments:
@@ -61,9 +61,9 @@ class _Moments:
         self.sab += a.T @ b
         self.count += a.shape[0]
 
-    def gains(self, method: str, eps: float = 1e-12) -> Tensor:
+    def gains(self, statistic: str, eps: float = 1e-12) -> Tensor:
         cross = self.sab / self.count
-        if method == "cross_moment":
+        if statistic == "cross_moment":
             return cross
         mean_a, mean_b = self.sa / self.count, self.sb / self.count
         std_a = (self.saa / self.count - mean_a**2).clamp_min(0).sqrt()
@@ -150,7 +150,7 @@ def activation_matching(
     init: Permutation | None = None,
     seed: int = 0,
     progress: ProgressCallback | None = None,
-    method: ActivationStatistic = "correlation",
+    statistic: ActivationStatistic = "correlation",
     n_batches: Count | None = None,
     taps: Mapping[str, list[str]] | GraphTaps | None = None,
     batch_size: Count = 1000,
@@ -166,7 +166,7 @@ def activation_matching(
         init, seed: accepted for the matchers' common signature and unused: each group's
             LAP is solved exactly and independently, with no randomness.
         progress: a :class:`~lmckit.progress.Progress` after every batch.
-        method: ``"correlation"`` (Pearson correlation of unit pairs, Git Re-Basin's
+        statistic: ``"correlation"`` (Pearson correlation of unit pairs, Git Re-Basin's
             code) or ``"cross_moment"`` (``E[z_A z_Bᵀ]``: the least-squares criterion its
             §3.1 eq. 1 states). Measured side by side (``experiments/width-fmnist.toml``,
             3×(128…2048)-unit MLPs on Fashion-MNIST, three pairs per width): correlation
@@ -183,8 +183,8 @@ def activation_matching(
         batches used, ``info["examples"]`` the number of examples.
     """
     start = time.perf_counter()
-    if method not in METHODS:
-        raise ParamsError(f"method must be one of {METHODS}, got {method!r}")
+    if statistic not in STATISTICS:
+        raise ParamsError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
     if n_batches is not None and (isinstance(n_batches, bool) or n_batches < 1):
         raise ParamsError(f"n_batches must be ≥ 1 or None, got {n_batches!r}")
     model = require_model_and_data("activation_matching", model, data)
@@ -215,7 +215,7 @@ def activation_matching(
     all_gains = {}
     assert reader is not None
     for g, names in reader.taps().items():
-        gains = sum(moments[name].gains(method) for name in names)
+        gains = sum(moments[name].gains(statistic) for name in names)
         if gains.shape != (spec.groups[g],) * 2:
             raise ParamsError(
                 f"taps of group {g!r} produce {gains.shape[0]} channels, the group has "
@@ -230,11 +230,11 @@ def activation_matching(
     perm = Permutation(spec, perms)
     return MatchResult(
         alignment=perm,
-        method=f"activation_matching[{method}]",
+        method=f"activation_matching[{statistic}]",
         history=(gain,),
         iterations=used,
         seconds=time.perf_counter() - start,
         distance_before=params_distance(params_a, params_b),
         distance_after=params_distance(params_a, perm.apply(params_b)),
-        info={"examples": examples, "method": method},
+        info={"examples": examples, "statistic": statistic},
     )
