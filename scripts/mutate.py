@@ -454,7 +454,7 @@ MUTATIONS = [
         "src/lmckit/files.py",
         "            (path / LOCK).unlink(missing_ok=True)\n",
         "            pass\n",
-        ("tests/test_io.py",),
+        ("tests/test_files.py",),
     ),
     # -- model folders and memory budgets (issue 28) --
     M(
@@ -1504,7 +1504,7 @@ MUTATIONS = [
         "src/lmckit/files.py",
         "    claim(dest)\n    dest.parent.mkdir(",
         "    dest.parent.mkdir(",
-        ("tests/test_io.py",),
+        ("tests/test_files.py",),
     ),
     M(
         "foreign-files-are-sidecar-pairs",
@@ -1696,7 +1696,7 @@ MUTATIONS = [
         "src/lmckit/files.py",
         "        os.chmod(tmp, _default_mode())  # readable like the files it lists",
         "        pass  # readable like the files it lists",
-        ("tests/test_io.py",),
+        ("tests/test_files.py",),
     ),
     M(
         "omp-num-threads-ignored",
@@ -1729,7 +1729,7 @@ MUTATIONS = [
         "src/lmckit/files.py",
         "        if owners:\n            continue\n",
         "",
-        ("tests/test_io.py",),
+        ("tests/test_files.py",),
     ),
     M(
         "retire-removes-inputs",
@@ -1737,7 +1737,7 @@ MUTATIONS = [
         "src/lmckit/files.py",
         "        if ours and input_at(path, guard.inputs) is None:",
         "        if ours:",
-        ("tests/test_io.py",),
+        ("tests/test_files.py",),
     ),
     M(
         "guard-compares-unresolved-paths",
@@ -1746,7 +1746,7 @@ MUTATIONS = [
         "src/lmckit/files.py",
         "    return path.parent.resolve() / path.name",
         "    return path",
-        ("tests/test_io.py",),
+        ("tests/test_files.py",),
     ),
     M(
         "model-folder-keeps-earlier-shards",

@@ -85,7 +85,7 @@ def _experiment_reference() -> str:
     from lmckit.match import METHODS as MATCHERS
     from lmckit.merge import METHODS as MERGERS
 
-    source = (PACKAGE / "experiments" / "spec.py").read_text()
+    source = (PACKAGE / "experiments" / "schema.py").read_text()
     tree = ast.parse(source)
     doc = ast.get_docstring(tree) or ""
     example = doc.split("::", 1)[1].split("\n\n:func:", 1)[0]
