@@ -129,3 +129,25 @@ def test_a_permutation_file_of_another_pair_is_refused(pair, tmp_path, capsys):
     argv = ["interpolate", str(a.path), str(c.path), "--perm", str(path), "--out", str(out)]
     assert main([*argv, "--dataset", "digits", "-q"]) == 2
     assert "aligns another pair" in capsys.readouterr().err and not out.exists()
+
+
+def test_match_to_files_writes_what_match_checkpoints_finds_with_both_digests(pair, tmp_path):
+    """``lmckit match``'s work from Python: the permutation file holds the permutation
+    ``match_checkpoints`` returns for the same seed, and the two inputs' digests."""
+    import hashlib
+
+    from lmckit.workflows.matching import match_to_files
+
+    a, b = pair
+    out = tmp_path / "out" / "p.json"
+    out.parent.mkdir()
+    result = match_to_files(a, b, "wm-fast", None, out, seed=3)
+    expected = match_checkpoints(a, b, "wm-fast", seed=3)
+    stored = load_permutation(out, a.spec)
+    assert stored == result.alignment == expected.alignment
+    record = json.loads(out.read_text())
+    assert record["a_sha256"] == hashlib.sha256(a.path.read_bytes()).hexdigest()
+    assert record["b_sha256"] == hashlib.sha256(b.path.read_bytes()).hexdigest()
+    from lmckit.files import folder_holder
+
+    assert folder_holder(out.parent) is None  # the folder is let go
