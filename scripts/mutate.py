@@ -136,7 +136,7 @@ MUTATIONS = [
     M(
         "grid-values-in-text-order",
         "a grid key's values are ordered as text, so 10 comes before 9 on the x axis",
-        "src/lmckit/experiments/report.py",
+        "src/lmckit/plots/report.py",
         '        return (0, float(value), "")\n',
         "        return (1, 0.0, json.dumps(value))\n",
         ("tests/experiments/test_report.py",),

@@ -200,7 +200,7 @@ def test_a_paper_number_with_a_block_sits_beside_that_blocks_row_only():
 def test_a_two_key_grid_is_drawn_against_one_key_with_a_line_per_value_of_the_other():
     """Grid values in numeric order (10 after 9, which text order reverses), each line's
     points the rows of its own value of the other key; one varying key draws nothing."""
-    from lmckit.experiments.report import axis_lines, grid_axes
+    from lmckit.plots.report import axis_lines, grid_axes
 
     def row(width, decay, mean, cell=0):
         grid = {"model.width": width, "train.weight_decay": decay, "data.name": "x"}
@@ -283,7 +283,7 @@ def _drawn_figures(out, monkeypatch) -> dict:
     """``write_report(out)``'s figures by caption, as matplotlib figures (not yet encoded)."""
     import matplotlib.pyplot as plt
 
-    from lmckit.experiments import report
+    from lmckit.plots import report as report_figures
 
     drawn = []
 
@@ -291,7 +291,7 @@ def _drawn_figures(out, monkeypatch) -> dict:
         drawn.append(fig)
         return ""
 
-    monkeypatch.setattr(report, "_png", keep)
+    monkeypatch.setattr(report_figures, "png", keep)
     monkeypatch.setattr(plt, "close", lambda fig=None: None)
     text = write_report(out).read_text()
     captions = [html.unescape(c) for c in re.findall(r"<figcaption>(.*?)</figcaption>", text)]
@@ -368,10 +368,11 @@ def test_a_merge_of_one_n_over_a_two_key_grid_has_a_line_per_method_and_other_va
     method and value of the other, each point its row's mean."""
     import matplotlib.pyplot as plt
 
-    from lmckit.experiments import report
+    from lmckit.plots import report as report_figures
+    from lmckit.plots.report import merge_figures
 
     figures = []
-    monkeypatch.setattr(report, "_png", lambda fig: figures.append(fig) or "")
+    monkeypatch.setattr(report_figures, "png", lambda fig: figures.append(fig) or "")
     monkeypatch.setattr(plt, "close", lambda fig=None: None)
     rows, cell = [], 0
     for decay in (0.0, 0.01):
@@ -383,7 +384,7 @@ def test_a_merge_of_one_n_over_a_two_key_grid_has_a_line_per_method_and_other_va
                              "grid": {"model.width_multiplier": width,
                                       "train.weight_decay": decay}})  # fmt: skip
             cell += 1
-    [(caption, _)] = report._merge_figures(rows, {})
+    [(caption, _)] = merge_figures(rows, {})
     assert "Figs. 3a, 3b, 4, 5" in caption
     [ax] = figures[0].axes
     assert ax.get_xlabel() == "width_multiplier (n = 10)"
@@ -394,3 +395,12 @@ def test_a_merge_of_one_n_over_a_two_key_grid_has_a_line_per_method_and_other_va
         for method, extra in (("star-wm", 0.0), ("ste-mm", 0.5))
         for decay in (0.0, 0.01)
     }
+
+
+def test_the_figures_key_of_a_variant_is_the_schemas():
+    """The report's figures spell the schema's label key for a grid variant again (they sit
+    below the engine): the two must stay one key."""
+    from lmckit.experiments.schema import VARIANT_KEY
+    from lmckit.plots import report as report_figures
+
+    assert report_figures.VARIANT_KEY == VARIANT_KEY
