@@ -367,7 +367,6 @@ def _state_copy(model: nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
-@checked
 def _training_part(data: Dataset, config: TrainConfig) -> Dataset:
     """``data`` with its training set cut to ``config.split``'s part (the test set whole)."""
     if config.split is None:
@@ -394,6 +393,7 @@ def _snapshot_epochs(
     return epochs
 
 
+@checked
 def train(
     model: nn.Module,
     data: Dataset,
