@@ -13,9 +13,6 @@ from lmckit.merge import METHODS as MERGERS
 from lmckit.transform import align
 from tests.merge.common import planted_copies, transformer_models
 
-MATCHER_PARAMS = ["spec", "params_a", "params_b", "model", "data", "init", "seed", "progress"]
-MERGER_PARAMS = ["spec", "params_list", "model", "data", "reference", "seed", "progress"]
-
 
 def public_functions(module, suffix):
     return {
@@ -37,12 +34,8 @@ def test_every_public_matcher_and_merger_is_registered_with_one_signature():
         lmckit.merge.ste_mm,
         lmckit.merge.ccmm,
     }
-    for family, leading in ((MATCHERS, MATCHER_PARAMS), (MERGERS, MERGER_PARAMS)):
+    for family in (MATCHERS, MERGERS):  # the signature itself: the protocol test below
         for method in family.values():
-            params = list(inspect.signature(method.fn).parameters.values())
-            assert [p.name for p in params[: len(leading)]] == leading, method.name
-            positional = [p for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
-            assert len(positional) == (3 if family is MATCHERS else 2), method.name
             assert method.summary and set(method.fixed) <= set(
                 inspect.signature(method.fn).parameters
             )

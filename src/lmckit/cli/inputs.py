@@ -16,28 +16,28 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _options(args: argparse.Namespace) -> dict:
+    return {
+        "device": args.device,
+        "model_class": getattr(args, "model_class", None),
+        "model_args": getattr(args, "model_args", None),
+        "input_shape": getattr(args, "input_shape", None),
+        "tokens": getattr(args, "tokens", None),
+        "max_memory": getattr(args, "max_memory", None),
+        "log": None if getattr(args, "quiet", False) else _stderr,
+        "warn": _stderr,
+    }
+
+
 def checkpoints(paths: Sequence[Path], args: argparse.Namespace) -> list:
     """:func:`lmckit.workflows.inputs.load_inputs` of ``paths`` with ``args``' options."""
-    return inputs.load_inputs(
-        paths,
-        device=args.device,
-        model_class=getattr(args, "model_class", None),
-        model_args=getattr(args, "model_args", None),
-        input_shape=getattr(args, "input_shape", None),
-        tokens=getattr(args, "tokens", None),
-        max_memory=getattr(args, "max_memory", None),
-        log=None if getattr(args, "quiet", False) else _stderr,
-        warn=_stderr,
-    )
+    return inputs.load_inputs(paths, **_options(args))
 
 
 def pair(args: argparse.Namespace) -> list:
-    """Checkpoints A and B (``args.a``, ``args.b``): two different models."""
-    from lmckit.workflows.matching import check_distinct
-
-    loaded = checkpoints([args.a, args.b], args)
-    check_distinct(loaded)
-    return loaded
+    """Checkpoints A and B (``args.a``, ``args.b``): two different models
+    (:func:`lmckit.workflows.inputs.load_pair`)."""
+    return inputs.load_pair(args.a, args.b, **_options(args))
 
 
 def data(ckpt, args: argparse.Namespace):
