@@ -98,3 +98,14 @@ def test_data_is_the_recorded_dataset_checked_to_fit(saved, digits):
     assert data.name == "digits" and data.input_shape == (1, 8, 8)
     with pytest.raises(UsageError, match="does not fit"):
         data_for(a, dataset="synthetic")
+
+
+def test_a_bad_example_shape_or_a_plain_folder_is_named(saved, tmp_path):
+    from lmckit.workflows.inputs import example_input
+
+    for shape, tokens in (([-3], None), ([], None), ([2.5], None), ([4], 0), ([4], True)):
+        with pytest.raises(UsageError, match=r"shape|tokens"):
+            example_input(shape, tokens)
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(UsageError, match="plain is a folder, not a checkpoint"):
+        load_inputs([tmp_path / "plain", saved / "m0"])

@@ -151,3 +151,25 @@ def test_match_to_files_writes_what_match_checkpoints_finds_with_both_digests(pa
     from lmckit.files import folder_holder
 
     assert folder_holder(out.parent) is None  # the folder is let go
+
+
+def test_match_to_files_never_writes_over_an_input_or_a_users_file(pair, tmp_path):
+    """Called from Python (no command line checking first): ``out`` naming one of the
+    inputs' files, or a file lmckit did not write, is refused before any work; both stay."""
+    from lmckit.errors import OutputPathError
+    from lmckit.workflows.matching import match_to_files
+
+    a, b = pair
+    sidecar = a.path.with_suffix(".json")
+    before = sidecar.read_bytes()
+    with pytest.raises(OutputPathError, match="one of the inputs"):
+        match_to_files(a, b, "wm-fast", None, sidecar)
+    assert sidecar.read_bytes() == before
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": 1}')
+    with pytest.raises(OutputPathError, match="not a file lmckit wrote"):
+        match_to_files(a, b, "wm-fast", None, notes)
+    assert notes.read_text() == '{"mine": 1}'
+    with pytest.raises(UsageError, match="B is not one"):
+        match_to_files(a, b, "wm-fast", None, tmp_path / "p.json", aligned=tmp_path / "al")
+    assert not (tmp_path / "p.json").exists() and not (tmp_path / "al").exists()

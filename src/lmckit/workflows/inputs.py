@@ -83,6 +83,13 @@ def example_input(input_shape: Sequence[int], tokens: int | None = None, batch: 
     from lmckit.budget import check_budget
     from lmckit.models.custom import example_batch
 
+    shape = list(input_shape)
+    if not shape or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
+        raise UsageError(f"an example's shape must be positive integers, got {shape}")
+    if tokens is not None and (
+        isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1
+    ):
+        raise UsageError(f"tokens (the vocabulary size) must be a positive integer, got {tokens!r}")
     check_budget(
         f"an example batch of shape {(batch, *input_shape)}",
         memory=8 * batch * math.prod(input_shape),
@@ -114,6 +121,14 @@ def load_inputs(
 
     folders = [p for p in paths if Path(p).is_dir()]
     if folders:
+        from lmckit.model_folder import is_model_folder
+
+        plain = next((p for p in folders if not is_model_folder(p)), None)
+        if plain is not None:
+            raise UsageError(
+                f"{plain} is a folder, not a checkpoint, and no Hugging Face model folder (it "
+                "holds no config.json, model.safetensors or shard index)"
+            )
         if len(folders) != len(paths):
             raise UsageError(
                 f"{folders[0]} is a model folder and {next(p for p in paths if p not in folders)} "

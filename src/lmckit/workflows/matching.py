@@ -507,8 +507,23 @@ def match_to_files(
     the result written to ``out`` — a permutation file, or a transform file for the methods
     of :data:`~lmckit.match.TRANSFORM_METHODS` — recording both inputs' digests, and with
     ``aligned`` B moved onto A as a model folder (:func:`write_aligned`); the outputs'
-    folders are held for one writer throughout (:func:`locked_match_outputs`)."""
+    folders are held for one writer throughout (:func:`locked_match_outputs`). An ``out``
+    that is one of the inputs' files, or an existing file lmckit did not write, is refused
+    before any work (:class:`~lmckit.errors.OutputPathError`)."""
+    from lmckit.files import check_output_file
+
+    out = Path(out)
+    file_format = TRANSFORM_FORMAT if method in TRANSFORM_METHODS else PERMUTATION_FORMAT
+    inputs = [*a.files, *b.files]
+    check_output_file(out, "--out", inputs=inputs, file_format=file_format)
+    if aligned is not None:
+        if not b.folder:
+            raise UsageError("--aligned writes a model folder; B is not one")
+        from lmckit.model_folder import check_writable
+
+        check_writable(b)  # before the match: its result is written in B's layout
     with locked_match_outputs(out, aligned, a, b):
+        check_output_file(out, "--out", inputs=inputs, file_format=file_format)
         result = match_checkpoints(a, b, method, data, **options)
         save = save_transform if method in TRANSFORM_METHODS else save_match
         save(out, result, **pair_record(a, b))
