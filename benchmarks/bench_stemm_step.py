@@ -1,4 +1,4 @@
-"""STE-MM's cost per model and step against width: Alg. 1 as written (``variant="paper"``)
+"""STE-MM's cost per model and step against width: Alg. 1 as written (``recipe="paper"``)
 beside lmckit's default, to size the runs that reproduce STE-MM's figures.
 
 Alg. 1 re-runs weight matching from the identity for every model at every step (with the
@@ -52,22 +52,22 @@ def one_width(width: float, flat, args) -> dict:
     times: dict[str, list[float]] = {"paper": [], "lmckit": []}
     laps: dict[str, int] = {}
     for repeat in range(args.repeats + 1):  # the first round warms up (compiled solver, caches)
-        for variant in times:
+        for recipe in times:
             synchronize()
             start = time.perf_counter()
             result = ste_mm(spec, params, model=models[0], data=steps, epochs=1,
-                            batch_size=BATCH, variant=variant, seed=repeat)  # fmt: skip
+                            batch_size=BATCH, recipe=recipe, seed=repeat)  # fmt: skip
             synchronize()
             if repeat:
-                times[variant].append((time.perf_counter() - start) / args.steps)
-                laps[variant] = result.info["lap_solves"]
+                times[recipe].append((time.perf_counter() - start) / args.steps)
+                laps[recipe] = result.info["lap_solves"]
     out = {"width": width, "units": round(512 * width)}
-    for variant, seconds in times.items():
+    for recipe, seconds in times.items():
         per_step = statistics.median(seconds)
-        out[variant] = {
+        out[recipe] = {
             "seconds_per_model_step": per_step,
             "runs": seconds,
-            "lap_solves": laps[variant],
+            "lap_solves": laps[recipe],
             "hours_per_merge_of_ten": per_step * 9 * STEPS_PER_MERGE / 3600,
         }
     out["paper_over_lmckit"] = (

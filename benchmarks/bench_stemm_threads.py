@@ -1,5 +1,5 @@
 """STE-MM's projections side by side (one per thread) against one after the other, on
-all the machine's torch threads: seconds per step of Alg. 1 (``variant="paper"``, where
+all the machine's torch threads: seconds per step of Alg. 1 (``recipe="paper"``, where
 the projections are most of a step) and whether the two merges are the same.
 
 One after the other, each projection's products use every thread and its LAPs overlap
@@ -62,7 +62,7 @@ def one_width(width: float, flat, args) -> dict:
             synchronize()
             start = time.perf_counter()
             result = ste_mm(spec, params, model=models[0], data=steps, epochs=1,
-                            batch_size=BATCH, variant="paper", seed=1)  # fmt: skip
+                            batch_size=BATCH, recipe="paper", seed=1)  # fmt: skip
             synchronize()
             if repeat:
                 times[name].append((time.perf_counter() - start) / args.steps)

@@ -1707,6 +1707,24 @@ MUTATIONS = [
         ("tests/experiments/test_runner.py",),
     ),
     M(
+        "renamed-option-dropped",
+        "an old option name (variant=) reaches the function unrenamed from Python",
+        "src/lmckit/options.py",
+        "        if RENAMED_OPTIONS.keys() & kwargs.keys():",
+        "        if False:",
+        ("tests/test_renamed_options.py",),
+    ),
+    M(
+        "renamed-option-kept-in-experiment",
+        "an experiment file's old option name is kept, so its jobs are keyed apart from the new",
+        "src/lmckit/experiments/schema.py",
+        "            checked[method] = registry[method].check_options("
+        'options, where=f"{key}.{method}: ")',
+        '            registry[method].check_options(options, where=f"{key}.{method}: ")\n'
+        "            checked[method] = dict(options)",
+        ("tests/test_renamed_options.py",),
+    ),
+    M(
         "combination-unchecked",
         "STE-MM's paper variant with fixed weights passes check_options (fails in the job)",
         "src/lmckit/registry.py",
@@ -2009,7 +2027,8 @@ MUTATIONS = [
         "star-passes-unchecked-options",
         "star hands its matcher options it does not take (a TypeError from inside WM)",
         "src/lmckit/merge/star.py",
-        '    matcher.check_options(match_options, where=f"star(method={method!r}): ")\n',
+        "    match_options = matcher.check_options("
+        'match_options, where=f"star(method={method!r}): ")\n',
         "",
         ("tests/test_bad_inputs.py",),
     ),

@@ -23,7 +23,7 @@ def live() -> dict:
     from lmckit.data.splits import SPLIT_KINDS
     from lmckit.experiments.executors import EXECUTORS
     from lmckit.match import METHODS as MATCHERS
-    from lmckit.match.network import VARIANTS
+    from lmckit.match.network import RECIPES
     from lmckit.merge import METHODS as MERGERS
     from lmckit.models import ALIASES, MODELS
     from lmckit.train import OPTIMIZERS, SCHEDULES
@@ -35,7 +35,7 @@ def live() -> dict:
         "SCHEDULES": tuple(SCHEDULES),
         "SPLIT_KINDS": tuple(SPLIT_KINDS),
         "EXECUTORS": tuple(EXECUTORS),
-        "VARIANTS": tuple(VARIANTS),
+        "RECIPES": tuple(RECIPES),
         "MATCHERS": {name: m.summary for name, m in MATCHERS.items()},
         "MERGERS": {name: m.summary for name, m in MERGERS.items()},
     }

@@ -80,12 +80,12 @@ def cases(f):
         # options that do nothing
         ("wm-epochs", [*match, "--method", "wm", "--epochs", "5"], 2, "--epochs does not apply"),
         ("am-restarts", [*match, "--method", "am", "--restarts", "3"], 2, "--restarts does not"),
-        ("wm-variant", [*match, "--method", "wm", "--variant", "paper"], 2, "variant"),
+        ("wm-recipe", [*match, "--method", "wm", "--recipe", "paper"], 2, "takes no recipe"),
         (
-            "ccmm-variant",
-            ["merge", a, b, "--method", "ccmm", "--variant", "paper", "--out", m],
+            "ccmm-recipe",
+            ["merge", a, b, "--method", "ccmm", "--recipe", "paper", "--out", m],
             2,
-            "variant",
+            "recipe",
         ),
         ("sinkhorn-epochs", [*match, "--method", "sinkhorn", "--epochs", "2"], 2, "takes no ep"),
         ("wm-dataset", [*match, "--method", "wm", "--dataset", "digits"], 2, "--dataset does"),

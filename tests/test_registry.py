@@ -100,11 +100,11 @@ def test_options_that_do_nothing_are_refused_and_typed_ones_checked():
 @pytest.mark.parametrize(
     ("family", "name", "options", "message"),
     [
-        ("match", "ste", {"variant": "Paper"}, "variant must be one of 'lmckit', 'paper'"),
-        ("match", "sinkhorn-mid", {"variant": "alg1"}, "variant must be one of"),
-        ("merge", "ste-mm", {"variant": "Paper"}, "variant must be one of"),
+        ("match", "ste", {"recipe": "Paper"}, "recipe must be one of 'lmckit', 'paper'"),
+        ("match", "sinkhorn-mid", {"recipe": "alg1"}, "recipe must be one of"),
+        ("merge", "ste-mm", {"recipe": "Paper"}, "recipe must be one of"),
         ("merge", "ste-mm", {"weights": "uniform"}, "weights must be one of 'dirichlet'"),
-        ("merge", "ste-mm", {"variant": "paper", "weights": [1, 2]}, "fixed weights=.1, 2. do"),
+        ("merge", "ste-mm", {"recipe": "paper", "weights": [1, 2]}, "fixed weights=.1, 2. do"),
     ],
 )
 def test_choices_and_combinations_are_refused_before_a_run(family, name, options, message):
@@ -114,7 +114,7 @@ def test_choices_and_combinations_are_refused_before_a_run(family, name, options
     registry = MATCHERS if family == "match" else MERGERS
     with pytest.raises(ParamsError, match=message):
         registry[name].check_options(options)
-    fixed = {k: ("paper" if k == "variant" else "normalized_uniform") for k in options}
+    fixed = {k: ("paper" if k == "recipe" else "normalized_uniform") for k in options}
     assert registry[name].check_options(fixed) == fixed
 
 

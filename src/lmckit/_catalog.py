@@ -8,7 +8,7 @@ OPTIMIZERS = ("adam", "adamw", "sgd", "sophia", "sophia-l2")
 SCHEDULES = ("constant", "warmup_linear")
 SPLIT_KINDS = ("class-imbalanced", "dirichlet", "random")
 EXECUTORS = ("local", "ray")
-VARIANTS = ("lmckit", "paper")
+RECIPES = ("lmckit", "paper")
 MATCHERS = {
     "wm": "weight matching, cold LAP solves (Git Re-Basin Alg. 1)",
     "wm-fast": "weight matching with dual warm starts (STE-MM Alg. 3); same optimum",

@@ -24,6 +24,7 @@ import math
 import os
 import types
 import typing
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from numbers import Real
@@ -32,6 +33,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from lmckit.errors import LmcError, ParamsError
 
 __all__ = [
+    "RENAMED_OPTIONS",
     "AtLeast",
     "Between",
     "Count",
@@ -45,6 +47,7 @@ __all__ = [
     "checked",
     "describe",
     "option_hints",
+    "renamed_options",
 ]
 
 
@@ -256,6 +259,37 @@ def check_options(
     return dict(options)
 
 
+RENAMED_OPTIONS: dict[str, str] = {"variant": "recipe"}
+"""Keyword options renamed, old name → new name: the old spelling is still accepted, with a
+``DeprecationWarning``, for one release (``variant=`` also named the grid variants of an
+experiment file; the ``"lmckit"``/``"paper"`` switch is now ``recipe=``)."""
+
+
+def renamed_options(
+    options: Mapping[str, Any], takes: Iterable[str], *, where: str = ""
+) -> dict[str, Any]:
+    """``options`` with each old name of :data:`RENAMED_OPTIONS` whose new name is in
+    ``takes`` replaced by the new name, warning once per call (``DeprecationWarning``);
+    every other name unchanged. Both spellings at once is a :class:`ParamsError`."""
+    takes = set(takes)
+    old = [o for o in options if o in RENAMED_OPTIONS and RENAMED_OPTIONS[o] in takes]
+    if not old:
+        return dict(options)
+    for name in old:
+        if RENAMED_OPTIONS[name] in options:
+            raise ParamsError(
+                f"{where}{name}= and {RENAMED_OPTIONS[name]}= both given; {name} is the old "
+                f"name of {RENAMED_OPTIONS[name]}: give only {RENAMED_OPTIONS[name]}"
+            )
+    warnings.warn(
+        f"{where}option(s) {', '.join(f'{o}= is now {RENAMED_OPTIONS[o]}=' for o in old)}; "
+        "the old name goes in the next release",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return {RENAMED_OPTIONS.get(k, k) if k in old else k: v for k, v in options.items()}
+
+
 COMMON = frozenset({"model", "data", "init", "seed", "progress", "reference"})
 """The family signature's shared arguments, which each function checks itself (with
 messages about what they must hold, beyond their type)."""
@@ -297,6 +331,8 @@ def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if RENAMED_OPTIONS.keys() & kwargs.keys():
+            kwargs = renamed_options(kwargs, options, where=f"{fn.__name__}: ")
         if options & set(kwargs):
             hints = _hints(fn)
             for name in options & set(kwargs):

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from lmckit.errors import ParamsError
-from lmckit.options import check_options
+from lmckit.options import check_options, renamed_options
 
 __all__ = ["Method", "signature_mismatches"]
 
@@ -131,10 +131,13 @@ class Method:
     def check_options(self, options: Mapping[str, Any], where: str = "") -> dict[str, Any]:
         """``options`` checked against the signatures that declare them: a name this
         method does not take, or a value of the wrong type or out of range, is a
-        :class:`~lmckit.errors.ParamsError` naming it (and the method)."""
+        :class:`~lmckit.errors.ParamsError` naming it (and the method). Returns the options
+        with any renamed one under its new name (:data:`~lmckit.options.RENAMED_OPTIONS`,
+        with a ``DeprecationWarning``): callers run and key what it returns."""
         if not isinstance(options, Mapping):
             raise ParamsError(f"{where}options of {self.name!r} must be a table, got {options!r}")
         allowed = self.options()
+        options = renamed_options(options, allowed, where=where)
         unknown = sorted(set(options) - set(allowed))
         if unknown:
             known = ", ".join(allowed) if allowed else "none"

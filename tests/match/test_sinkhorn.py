@@ -62,8 +62,8 @@ def test_sinkhorn_rejects_bad_options():
         sinkhorn_matching(spec, a, b, steps=0)
 
 
-def test_the_paper_variant_is_penas_procedure_written_out():
-    """``variant="paper"`` against Peña et al.'s procedure by hand for a two-hidden-layer
+def test_the_paper_recipe_is_penas_procedure_written_out():
+    """``recipe="paper"`` against Peña et al.'s procedure by hand for a two-hidden-layer
     MLP: logits ``I + 0.1·N(0, 1)``, 20 Sinkhorn normalisations at τ = 1, AdamW on the mean
     squared difference between θ_A and the softly permuted θ_B, rounding by the assignment
     maximising the final soft map."""
@@ -75,7 +75,7 @@ def test_the_paper_variant_is_penas_procedure_written_out():
         for k, v in b.items()
     }  # fmt: skip  (not an exact copy: the rounding has work to do)
     steps, lr = 40, 0.3
-    result = sinkhorn_matching(spec, a, b, steps=steps, lr=lr, seed=4, variant="paper")
+    result = sinkhorn_matching(spec, a, b, steps=steps, lr=lr, seed=4, recipe="paper")
     g = torch.Generator().manual_seed(4)
     z = {name: (torch.eye(n) + 0.1 * torch.randn(n, n, generator=g)).requires_grad_(True)
          for name, n in spec.groups.items()}  # fmt: skip
@@ -114,11 +114,11 @@ def test_the_paper_variant_is_penas_procedure_written_out():
     }
     assert result.history == pytest.approx(history, rel=1e-4)
     assert result.perm == Permutation(spec, rounded) == truth
-    assert result.info["variant"] == "paper"
+    assert result.info["recipe"] == "paper"
     # the default starts near uniform with Adam: a different trajectory from the first step
     default = sinkhorn_matching(spec, a, b, steps=steps, lr=lr, seed=4)
     assert default.history[0] != pytest.approx(history[0], rel=1e-3)
-    with pytest.raises(ParamsError, match="variant must be one of"):
-        sinkhorn_matching(spec, a, b, variant="pena")
+    with pytest.raises(ParamsError, match="recipe must be one of"):
+        sinkhorn_matching(spec, a, b, recipe="pena")
     with pytest.raises(ParamsError, match="init does not apply"):
-        sinkhorn_matching(spec, a, b, variant="paper", init=truth)
+        sinkhorn_matching(spec, a, b, recipe="paper", init=truth)

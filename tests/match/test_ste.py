@@ -114,8 +114,8 @@ def test_straight_through_mixture_has_the_naive_estimators_value_and_gradients()
         assert g.abs().sum() > 0 and torch.allclose(g, e, rtol=1e-5, atol=1e-7)
 
 
-def test_the_paper_variant_is_git_re_basin_alg_2_written_out(digits_pair, digits):
-    """``variant="paper"`` against Alg. 2 by hand: θ̃ starts at θ_A; each step projects θ̃ by
+def test_the_paper_recipe_is_git_re_basin_alg_2_written_out(digits_pair, digits):
+    """``recipe="paper"`` against Alg. 2 by hand: θ̃ starts at θ_A; each step projects θ̃ by
     weight matching from the identity, evaluates the loss at ½(θ_A + π(θ_B)), and moves θ̃ by
     a plain step along half the midpoint's gradient (straight through); the last projection
     is returned."""
@@ -131,7 +131,7 @@ def test_the_paper_variant_is_git_re_basin_alg_2_written_out(digits_pair, digits
     ]
     lr = 0.5
     result = ste_matching(
-        spec, a, b, model=model, data=batches, epochs=1, lr=lr, variant="paper", seed=3
+        spec, a, b, model=model, data=batches, epochs=1, lr=lr, recipe="paper", seed=3
     )
     proxy = {k: v.clone() for k, v in a.items()}
     for x, y in batches:
@@ -144,22 +144,20 @@ def test_the_paper_variant_is_git_re_basin_alg_2_written_out(digits_pair, digits
     last = weight_matching(spec, proxy, b, seed=3, warm_start=False).perm
     first = weight_matching(spec, a, b, seed=3, warm_start=False).perm
     assert result.perm == last and last != first  # the descent moved the projection
-    assert result.info["variant"] == "paper"
-    with pytest.raises(ParamsError, match="variant must be one of"):
-        ste_matching(spec, a, b, model=model, data=batches, variant="git")
+    assert result.info["recipe"] == "paper"
+    with pytest.raises(ParamsError, match="recipe must be one of"):
+        ste_matching(spec, a, b, model=model, data=batches, recipe="git")
     with pytest.raises(ParamsError, match="init does not apply"):
-        ste_matching(spec, a, b, model=model, data=batches, variant="paper", init=first)
+        ste_matching(spec, a, b, model=model, data=batches, recipe="paper", init=first)
 
 
-def test_the_paper_variant_returns_the_last_projection_even_when_an_earlier_was_better(
+def test_the_paper_recipe_returns_the_last_projection_even_when_an_earlier_was_better(
     digits_pair, digits
 ):
     model, a, b = digits_pair
     spec = permutation_spec(model)
     batches = [(digits.train_x[i : i + 64], digits.train_y[i : i + 64]) for i in range(0, 256, 64)]
-    result = ste_matching(
-        spec, a, b, model=model, data=batches, epochs=3, lr=200.0, variant="paper"
-    )
+    result = ste_matching(spec, a, b, model=model, data=batches, epochs=3, lr=200.0, recipe="paper")
     scores = result.info["midpoint_eval_loss"]  # the start's, then each epoch's projection
     assert scores[-1] > min(scores)  # a big step: the last projection is not the best
     assert result.info["best_midpoint_loss"] == scores[-1]

@@ -72,7 +72,7 @@ def test_projections_run_side_by_side_to_the_one_thread_result(trained, digits, 
     from lmckit.match.weight_matcher import WeightMatcher
 
     model, spec, params = trained
-    options = {"epochs": 1, "lr": 1e-2, "batch_size": 256, "variant": "paper", "seed": 5}
+    options = {"epochs": 1, "lr": 1e-2, "batch_size": 256, "recipe": "paper", "seed": 5}
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -131,8 +131,8 @@ def test_cold_duals_give_the_warm_result_and_identity_restarts_run_alg_1(trained
     assert one.perms == star(spec, params, seed=1).perms  # a vanishing step: WM of θ_ref
 
 
-def test_the_paper_variant_is_stemm_alg_1_written_out(trained, digits):
-    """``variant="paper"`` against Alg. 1 by hand: proxies start at θ_n; each step projects
+def test_the_paper_recipe_is_stemm_alg_1_written_out(trained, digits):
+    """``recipe="paper"`` against Alg. 1 by hand: proxies start at θ_n; each step projects
     every proxy by weight matching from the identity, draws λ as normalised U(0, 1) draws,
     and moves each proxy by Adam along λ_i times the mixture's gradient (straight
     through); the final projections are the permutations (line 12)."""
@@ -144,7 +144,7 @@ def test_the_paper_variant_is_stemm_alg_1_written_out(trained, digits):
     batches = [(digits.train_x[i : i + 64], digits.train_y[i : i + 64]) for i in range(0, 320, 64)]
     lr = 0.05
     result = ste_mm(spec, params, model=model, data=batches, epochs=1, lr=lr, seed=2,
-                    variant="paper")  # fmt: skip
+                    recipe="paper")  # fmt: skip
     n, ref = len(params), len(params) - 1
     proxies = [{k: params[ref][k].clone().requires_grad_(True) for k in params[ref]}
                for _ in range(n - 1)]  # fmt: skip
@@ -172,15 +172,15 @@ def test_the_paper_variant_is_stemm_alg_1_written_out(trained, digits):
     final = [project(i) for i in range(n - 1)]
     assert list(result.perms[:-1]) == final and result.perms[-1].is_identity()
     assert final != list(star(spec, params, seed=2).perms[:-1])  # the descent moved them
-    assert result.info["variant"] == "paper"
+    assert result.info["recipe"] == "paper"
     assert result.info["weights"] == "normalized_uniform" and result.info["restart_from_identity"]
     dirichlet = ste_mm(spec, params, model=model, data=batches, epochs=1, lr=lr, seed=2,
                        restart_from_identity=True)  # fmt: skip
-    assert dirichlet.perms != result.perms  # the weight draw is part of the variant
-    with pytest.raises(ParamsError, match="variant must be one of"):
-        ste_mm(spec, params, model=model, data=batches, variant="alg1")
+    assert dirichlet.perms != result.perms  # the weight draw is part of the recipe
+    with pytest.raises(ParamsError, match="recipe must be one of"):
+        ste_mm(spec, params, model=model, data=batches, recipe="alg1")
     with pytest.raises(ParamsError, match=r"fixed weights=\[1, 1, 1\] do not apply"):
-        ste_mm(spec, params, model=model, data=batches, variant="paper", weights=[1, 1, 1])
+        ste_mm(spec, params, model=model, data=batches, recipe="paper", weights=[1, 1, 1])
 
 
 class Killed(Exception):
@@ -188,21 +188,21 @@ class Killed(Exception):
 
 
 @pytest.mark.parametrize(
-    ("variant", "kill_at_step"),
+    ("recipe", "kill_at_step"),
     [("lmckit", 1), ("paper", 1), ("lmckit", 3)],  # 1: the save at the epoch's end; 3: within
 )
 def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_merge(
-    trained, digits, tmp_path, variant, kill_at_step
+    trained, digits, tmp_path, recipe, kill_at_step
 ):
     """Killed in its third of four epochs and run again, STE-MM goes on from its last save
     (the end of the second epoch, or two steps into the third) — its proxies, Adam,
     permutations, duals, the λ generator, the batch order and the epoch's running loss —
-    to the permutations and weights of a run never interrupted. lmckit's variant starts
+    to the permutations and weights of a run never interrupted. lmckit's recipe starts
     each projection at the previous permutation, so the permutations must be restored
     too; λ draws and the data order differ per step and epoch, so must the generator and
     the position in the epoch."""
     model, spec, params = trained
-    options = {"epochs": 4, "lr": 1e-2, "batch_size": 256, "variant": variant, "seed": 3}
+    options = {"epochs": 4, "lr": 1e-2, "batch_size": 256, "recipe": recipe, "seed": 3}
     straight = ste_mm(spec, params, model=model, data=digits, **options)
     per_epoch = len(digits.loader("train", batch_size=256))
     seen = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -241,3 +242,32 @@ def add_model_class_arguments(p: argparse.ArgumentParser) -> None:
 def methods_help(summaries: dict[str, str]) -> str:
     """``name: summary; …`` for a command's description."""
     return "; ".join(f"{name}: {summary}" for name, summary in summaries.items())
+
+
+class RenamedOption(argparse.Action):
+    """An option's old spelling (``--variant`` for ``--recipe``), hidden from ``--help`` and
+    accepted for one release: it stores into the new option's ``dest`` and prints one line
+    saying the new name."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str = "", **kwargs) -> None:
+        self.new = new
+        self.announce = True  # off in the parse that only finds which options were given
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if self.announce:
+            print(
+                f"lmckit: {option_string} is now {self.new}; the old spelling goes in the next "
+                "release",
+                file=sys.stderr,
+            )
+        setattr(namespace, self.dest, values)
+
+
+def add_recipe_argument(p: argparse.ArgumentParser, choices: tuple[str, ...], help: str) -> None:
+    """``--recipe`` (a method's ``recipe=``: lmckit's defaults or the paper's procedure as
+    written), and its old spelling ``--variant``."""
+    p.add_argument("--recipe", choices=choices, help=help)
+    p.add_argument(
+        "--variant", dest="recipe", choices=choices, action=RenamedOption, new="--recipe"
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lmckit._catalog import MATCHERS, VARIANTS
+from lmckit._catalog import MATCHERS, RECIPES
 from lmckit.cli import arguments as arg
 from lmckit.cli import inputs as cli_inputs
 from lmckit.cli.applicability import DATA_OPTIONS, MODEL_CLASS, Check, data_needed, method_options
@@ -145,8 +145,8 @@ def add_parser(sub) -> None:
     p.add_argument("--epochs", type=arg.int_at_least(1), help="STE / Sinkhorn-mid epochs (1)")
     p.add_argument("--lr", type=arg.positive, help="STE (1e-3) / Sinkhorn (0.1) learning rate")
     p.add_argument("--batch-size", type=arg.int_at_least(1), help="STE / Sinkhorn-mid batch (256)")
-    p.add_argument(
-        "--variant", choices=VARIANTS,
+    arg.add_recipe_argument(
+        p, RECIPES,
         help="STE / Sinkhorn: lmckit's defaults (default) or the paper's procedure as "
         "written (STE: Git Re-Basin Alg. 2; Sinkhorn: Peña et al.'s settings)",
     )  # fmt: skip

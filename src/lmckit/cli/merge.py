@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lmckit._catalog import MERGERS, VARIANTS
+from lmckit._catalog import MERGERS, RECIPES
 from lmckit.cli import arguments as arg
 from lmckit.cli import inputs as cli_inputs
 from lmckit.cli.applicability import MODEL_CLASS, Check, excludes, method_options, needs
@@ -197,8 +197,8 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--lr", type=arg.positive, help="STE / STE-MM learning rate (1e-3)")
     p.add_argument("--batch-size", type=arg.int_at_least(1), help="STE / STE-MM batch (256)")
-    p.add_argument(
-        "--variant", choices=VARIANTS,
+    arg.add_recipe_argument(
+        p, RECIPES,
         help="STE-MM / star-STE: lmckit's defaults (default) or the paper's procedure as "
         "written (STE-MM Alg. 1; STE: Git Re-Basin Alg. 2)",
     )  # fmt: skip

@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import NoReturn
 
 from lmckit import __version__
+from lmckit.cli.arguments import RenamedOption
 
 
 def commands() -> dict[str, ModuleType]:
@@ -101,6 +102,8 @@ def given_options(argv: Sequence[str]) -> frozenset[str]:
         for action in parser._actions:
             if action.dest == "command":
                 continue
+            if isinstance(action, RenamedOption):
+                action.announce = False  # the real parse says it once
             if action.option_strings:
                 action.default = argparse.SUPPRESS
             else:  # argparse would run an optional positional's type on a string default

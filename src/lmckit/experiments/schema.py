@@ -381,6 +381,7 @@ def _options(
     from lmckit.errors import ParamsError
 
     table = _table(value, key)
+    checked: dict[str, dict[str, Any]] = {}
     for method, options in table.items():
         if method not in methods:
             raise ExperimentError(f"{key}.{method}: the block does not use method {method!r}")
@@ -388,10 +389,11 @@ def _options(
         if method not in registry:
             raise ExperimentError(f"{key}.{method}: method {method!r} takes no options")
         try:
-            registry[method].check_options(options, where=f"{key}.{method}: ")
+            # renamed options come back under their new names, which the jobs are keyed by
+            checked[method] = registry[method].check_options(options, where=f"{key}.{method}: ")
         except ParamsError as exc:
             raise ExperimentError(str(exc)) from None
-    return {m: dict(o) for m, o in table.items()}
+    return checked
 
 
 def _index_tuples(

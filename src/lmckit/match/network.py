@@ -28,21 +28,22 @@ def require_model_and_data(method: str, model: nn.Module | None, data: object) -
     return model
 
 
-Variant = Literal["lmckit", "paper"]
-"""``variant=`` of the methods with a paper-exact version: lmckit's defaults, or the paper's
+Recipe = Literal["lmckit", "paper"]
+"""``recipe=`` of the methods with a paper-exact version: lmckit's defaults, or the paper's
 procedure as written (a ``Literal``, so that option checks refuse any other spelling before
-a run starts)."""
-VARIANTS: tuple[str, ...] = get_args(Variant)
+a run starts). Called ``variant=`` in 0.1.0; the old name is accepted for one release
+(:data:`lmckit.options.RENAMED_OPTIONS`)."""
+RECIPES: tuple[str, ...] = get_args(Recipe)
 
 
-def is_paper_variant(variant: str, init: object = None, why: str = "") -> bool:
-    """Check ``variant`` (one of :data:`VARIANTS`); ``True`` for ``"paper"``. The paper's
+def is_paper_recipe(recipe: str, init: object = None, why: str = "") -> bool:
+    """Check ``recipe`` (one of :data:`RECIPES`); ``True`` for ``"paper"``. The paper's
     procedure fixes its own start, so an ``init`` is refused with ``why``."""
-    if variant not in VARIANTS:
-        raise ParamsError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    paper = variant == "paper"
+    if recipe not in RECIPES:
+        raise ParamsError(f"recipe must be one of {RECIPES}, got {recipe!r}")
+    paper = recipe == "paper"
     if paper and init is not None:
-        raise ParamsError(f'variant="paper" {why}; init does not apply')
+        raise ParamsError(f'recipe="paper" {why}; init does not apply')
     return paper
 
 

@@ -26,11 +26,11 @@ from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
 from lmckit.lap import assign_groups
 from lmckit.match.network import (
-    Variant,
+    Recipe,
     batch_loss,
     batches_per_pass,
     check_training_options,
-    is_paper_variant,
+    is_paper_recipe,
     optimise,
     require_model_and_data,
 )
@@ -84,7 +84,7 @@ def sinkhorn_matching(
     epochs: Count = 1,
     lr: Positive = 0.1,
     batch_size: Count = 256,
-    variant: Variant = "lmckit",
+    recipe: Recipe = "lmckit",
 ) -> MatchResult:
     """Learn soft permutations of B towards A and round them to a :class:`Permutation`.
 
@@ -103,7 +103,7 @@ def sinkhorn_matching(
         sinkhorn_iters: row/column normalisations per evaluation.
         lr: Adam learning rate on the logits.
         batch_size: for a ``Dataset``.
-        variant: ``"lmckit"`` (default) or ``"paper"`` — Peña et al.'s settings, which Ito
+        recipe: ``"lmckit"`` (default) or ``"paper"`` — Peña et al.'s settings, which Ito
             et al. used through the authors' code: logits start identity-biased,
             ``I + 0.1·N(0, 1)`` (our default starts near uniform, ``0.01·N(0, 1)``, so
             the rounding is not pulled towards the identity), the optimiser is AdamW
@@ -112,7 +112,7 @@ def sinkhorn_matching(
             left out) instead of the squared distance relative to ``‖θ_A‖²``. The number
             of steps stays explicit (``steps``; the paper's "epochs" of the L2 loss are
             passes over data that the loss never reads). ``init`` does not apply.
-            Both variants differentiate through the unrolled Sinkhorn iterations; Peña et
+            Both recipes differentiate through the unrolled Sinkhorn iterations; Peña et
             al. differentiate implicitly at the fixed point — the same gradient when the
             iterations have converged.
 
@@ -121,7 +121,7 @@ def sinkhorn_matching(
     gradient.
     """
     start = time.perf_counter()
-    paper = is_paper_variant(variant, init, "starts from identity-biased logits (Peña et al.)")
+    paper = is_paper_recipe(recipe, init, "starts from identity-biased logits (Peña et al.)")
     if objective not in OBJECTIVES:
         raise ParamsError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     if objective == "mid":
@@ -209,5 +209,5 @@ def sinkhorn_matching(
         seconds=time.perf_counter() - start,
         distance_before=params_distance(params_a, params_b),
         distance_after=params_distance(params_a, perm.apply(params_b)),
-        info={"tau": tau, "objective": objective, "lr": lr, "variant": variant},
+        info={"tau": tau, "objective": objective, "lr": lr, "recipe": recipe},
     )

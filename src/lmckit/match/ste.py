@@ -20,11 +20,11 @@ from lmckit.data import DataSource, as_batches
 from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
 from lmckit.match.network import (
-    Variant,
+    Recipe,
     batch_loss,
     batches_per_pass,
     check_training_options,
-    is_paper_variant,
+    is_paper_recipe,
     optimise,
     parameter_names,
     require_model_and_data,
@@ -60,7 +60,7 @@ def ste_matching(
     lr: Positive = 1e-3,
     batch_size: Count = 256,
     eval_batches: Count = 4,
-    variant: Variant = "lmckit",
+    recipe: Recipe = "lmckit",
     warm_duals: bool = True,
 ) -> MatchResult:
     """Learn a permutation of B that makes the midpoint with A a low-loss model.
@@ -80,14 +80,14 @@ def ste_matching(
         batch_size: for a ``Dataset``.
         eval_batches: batches (the first ones of the first pass, fixed) on which each
             epoch's permutation is scored by its midpoint loss; the best is returned.
-        variant: ``"lmckit"`` (default) — each projection warm-started from the previous
+        recipe: ``"lmckit"`` (default) — each projection warm-started from the previous
             permutation and LAP duals, Adam on the proxy, the best epoch's permutation on
             the ``eval_batches`` returned; ``"paper"`` — Git Re-Basin's Alg. 2 as written:
             every projection weight matching from the identity with cold duals, a plain
             gradient step ``θ̃ ← θ̃ − lr ∇`` (no momentum, no Adam), and the projection of
             the final proxy returned (``eval_batches`` only reports its midpoint loss).
             The default departs from the paper for speed (warm projections) and stability
-            (Adam, best epoch); ``variant="paper"`` is what the reproductions use. Measured
+            (Adam, best epoch); ``recipe="paper"`` is what the reproductions use. Measured
             side by side (``experiments/rebasin-split-fmnist.toml``: 3×512 MLPs on
             class-imbalanced halves of Fashion-MNIST, 30 epochs, one STE epoch, three
             pairs): midpoint test loss 0.357 ± 0.010 with the default against 0.410 ± 0.017
@@ -95,7 +95,7 @@ def ste_matching(
             permutation, 0.408), 6 s against 48 s per pair.
         warm_duals: hand each projection the previous one's LAP duals (STE-MM Alg. 3; the
             default). Off, every LAP starts cold: the same permutations, more LAP work —
-            STE-MM Fig. 2's comparison. The paper variant's projections are always cold.
+            STE-MM Fig. 2's comparison. The paper recipe's projections are always cold.
             Measured (``benchmarks/bench_stemm_fig2.py``, one CPU thread, 10 epochs on
             Fashion-MNIST, three runs each): identical permutations warm and cold in every
             run; an epoch of a 3×512 MLP 23.4 s warm vs 42.2 s cold (1.8×), ResNet-20 ×1
@@ -105,7 +105,7 @@ def ste_matching(
     re-estimates the midpoint's statistics on each batch.
     """
     start = time.perf_counter()
-    paper = is_paper_variant(variant, init, "starts every projection from the identity (Alg. 2)")
+    paper = is_paper_recipe(recipe, init, "starts every projection from the identity (Alg. 2)")
     model = require_model_and_data("ste_matching", model, data)
     check_inputs(spec, params_a, params_b, init, seed)
     check_model_fits(model, params_a, "params_a")
@@ -184,7 +184,7 @@ def ste_matching(
             "wm_seconds": wm_seconds,
             "lr": lr,
             "epochs": epochs,
-            "variant": variant,
+            "recipe": recipe,
             "warm_duals": warm_duals and not paper,
         },
     )

@@ -56,7 +56,7 @@ def star(
     if average == "others" and len(params_list) < 2:
         raise ParamsError("average='others' needs at least 2 models")
     matcher = MATCHERS[method]
-    matcher.check_options(match_options, where=f"star(method={method!r}): ")
+    match_options = matcher.check_options(match_options, where=f"star(method={method!r}): ")
     n = len(params_list)
     perms = []
     for i, params in enumerate(params_list):

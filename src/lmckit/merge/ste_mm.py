@@ -26,11 +26,11 @@ from lmckit.errors import ParamsError
 from lmckit.functional import check_model_fits, module_mode
 from lmckit.lap import LapDuals
 from lmckit.match.network import (
-    Variant,
+    Recipe,
     batch_loss,
     batches_per_pass,
     check_training_options,
-    is_paper_variant,
+    is_paper_recipe,
     optimise,
     parameter_names,
     require_model_and_data,
@@ -129,17 +129,17 @@ def _duals_from(tensors: dict[str, Tensor], flags, i: int):
 
 def check_option_combination(options: Mapping[str, Any]) -> None:
     """Options that cannot go together (each valid alone), checked before a run starts:
-    ``variant="paper"`` with fixed ``weights`` — Alg. 1 draws its own (lines 4–5).
+    ``recipe="paper"`` with fixed ``weights`` — Alg. 1 draws its own (lines 4–5).
 
     Raises:
         ParamsError: naming the two options.
     """
     weights = options.get("weights", "dirichlet")
-    if options.get("variant") == "paper" and not (
+    if options.get("recipe") == "paper" and not (
         isinstance(weights, str) and weights in WEIGHT_SCHEMES
     ):
         raise ParamsError(
-            f'variant="paper" draws normalised uniform weights (Alg. 1 lines 4-5); fixed '
+            f'recipe="paper" draws normalised uniform weights (Alg. 1 lines 4-5); fixed '
             f"weights={weights!r} do not apply"
         )
 
@@ -197,7 +197,7 @@ def ste_mm(
     weights: WeightScheme | Sequence[float] = "dirichlet",
     warm_duals: bool = True,
     restart_from_identity: bool = False,
-    variant: Variant = "lmckit",
+    recipe: Recipe = "lmckit",
     resume: str | os.PathLike | None = None,
     resume_every: float | None = None,
 ) -> MergeResult:
@@ -227,20 +227,20 @@ def ste_mm(
             (STE-MM Alg. 1 as written) instead of the previous step's permutation (the
             default: fewer sweeps). The LAP duals are still carried over when
             ``warm_duals`` (Alg. 3 takes them whatever the starting permutation).
-        variant: ``"lmckit"`` (default) or ``"paper"`` — STE-MM's Alg. 1 with Alg. 3 as
+        recipe: ``"lmckit"`` (default) or ``"paper"`` — STE-MM's Alg. 1 with Alg. 3 as
             written: every projection weight matching from the identity with the previous
             step's LAP duals, mixture weights drawn as normalised U(0, 1) draws (lines 4–5).
             It sets ``restart_from_identity=True`` and ``weights="normalized_uniform"``
-            (fixed weights are refused). Both variants step the proxies with Adam: Alg. 1's
+            (fixed weights are refused). Both recipes step the proxies with Adam: Alg. 1's
             "Update" is unspecified and the paper's code follows Git Re-Basin's repository,
             which uses Adam at the paper's lr 1e-3. The default departs for speed (each
             projection starts at the previous permutation, one confirming sweep when it
             has not moved) and draws λ uniformly on the simplex, the distribution Eq. 5
-            states; the reproductions use ``variant="paper"`` and measure the default beside
+            states; the reproductions use ``recipe="paper"`` and measure the default beside
             it. Measured (``experiments/stemm-variants-fmnist.toml``: n = 2, 3×512 MLPs
             trained 30 epochs on Fashion-MNIST, three pairs): merged test loss 0.355 ±
             0.006 for both, accuracy 89.1 ± 0.3 % (paper) vs 88.8 ± 0.0 % (default), the
-            paper variant 12–15 min per merge against 2 min — the default is kept for its
+            paper recipe 12–15 min per merge against 2 min — the default is kept for its
             speed, not its result.
         resume: a file (:mod:`lmckit.resume`) where the run's state — proxies, Adam's
             state, permutations, LAP duals, the weights' random generator, history — is
@@ -264,8 +264,8 @@ def ste_mm(
     at 512 and at 1,024 units, the same merge.
     """
     start = time.perf_counter()
-    if is_paper_variant(variant):
-        check_option_combination({"variant": variant, "weights": weights})
+    if is_paper_recipe(recipe):
+        check_option_combination({"recipe": recipe, "weights": weights})
         weights, restart_from_identity = "normalized_uniform", True
     model = require_model_and_data("ste_mm", model, data)
     check_resume_every(resume, resume_every, "ste_mm")
@@ -429,7 +429,7 @@ def ste_mm(
             "warm_duals": warm_duals,
             "restart_from_identity": restart_from_identity,
             "lap_solves": sum(lap_work.values()),
-            "variant": variant,
+            "recipe": recipe,
             "projection_threads": workers,
         },
     )

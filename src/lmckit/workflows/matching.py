@@ -107,7 +107,7 @@ def match_checkpoints(
         raise UsageError(f"method {method!r} needs data")
     kwargs = {k: v for k, v in options.items() if v is not None}
     try:
-        matcher.check_options(kwargs)
+        kwargs = matcher.check_options(kwargs)
     except ParamsError as exc:
         raise UsageError(str(exc)) from None
     if method in TRANSFORM_METHODS and example_inputs is not None:

@@ -92,7 +92,7 @@ def merge_checkpoints(
         )
     kwargs = {k: v for k, v in options.items() if v is not None}
     try:
-        merger.check_options(kwargs)
+        kwargs = merger.check_options(kwargs)
     except ParamsError as exc:
         raise UsageError(str(exc)) from None
     if merger.needs_sizes:
