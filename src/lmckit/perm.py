@@ -87,6 +87,15 @@ class PermutationSpec:
             acts alike in every segment: a fused query/key/value projection (``r = 3``).
             The axis length is ``r · n · b``. (A direct sum of one group repeated says the
             same; a direct-sum axis takes no repeat.)
+        head_repeats: parameter name -> one count per axis (default 1). On an axis of a
+            head-structured group (see ``heads``) a count ``r`` lays out each head's ``d``
+            units ``r`` times in a row: the axis holds ``h`` heads of ``r·d`` entries (times
+            its block), entry ``(i·r + t)·d + s`` carrying unit ``i·d + s`` for every ``t``,
+            and the permutation moves them as ``(i, t, s) ← (π(i), t, σ_i(s))``: the query
+            heads of grouped-query attention that share a key/value head (its value
+            dimensions on the output projection's columns, its key dimensions on the query
+            projection's rows), each copy moved alike. An axis with a count > 1 is a plain
+            one (no direct sum, no repeat).
         heads: group name -> ``(head permutation name, number of heads h)``: a
             *head-structured* group. Its ``n = h·d`` units are ``h`` contiguous heads of
             ``d`` (unit-major), and it moves them by one permutation of the heads and one
@@ -135,6 +144,7 @@ class PermutationSpec:
     blocks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     repeats: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     heads: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    head_repeats: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     kinds: Mapping[str, str] = field(default_factory=dict)
     folds: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
     norm_biases: Mapping[str, str] = field(default_factory=dict)
@@ -191,6 +201,20 @@ class PermutationSpec:
                     seen[g] = i
                     group_axes[g].append((name, i))
         heads = _check_heads(self.heads, groups)
+        head_repeats = _per_axis_counts("head_repeats", self.head_repeats, axes)
+        for name, counts in head_repeats.items():
+            for i, r in enumerate(counts):
+                entry = axes[name][i]
+                if r > 1 and (not isinstance(entry, str) or entry not in heads):
+                    raise SpecError(
+                        f"head_repeats[{name!r}] axis {i}: a count > 1 needs a head-structured "
+                        f"group on the axis (see heads), got {entry!r}"
+                    )
+                if r > 1 and repeats.get(name, (1,) * len(counts))[i] > 1:
+                    raise SpecError(
+                        f"head_repeats[{name!r}] axis {i}: an axis takes a repeat or a head "
+                        "repeat, not both"
+                    )
         kinds = _check_kinds(self.kinds, groups, heads)
         unused = [g for g, lst in group_axes.items() if not lst]
         if unused:
@@ -201,6 +225,7 @@ class PermutationSpec:
         object.__setattr__(self, "blocks", MappingProxyType(blocks))
         object.__setattr__(self, "repeats", MappingProxyType(repeats))
         object.__setattr__(self, "heads", MappingProxyType(heads))
+        object.__setattr__(self, "head_repeats", MappingProxyType(head_repeats))
         object.__setattr__(self, "kinds", MappingProxyType(kinds))
         object.__setattr__(
             self, "_group_axes", MappingProxyType({g: tuple(v) for g, v in group_axes.items()})
@@ -233,6 +258,22 @@ class PermutationSpec:
         per_axis = self.repeats.get(name)
         return per_axis[axis] if per_axis is not None else 1
 
+    def head_repeat(self, name: str, axis: int) -> int:
+        """The head repeat count of ``name``'s ``axis`` (1 unless declared in
+        ``head_repeats``)."""
+        per_axis = self.head_repeats.get(name)
+        return per_axis[axis] if per_axis is not None else 1
+
+    def head_layout(self, name: str, axis: int) -> tuple[int, int]:
+        """``(number of heads, head repeat)`` of ``name``'s ``axis`` for
+        :func:`unit_rows` and :func:`block_index`: ``(1, 1)`` where no head repeat applies."""
+        r = self.head_repeat(name, axis)
+        if r == 1:
+            return 1, 1
+        entry = self.axes[name][axis]
+        assert isinstance(entry, str)
+        return self.heads[entry][1], r
+
     def segments(self, name: str, axis: int) -> tuple[tuple[str | None, int, int], ...]:
         """``(group or None, start, length)`` of each segment of ``name``'s ``axis``, in
         entries along the axis: one segment for a plain axis (None for an axis no group
@@ -241,7 +282,12 @@ class PermutationSpec:
         entry = self.axes[name][axis]
         block = self.block(name, axis)
         if not isinstance(entry, tuple):
-            n = 0 if entry is None else self.groups[entry] * block * self.repeat(name, axis)
+            n = (
+                0
+                if entry is None
+                else self.groups[entry] * block * self.repeat(name, axis)
+                * self.head_repeat(name, axis)
+            )  # fmt: skip
             return ((entry, 0, n),)
         out, start = [], 0
         for part in entry:
@@ -309,6 +355,7 @@ class PermutationSpec:
             blocks={k: v for k, v in self.blocks.items() if k in names},
             repeats={k: v for k, v in self.repeats.items() if k in names},
             heads={g: v for g, v in self.heads.items() if g in used},
+            head_repeats={k: v for k, v in self.head_repeats.items() if k in names},
             kinds={g: v for g, v in self.kinds.items() if g in used},
             folds={
                 k: kept
@@ -335,6 +382,11 @@ class PermutationSpec:
             "blocks": {k: list(v) for k, v in self.blocks.items()},
             "repeats": {k: list(v) for k, v in self.repeats.items()},
             "heads": {g: list(v) for g, v in self.heads.items()},
+            **(
+                {"head_repeats": {k: list(v) for k, v in self.head_repeats.items()}}
+                if self.head_repeats
+                else {}
+            ),
             **({"kinds": dict(self.kinds)} if self.kinds else {}),
             **(
                 {"folds": {k: [list(r) for r in v] for k, v in self.folds.items()}}
@@ -386,9 +438,11 @@ class PermutationSpec:
                         )
                     continue
                 block, repeat = self.block(name, i), self.repeat(name, i)
-                if t.shape[i] != repeat * self.groups[g] * block:
+                head_repeat = self.head_repeat(name, i)
+                if t.shape[i] != repeat * head_repeat * self.groups[g] * block:
                     blocks = f" × block {block}" if block > 1 else ""
                     repeats = f" × repeat {repeat}" if repeat > 1 else ""
+                    repeats += f" × head repeat {head_repeat}" if head_repeat > 1 else ""
                     raise SpecError(
                         f"{what}[{name!r}] axis {i} has length {t.shape[i]} but group {g!r} has "
                         f"size {self.groups[g]}{blocks}{repeats}"
@@ -776,7 +830,10 @@ def axis_index(
     if entry is None:
         return None
     if isinstance(entry, str):
-        return block_index(perms[entry], spec.block(name, axis), spec.repeat(name, axis))
+        heads, head_repeat = spec.head_layout(name, axis)
+        return block_index(
+            perms[entry], spec.block(name, axis), spec.repeat(name, axis), heads, head_repeat
+        )
     block = spec.block(name, axis)
     device = perms[axis_groups(entry)[0]].device
     pieces = [
@@ -827,7 +884,7 @@ def group_rows(
     position = axis if position is None else position
     n = spec.groups[group]
     if not isinstance(spec.axes[name][axis], tuple):
-        return unit_rows(t, position, n, spec.repeat(name, axis))
+        return unit_rows(t, position, n, spec.repeat(name, axis), *spec.head_layout(name, axis))
     parts = [
         unit_rows(t.narrow(position, start, length), position, n)
         for g, start, length in spec.segments(name, axis)
@@ -843,7 +900,9 @@ def put_group_rows(
     replaced by ``rows`` (``(n, -1)``, laid out as :func:`group_rows` gives them). Out of
     place and differentiable."""
     if not isinstance(spec.axes[name][axis], tuple):
-        return from_unit_rows(rows, axis, tuple(t.shape), spec.repeat(name, axis))
+        return from_unit_rows(
+            rows, axis, tuple(t.shape), spec.repeat(name, axis), *spec.head_layout(name, axis)
+        )
     pieces, used = [], 0
     for g, start, length in spec.segments(name, axis):
         piece = t.narrow(axis, start, length)
@@ -876,10 +935,20 @@ def _per_axis_counts(what: str, given, axes) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def block_index(index: Tensor, block: int, repeat: int = 1) -> Tensor:
+def block_index(
+    index: Tensor, block: int, repeat: int = 1, heads: int = 1, head_repeat: int = 1
+) -> Tensor:
     """The element order that moves whole blocks of ``block`` entries as ``index`` moves
     units — ``[index[0]·b, …, index[0]·b + b − 1, index[1]·b, …]`` — alike in each of
-    ``repeat`` consecutive segments."""
+    ``repeat`` consecutive segments; with ``head_repeat`` r > 1, the units are ``heads``
+    heads of ``d`` laid out ``r`` times per head (see ``PermutationSpec.head_repeats``), each
+    copy moved alike."""
+    if head_repeat > 1:
+        d = index.numel() // heads
+        source = index.view(heads, 1, d)
+        copy = torch.arange(head_repeat, device=index.device).view(1, head_repeat, 1)
+        index = ((torch.div(source, d, rounding_mode="floor") * head_repeat + copy) * d
+                 + source % d).reshape(-1)  # fmt: skip
     if block > 1:
         index = (index[:, None] * block + torch.arange(block, device=index.device)).reshape(-1)
     if repeat > 1:
@@ -894,22 +963,37 @@ def permute_axis(t: Tensor, axis: int, index: Tensor, block: int = 1, repeat: in
     return t.index_select(axis, block_index(index.to(t.device), block, repeat))
 
 
-def unit_rows(t: Tensor, axis: int, n: int, repeat: int = 1) -> Tensor:
+def unit_rows(
+    t: Tensor, axis: int, n: int, repeat: int = 1, heads: int = 1, head_repeat: int = 1
+) -> Tensor:
     """``t`` as an ``(n, -1)`` matrix with one row per unit of the group on ``axis``: every
-    entry that moves with unit ``u`` (its block, in every segment, across the other axes)
-    in row ``u``. Two tensors laid out alike give ``A_rows @ B_rowsᵀ`` = the units' inner
-    products."""
+    entry that moves with unit ``u`` (its block, in every segment, every copy of a head
+    repeat, across the other axes) in row ``u``. Two tensors laid out alike give
+    ``A_rows @ B_rowsᵀ`` = the units' inner products."""
     moved = t.movedim(axis, 0)
+    if head_repeat > 1:
+        d = n // heads
+        return moved.reshape(heads, head_repeat, d, -1).transpose(1, 2).reshape(n, -1)
     if repeat == 1:
         return moved.reshape(n, -1)
     return moved.reshape(repeat, n, -1).transpose(0, 1).reshape(n, -1)
 
 
-def from_unit_rows(rows: Tensor, axis: int, shape: tuple[int, ...], repeat: int = 1) -> Tensor:
+def from_unit_rows(
+    rows: Tensor,
+    axis: int,
+    shape: tuple[int, ...],
+    repeat: int = 1,
+    heads: int = 1,
+    head_repeat: int = 1,
+) -> Tensor:
     """Inverse of :func:`unit_rows` for a tensor of ``shape``."""
     moved_shape = (shape[axis], *shape[:axis], *shape[axis + 1 :])
     n = rows.shape[0]
-    if repeat > 1:
+    if head_repeat > 1:
+        d = n // heads
+        rows = rows.reshape(heads, d, head_repeat, -1).transpose(1, 2)
+    elif repeat > 1:
         rows = rows.reshape(n, repeat, -1).transpose(0, 1)
     return rows.reshape(moved_shape).movedim(0, axis)
 

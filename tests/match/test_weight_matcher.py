@@ -222,11 +222,14 @@ def test_an_updated_term_equals_the_naive_cost_matrix_after_many_moves(which):
     assert updates > 0
 
 
-def test_blocked_input_axes_are_kept_as_views_and_choose_as_the_reference():
-    """A Llama's output projections carry their key/value groups on the input axis in
-    blocks: their (n, -1) rows would be copies kept for the whole match (0.74 GB of a 1.1 B
-    Llama's), so the engine keeps (n, block, -1) views — and forms and updates through them
-    exactly what the reference computes."""
+@pytest.mark.parametrize("inside_blocks", [True, False], ids=["head-repeats", "blocks"])
+def test_blocked_input_axes_are_kept_as_views_and_choose_as_the_reference(inside_blocks):
+    """A Llama's output projections carry each key/value head's value dimensions on the
+    input axis once per query head of the group (a head repeat; traced without the insides
+    of blocks, the key/value groups in blocks): their (n, -1) rows would be copies kept for
+    the whole match (0.74 GB of a 1.1 B Llama's), so the engine keeps (h, d, r, -1) views
+    (or (n, block, -1) ones) — and forms and updates through them exactly what the
+    reference computes."""
     T = pytest.importorskip("transformers", reason="a dev dependency")
     config = T.LlamaConfig(
         hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=8,
@@ -234,14 +237,15 @@ def test_blocked_input_axes_are_kept_as_views_and_choose_as_the_reference():
     )  # fmt: skip
     torch.manual_seed(0)
     model = T.LlamaForCausalLM(config).double()
-    spec = trace(model, torch.randint(0, 100, (2, 8)))
+    spec = trace(model, torch.randint(0, 100, (2, 8)), inside_blocks=inside_blocks)
     a = {k: v.detach().clone() for k, v in model.state_dict().items()}
     torch.manual_seed(1)
     b = {k: v.detach() for k, v in T.LlamaForCausalLM(config).double().state_dict().items()}
     matcher = WeightMatcher(spec, b)
-    blocked = [t for g in matcher.groups for t in matcher.terms[g] if t.b_rows.dim() == 3]
-    assert blocked and all("o_proj" in t.name for t in blocked)
-    assert all(t.b_rows.data_ptr() == b[t.name].data_ptr() for t in blocked)  # no copies
+    viewed = [t for g in matcher.groups for t in matcher.terms[g] if t.b_rows.dim() > 2]
+    assert {t.b_rows.dim() for t in viewed} == ({4} if inside_blocks else {3})
+    assert len(viewed) == 3 and all("o_proj" in t.name for t in viewed)
+    assert all(t.b_rows.data_ptr() == b[t.name].data_ptr() for t in viewed)  # no copies
     for seed in range(3):
         engine = weight_matching(spec, a, b, seed=seed)
         assert engine.perm == weight_matching_reference(spec, a, b, seed=seed)

@@ -143,10 +143,12 @@ def test_heads_take_invertible_maps_and_mlp_units_only_permute(found):
     spec = report.spec
     kinds = {g: spec.kind(g) for g in spec.groups}
     heads = [g for g in spec.groups if g in spec.heads]
-    if name == "llama":  # rotary embeddings freeze the head dimensions: no head groups
-        assert not heads
-    else:
-        assert len(heads) == 2 * 2 and all(kinds[g] == "invertible" for g in heads)
+    # Llama's rotary embeddings freeze the query/key head dimensions: its query/key group
+    # is the 2 key/value heads (d = 1; an invertible map is a scale of the queries of a
+    # key/value head against its keys), its value/output group each key/value head's dims
+    assert len(heads) == 2 * 2 and all(kinds[g] == "invertible" for g in heads)
+    if name == "llama":
+        assert sorted(spec.groups[g] for g in heads) == [2, 2, 8, 8]
     mlps = [g for g, k in kinds.items() if k == "permutation" and spec.groups[g] > 16]
     assert len(mlps) == 2, str(report)  # an activation (GELU, SiLU gate) acts on them
     assert all("changes the outputs" in report.reasons[g] for g in mlps)
@@ -158,8 +160,11 @@ def test_readers_and_keys_are_the_dual_places(found):
     name, _model, _x, report, _ = found
     spec = report.spec
     dual_tensors = {n for n, _, _ in spec.duals}
-    if name == "llama":
-        assert not spec.duals
+    if name == "llama":  # no biases: the key rows and the output projection's columns
+        assert dual_tensors == {
+            f"model.layers.{i}.self_attn.{p}_proj.weight" for i in range(2) for p in "ko"
+        }
+        assert all(axis == (1 if ".o_proj" in n else 0) for n, axis, _ in spec.duals)
         return
     assert len(spec.duals) == 2 * 3  # per block: the key weight and bias, the output weight
     for n, axis, segment in spec.duals:
@@ -297,9 +302,7 @@ def test_invertible_head_maps_need_their_dual_side(found):
     the function: the dual side is what makes it a symmetry."""
     from dataclasses import replace
 
-    name, model, x, report, _ = found
-    if name == "llama":
-        pytest.skip("no head groups (rotary embeddings)")
+    _name, model, x, report, _ = found
     params = {k: v.detach() for k, v in model.state_dict().items()}
     one_sided = replace(report.spec, duals=frozenset())
     moved = Transform.random(one_sided, 0).apply(fold_norms(one_sided, params))

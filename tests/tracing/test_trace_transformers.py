@@ -212,8 +212,10 @@ def test_separate_query_key_value_projections_give_head_groups(make):
 
 def test_llama_grouped_query_attention_moves_key_value_groups_with_their_query_heads():
     """Llama: RMSNorm computed in float32 whatever the weights (the check's tolerance follows
-    that cast), rotary embeddings (head dimensions frozen), 4 query heads sharing 2
-    key/value heads: the group is the 2 key/value groups, query heads move in blocks of 2."""
+    that cast), rotary embeddings (query/key head dimensions frozen), 4 query heads sharing
+    2 key/value heads: the group is the 2 key/value groups, query heads move in blocks of 2;
+    each key/value head's value dimensions move by their own permutation, on the output
+    projection's columns of both query heads of the group alike (a head repeat of 2)."""
     torch.manual_seed(0)
     config = T.LlamaConfig(
         vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
@@ -223,12 +225,16 @@ def test_llama_grouped_query_attention_moves_key_value_groups_with_their_query_h
     model = T.LlamaForCausalLM(config)
     report = trace_report(model, torch.randint(0, 40, (3, 7)))
     spec = report.spec
-    q, k = "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"
+    layer = "model.layers.0.self_attn"
+    q, k, v, o = (f"{layer}.{p}_proj.weight" for p in "qkvo")
     kv_groups = spec.axes[k][0]
     assert spec.groups[kv_groups] == 2 and spec.axes[q][0] == kv_groups
     assert spec.blocks[k] == (4, 1) and spec.blocks[q] == (8, 1)  # 2 query heads × 4 dims
-    assert not spec.heads  # rotary embeddings slice the head dimensions
     assert report.whole_blocks[kv_groups] == "sliced"  # rotate_half of the rotary embedding
+    value = spec.axes[v][0]
+    assert spec.axes[o][1] == value and spec.groups[value] == 2 * 4  # 2 heads × 4 dims
+    assert spec.heads[value] == (kv_groups, 2)
+    assert spec.head_repeats[o] == (1, 2) and spec.head_repeat(v, 0) == 1
     assert report.checked_modes == ("eval", "train")
     planted_recovery(model, spec)
 

@@ -263,10 +263,20 @@ def unit_rows_view(
     avoided: the ``(n, -1)`` matrix where it is a view of ``t``; for a plain blocked axis
     whose ``(n, -1)`` layout is no view — a weight's input axis in blocks, as an attention
     output projection's heads — the ``(n, block, -1)`` view, whose rows flatten to the same
-    order; else the ``(n, -1)`` copy. (Kept for a whole match, such copies of A's and B's
-    output projections were 0.74 GB of a 1.1 B Llama's.)"""
+    order; for an axis with a head repeat ``r`` (grouped-query attention's output
+    projection), the ``(h, d, r, -1)`` view, whose first two axes flatten to the units;
+    else the ``(n, -1)`` copy. (Kept for a whole match, such copies of A's and B's output
+    projections were 0.74 GB of a 1.1 B Llama's.)"""
     position = axis if position is None else position
-    if not isinstance(spec.axes[name][axis], tuple) and spec.repeat(name, axis) == 1:
+    plain = not isinstance(spec.axes[name][axis], tuple) and spec.repeat(name, axis) == 1
+    heads, head_repeat = spec.head_layout(name, axis)
+    if plain and head_repeat > 1:
+        d = spec.groups[group] // heads
+        try:
+            return t.movedim(position, 0).view(heads, head_repeat, d, -1).transpose(1, 2)
+        except RuntimeError:
+            return group_rows(spec, name, axis, group, t, position)
+    if plain:
         n = spec.groups[group]
         moved = t.movedim(position, 0)
         try:
@@ -282,10 +292,20 @@ def unit_rows_view(
 
 
 def _rows_product(a: Tensor, b: Tensor) -> Tensor:
-    """``A_rows B_rowsᵀ`` of ``a`` — ``(n, m)`` or its ``(n, block, m / block)`` view —
-    and ``b``, ``(n, m)`` in the same column order (a block layout is copied only for the
+    """``A_rows B_rowsᵀ`` of ``a`` — ``(n, m)`` or one of :func:`unit_rows_view`'s views —
+    and ``b``, ``(n, m)`` in the same column order (a view's layout is copied only for the
     product)."""
-    return (a if a.dim() == 2 else a.reshape(a.shape[0], -1)) @ b.T
+    return _as_rows(a) @ b.T
+
+
+def _as_rows(t: Tensor) -> Tensor:
+    """The ``(n, m)`` matrix of one of :func:`unit_rows_view`'s layouts (a copy unless it is
+    one already)."""
+    if t.dim() == 2:
+        return t
+    if t.dim() == 3:
+        return t.reshape(t.shape[0], -1)
+    return t.reshape(t.shape[0] * t.shape[1], -1)
 
 
 def _take_columns(t: Tensor, index: Tensor) -> Tensor:
@@ -293,6 +313,10 @@ def _take_columns(t: Tensor, index: Tensor) -> Tensor:
     one (:func:`unit_rows_view`). A transposed view (a weight's input axis as rows) is
     gathered by rows of the matrix it views: PyTorch's column gather on such a view is an
     order of magnitude slower."""
+    if t.dim() == 4:  # (h, d, r, rest): a head-repeat axis's units are (head, dimension)
+        width = t.shape[3]
+        taken = t[:, :, torch.div(index, width, rounding_mode="floor"), index % width]
+        return taken.reshape(t.shape[0] * t.shape[1], -1)
     if t.dim() == 3:
         width = t.shape[2]
         return t[:, torch.div(index, width, rounding_mode="floor"), index % width]
@@ -498,7 +522,7 @@ class WeightMatcher:
             for t in terms:
                 if not _same(t.current(perm), t.seen):
                     pending.append((t, *t.changed(perm)))
-            width = sum(a2[(group, t.name, t.axis)][0].numel() for t in terms)
+            width = sum(a2[(group, t.name, t.axis)].numel() // len(kept) for t in terms)
             if sum(cols.numel() for *_, cols in pending) <= policy.max_fraction * width:
                 for t, before, after, cols in pending:
                     t.update(kept, a2[(group, t.name, t.axis)], perm, before, after, cols)

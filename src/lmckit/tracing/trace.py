@@ -165,6 +165,7 @@ class TraceReport:
             "blocks": {k: list(v) for k, v in self.spec.blocks.items()},
             "repeats": {k: list(v) for k, v in self.spec.repeats.items()},
             "heads": {g: list(v) for g, v in self.spec.heads.items()},
+            "head_repeats": {k: list(v) for k, v in self.spec.head_repeats.items()},
             "whole_blocks": dict(self.whole_blocks),
             "self_maps": sorted(self.spec.self_maps),
             "frozen": {
@@ -187,6 +188,8 @@ class TraceReport:
             parts.append(f"blocks of {b}")
         if (r := self.spec.repeat(name, axis)) > 1:
             parts.append(f"{r} segments")
+        if (r := self.spec.head_repeat(name, axis)) > 1:
+            parts.append(f"each head {r} times")
         entry = self.spec.axes[name][axis]
         if isinstance(entry, tuple):
             terms = [p if isinstance(p, str) else f"{p} fixed" for p in entry]
@@ -717,7 +720,8 @@ def _inside_blocks(
     uf: _UnionFind, units, layout, lengths, found: _Found, param_axes, parts, extra=()
 ):
     """Which block-structured axes may be permuted inside their blocks, and alike with
-    which others: ``({axis: label}, {root: reason})`` for the parameters' axes and
+    which others: ``({axis: label}, {root: reason}, {label: inner length})`` for the
+    parameters' axes and
     ``parts`` (the parts of direct sums that parameters' axes are made of); ``extra`` axes
     (activation sites) get labels too but no say in the reasons.
 
@@ -726,10 +730,11 @@ def _inside_blocks(
     between two blocked axes joins their insides (an elementwise op, a linear layer's
     units), and the insides of a class freeze when its inner axis is frozen (a rotary
     embedding slices it), when a parameter has the inner axis (it would need one
-    permutation for every head), when the outer axis is itself blocked (grouped-query
-    attention: query heads share their key/value head's dimensions) or when another op
-    fixed the blocks (a grouped convolution). Axes whose insides meet no nest stay whole
-    blocks."""
+    permutation for every head) or when another op fixed the blocks (a grouped
+    convolution). A nest whose outer axis is itself blocked (grouped-query attention: the
+    query heads that share a key/value head) holds its unit's inner axis several times per
+    block: the group's head repeat (``PermutationSpec.head_repeats``), the block's length
+    over the inner axis's. Axes whose insides meet no nest stay whole blocks."""
 
     def blocked(key: AxisKey) -> bool:
         root = uf.find(key)
@@ -739,7 +744,7 @@ def _inside_blocks(
 
     inside = _UnionFind()
     inner_nodes = []
-    for merged, outer, inner in found.nests:
+    for merged, _, inner in found.nests:
         if not blocked(merged):
             continue
         node = ("#inside", uf.find(inner))
@@ -747,19 +752,27 @@ def _inside_blocks(
         inside.union(merged, node)
         if (why := found.inner_reasons[inner]) is not None:
             inside.freeze(merged, why)
-        elif uf.find(outer) in units and layout(outer, lengths[outer]) != 1:
-            inside.freeze(merged, "heads that share a key/value head (grouped-query attention)")
     for key in found.fixed_blocks:
         if blocked(key):
             inside.freeze(key, "blocks fixed by a grouped operator")
+    # a merged axis and its nest's outer axis are one class apart from their blocks: where
+    # the outer is blocked too (query heads grouped by key/value head) its blocks are heads,
+    # the merged axis's are heads' dimensions, and their insides are not alike
+    levels = {frozenset((merged, outer)) for merged, outer, _ in found.nests}
     for x, y in found.joins:
-        if blocked(x) and blocked(y):
+        if blocked(x) and blocked(y) and frozenset((x, y)) not in levels:
             inside.union(x, y)
     roots_with_params = {uf.find(k) for k in [*param_axes, *parts]}
     for node in inner_nodes:
         if node[1] in roots_with_params:
             inside.freeze(node, "a parameter indexes the dimensions inside each block")
     nested = {inside.find(node) for node in inner_nodes}
+    inner_length: dict[AxisKey, int] = {}
+    for merged, _, inner in found.nests:
+        if blocked(merged) and merged in inside.parent:
+            known = inner_length.setdefault(inside.find(merged), lengths[inner])
+            if known != lengths[inner]:  # pragma: no cover - a reshape rule would disagree
+                inside.freeze(merged, "inner axes of different lengths")
     labels, reasons = {}, {}
     extra = set(extra)
     for key in [*param_axes, *parts, *extra]:
@@ -768,11 +781,15 @@ def _inside_blocks(
         label = inside.find(key)
         if label not in nested:
             continue
-        if (why := inside.reason(key)) is None:
+        if (why := inside.reason(key)) is None and layout(key, lengths[key]) % inner_length.get(
+            label, 1
+        ):
+            why = "blocks that are no whole number of the heads inside them"
+        if why is None:
             labels[key] = label
         elif key not in extra:
             reasons[uf.find(key)] = why
-    return labels, reasons
+    return labels, reasons, inner_length
 
 
 class _Refreeze(Exception):
@@ -807,22 +824,22 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
     }
     parts = [key for found_leaves in leaves.values() for key, _ in found_leaves]
     candidates = _site_candidates(exported)
-    labels, inside_reasons = (
+    labels, inside_reasons, inner_length = (
         _inside_blocks(uf, units, layout, lengths, found, param_axes, parts, candidates)
         if inner
-        else ({}, {})
+        else ({}, {}, {})
     )
     groups: dict[str, int] = {}
     names: dict[tuple[AxisKey, Any], str] = {}
     tie: dict[AxisKey, str] = {}
 
     def group_of(
-        key: AxisKey, n: int, owner: str, i: int, start: int = 0
+        key: AxisKey, n: int, owner: str, i: int, start: int = 0, in_sum: bool = False
     ) -> tuple[str | None, int, str | None]:
         """``(group, block, None)`` for a permuted axis of length ``n`` (or a part of one,
         from entry ``start``), ``(None, 1, reason)`` for a frozen one. A new group is named
         after the first axis it is met on: ``owner[i]``, or ``owner[i]@start`` for a part
-        of a direct sum after the first."""
+        of a direct sum after the first. A head repeat is left in ``head_repeat_of``."""
         why = uf.reason(key)
         root = uf.find(key)
         unit = units.get(root, n)
@@ -831,18 +848,25 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
         # a part longer than its own axis is blocks of it: whole units of the class
         label = labels.get(key) if n == lengths.get(key, n) else None
         block = layout(key, n)
+        repeat = block // inner_length.get(label, block) if label is not None else 1
+        if repeat > 1 and in_sum:  # a direct sum's part takes no head repeat: whole blocks
+            label, repeat = None, 1
         if (root, label) not in names:
             name = f"{owner}[{i}]" + (f"@{start}" if start else "")
             while name in groups:
                 name += "'"
             names[(root, label)] = name
-            groups[name] = unit * (block if label is not None else 1)
+            groups[name] = unit * (block // repeat if label is not None else 1)
             tie.setdefault(root, name)
+        head_repeat_of[key] = repeat
         # a head-structured group's units are the block entries themselves
         return names[(root, label)], 1 if label is not None else block, None
 
+    head_repeat_of: dict[AxisKey, int] = {}
+
     axes: dict[str, tuple] = {}
     blocks: dict[str, tuple[int, ...]] = {}
+    head_repeats: dict[str, tuple[int, ...]] = {}
     frozen: dict[str, tuple[str | None, ...]] = {}
     self_maps: set[str] = set()
     for key, tensor in state.items():
@@ -850,6 +874,7 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
         owner = aliases.get(key, key)
         per_axis: list = []
         per_block: list[int] = []
+        per_head_repeat: list[int] = []
         reasons: list[str | None] = []
         for i, n in enumerate(tensor.shape):
             entry, block, why = None, 1, None
@@ -865,6 +890,7 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
                 entry, block, why = group_of((ph, i), int(n), owner, i)
             per_axis.append(entry)
             per_block.append(block)
+            per_head_repeat.append(head_repeat_of.get((ph, i), 1) if isinstance(entry, str) else 1)
             reasons.append(why if n > 1 and entry is None else None)
         named = [g for e in per_axis for g in axis_groups(e)]
         if len(set(named)) < sum(e is not None for e in per_axis):
@@ -872,6 +898,8 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
         axes[key] = tuple(per_axis)
         if any(b > 1 for b in per_block):
             blocks[key] = tuple(per_block)
+        if any(r > 1 for r in per_head_repeat):
+            head_repeats[key] = tuple(per_head_repeat)
         frozen[key] = tuple(reasons)
     tied_roots = {root for root, label in names if label is not None}
     heads = {
@@ -884,7 +912,12 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
     }
     try:
         spec = PermutationSpec(
-            groups=groups, axes=axes, self_maps=frozenset(self_maps), blocks=blocks, heads=heads
+            groups=groups,
+            axes=axes,
+            self_maps=frozenset(self_maps),
+            blocks=blocks,
+            heads=heads,
+            head_repeats=head_repeats,
         )
     except SpecError as exc:  # pragma: no cover - the rules guarantee a valid spec
         raise SpecError(f"the traced spec is invalid: {exc}") from None
@@ -949,7 +982,7 @@ def _sum_entry(leaves, group_of, owner: str, i: int):
     reasons = []
     start = 0
     for key, n in leaves:
-        group, block, why = group_of(key, n, owner, i, start)
+        group, block, why = group_of(key, n, owner, i, start, in_sum=True)
         start += n
         if group is None:
             reasons.append(why)

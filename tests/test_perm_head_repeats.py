@@ -1,0 +1,128 @@
+"""Head repeats (PermutationSpec.head_repeats): grouped-query attention, whose query heads
+share their key/value head's dimensions — checked against attention written out head by
+head, against index vectors built by loops, and through weight matching."""
+
+import pytest
+import torch
+
+from lmckit import Permutation, PermutationSpec, SpecError
+from lmckit.match import weight_matching
+from lmckit.perm import axis_index, group_cost_matrix, group_rows, put_group_rows
+
+KV, R, D, W = 3, 2, 4, 5  # key/value heads, query heads per key/value head, head size, width
+
+
+def gqa_spec(**extra) -> PermutationSpec:
+    """Queries ``KV·R`` heads, keys and values ``KV`` heads of ``D``: the key/value groups
+    (``kv``), each key/value head's query/key dimensions (``qk``, on the query rows once
+    per query head) and value dimensions (``vo``, on the output columns once per query
+    head)."""
+    return PermutationSpec(
+        groups={"qk": KV * D, "vo": KV * D},
+        axes={"q": ("qk", None), "k": ("qk", None), "v": ("vo", None), "o": (None, "vo")},
+        heads={"qk": ("kv", KV), "vo": ("kv", KV)},
+        head_repeats={"q": (R, 1), "o": (1, R)},
+        **extra,
+    )
+
+
+def gqa_params(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "q": torch.randn(KV * R * D, W, generator=g, dtype=torch.float64),
+        "k": torch.randn(KV * D, W, generator=g, dtype=torch.float64),
+        "v": torch.randn(KV * D, W, generator=g, dtype=torch.float64),
+        "o": torch.randn(W, KV * R * D, generator=g, dtype=torch.float64),
+    }
+
+
+def attention(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention over ``x`` (``(T, W)``), one query head at a time: query
+    head ``j`` reads key/value head ``j // R``."""
+    out = torch.zeros(x.shape[0], W, dtype=x.dtype)
+    for j in range(KV * R):
+        kv = j // R
+        q = x @ p["q"][j * D : (j + 1) * D].T
+        k = x @ p["k"][kv * D : (kv + 1) * D].T
+        v = x @ p["v"][kv * D : (kv + 1) * D].T
+        heads = torch.softmax(q @ k.T / D**0.5, dim=-1) @ v
+        out += heads @ p["o"][:, j * D : (j + 1) * D].T
+    return out
+
+
+def test_a_random_element_keeps_grouped_query_attention():
+    spec, p = gqa_spec(), gqa_params()
+    x = torch.randn(6, W, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    for seed in range(5):
+        perm = Permutation.random(spec, seed)
+        moved = perm.apply(p)
+        assert not torch.equal(moved["o"], p["o"])
+        assert torch.allclose(attention(moved, x), attention(p, x), rtol=1e-12, atol=1e-12)
+
+
+def test_the_output_columns_move_as_the_head_repeat_says():
+    """Column ``(i·R + t)·D + s`` of the output projection reads ``(π(i)·R + t)·D + σ_i(s)``:
+    built by loops here, against the spec's index vector."""
+    spec = gqa_spec()
+    perm = Permutation.random(spec, 3)
+    vo = perm["vo"]
+    expected = []
+    for i in range(KV):
+        for t in range(R):
+            for s in range(D):
+                unit = int(vo[i * D + s])
+                head, dim = divmod(unit, D)
+                expected.append((head * R + t) * D + dim)
+    assert axis_index(spec, "o", 1, perm).tolist() == expected
+    assert axis_index(spec, "v", 0, perm).tolist() == vo.tolist()
+
+
+def test_a_units_rows_hold_every_copy_and_put_back_inverts_them():
+    spec, p = gqa_spec(), gqa_params()
+    rows = group_rows(spec, "o", 1, "vo", p["o"])
+    assert rows.shape == (KV * D, W * R)
+    for i in range(KV):
+        for s in range(D):
+            copies = [p["o"][:, (i * R + t) * D + s] for t in range(R)]
+            assert torch.equal(rows[i * D + s].reshape(R, W), torch.stack(copies))
+    assert torch.equal(put_group_rows(spec, "o", 1, "vo", p["o"], rows), p["o"])
+
+
+def test_the_cost_matrix_sums_every_copy():
+    """The gain of matching unit u of A to unit w of B on the output projection is
+    ``Σ_t ⟨A[:, copy t of u], B[:, copy t of w]⟩``: by loops, against the spec's."""
+    spec, a, b = gqa_spec(), gqa_params(0), gqa_params(1)
+    identity = Permutation.identity(spec)
+    cost = group_cost_matrix(spec, a, b, identity, "vo", names={"o"})
+    naive = torch.zeros(KV * D, KV * D, dtype=torch.float64)
+    for u in range(KV * D):
+        for w in range(KV * D):
+            for t in range(R):
+                cu = (u // D * R + t) * D + u % D
+                cw = (w // D * R + t) * D + w % D
+                naive[u, w] += a["o"][:, cu] @ b["o"][:, cw]
+    assert torch.allclose(cost, naive, rtol=1e-12)
+
+
+def test_weight_matching_recovers_a_planted_element():
+    spec, a = gqa_spec(), gqa_params()
+    truth = Permutation.random(spec, 5)
+    result = weight_matching(spec, a, truth.inverse().apply(a))
+    assert result.perm == truth
+
+
+def test_head_repeats_survive_restrict_and_to_dict():
+    spec = gqa_spec()
+    assert spec.to_dict()["head_repeats"] == {"q": [R, 1], "o": [1, R]}
+    assert spec.restrict({"v", "o"}).head_repeats == {"o": (1, R)}
+
+
+def test_bad_head_repeats_are_named():
+    with pytest.raises(SpecError, match="needs a head-structured group"):
+        PermutationSpec(groups={"a": 4}, axes={"w": ("a",)}, head_repeats={"w": (2,)})
+    with pytest.raises(SpecError, match="a repeat or a head repeat"):
+        gqa_spec(repeats={"q": (2, 1)})
+    with pytest.raises(SpecError, match="head repeat 2"):
+        p = gqa_params()
+        p["o"] = p["o"][:, : KV * D]
+        gqa_spec().validate(p)
