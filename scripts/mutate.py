@@ -1283,6 +1283,14 @@ MUTATIONS = [
         ("tests/tracing/test_trace_transformers.py",),
     ),
     M(
+        "float32-fallback-overrides-the-asked-precision",
+        "a model that fails in float64 is checked at float32 even when float64 was asked for",
+        "src/lmckit/tracing/trace.py",
+        '            if chosen or precision != "float64":',
+        '            if precision != "float64":',
+        ("tests/tracing/test_trace.py",),
+    ),
+    M(
         "tie-not-joined",
         "groups tied by a head permutation are solved one by one in weight matching",
         "src/lmckit/perm.py",

@@ -394,9 +394,12 @@ class OnlyFloat32(FiveEightThree):
         return self.c(torch.relu(self.a(x)))
 
 
-def test_a_model_that_cannot_run_in_float64_is_a_spec_error_naming_why():
+def test_a_model_that_cannot_run_in_float64_is_checked_at_float32_unless_asked_not_to():
+    report = trace_report(OnlyFloat32(), torch.randn(4, 5))
+    assert report.precision == "float32" and report.checked_modes == ("eval", "train")
+    assert report.spec.groups  # its hidden units, verified at float32's rounding
     with pytest.raises(SpecError, match=r"float64 copy of OnlyFloat32.*float32 only"):
-        trace_report(OnlyFloat32(), torch.randn(4, 5))
+        trace_report(OnlyFloat32(), torch.randn(4, 5), precision="float64")
     assert torch.get_default_dtype() == torch.float32
 
 

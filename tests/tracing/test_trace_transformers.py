@@ -5,6 +5,7 @@ permutation of it exactly."""
 import pytest
 import torch
 
+from lmckit.errors import SpecError
 from lmckit.tracing import trace_report
 from tests.zoo import planted_recovery
 
@@ -165,6 +166,27 @@ MORE = {
         vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
         tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)), _ids()), 1.0, True),
+    # the rotary decoders of issue 59 (query/key head dimensions still frozen by rotary;
+    # value/output heads move, under grouped-query attention with a head repeat)
+    "qwen3-qk-norm": (lambda: (T.Qwen3ForCausalLM(T.Qwen3Config(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+        max_position_embeddings=16)), _ids()), 0.99, True),
+    "gemma": (lambda: (T.GemmaForCausalLM(T.GemmaConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        max_position_embeddings=16)), _ids()), 1.0, True),
+    "phi-partial-rotary": (lambda: (T.PhiForCausalLM(T.PhiConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=16, partial_rotary_factor=0.5)),
+        _ids()), 0.99, True),
+    "gpt-neox": (lambda: (T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=16, rotary_pct=0.5)), _ids()),
+        1.0, True),
+    "gptj-interleaved-rotary": (lambda: (T.GPTJForCausalLM(T.GPTJConfig(
+        vocab_size=40, n_embd=16, n_layer=2, n_head=4, n_positions=16, rotary_dim=4,
+        bos_token_id=0, eos_token_id=0)), _ids()), 0.99, True),
     # (read as its logits: its encoder's last hidden state is an output too)
     "bart": (lambda: (T.BartForConditionalGeneration(T.BartConfig(
         vocab_size=40, d_model=16, encoder_layers=2, decoder_layers=2,
@@ -258,3 +280,24 @@ def test_a_diffusers_unet_traces_through_its_upsampling_and_skip_connections():
     assert not any("resampling" in why and "no rule" in why for why in frozen)
     assert any("direct sum" in why for why in frozen)
     planted_recovery(model, report.spec)
+
+
+def test_mixtral_is_checked_at_float32_where_its_expert_products_take_no_float64():
+    """Mixtral's grouped expert products refuse float64: the check runs at float32 (the
+    report says so) rather than failing; its attention moves as Llama's does. (Its experts
+    and their router rows are not yet groups: the routing ops have no rules.)"""
+    torch.manual_seed(0)
+    model = T.MixtralForCausalLM(T.MixtralConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+        num_local_experts=4, num_experts_per_tok=2,
+    ))  # fmt: skip
+    report = trace_report(model, _ids())
+    assert report.precision == "float32"
+    assert report.checked_modes == ("eval", "train")
+    spec = report.spec
+    o = "model.layers.0.self_attn.o_proj.weight"
+    assert spec.head_repeats[o] == (1, 2) and spec.axes[o][1] in spec.heads
+    planted_recovery(model, spec)
+    with pytest.raises(SpecError, match="float64 copy"):  # asked for float64: refused
+        trace_report(model, _ids(), precision="float64")

@@ -847,6 +847,38 @@ def cat(node: fx.Node, ax: Axes) -> None:
     ax.direct_sum(node, d, [(p, d) for p in parts])
 
 
+def stack(node: fx.Node, ax: Axes) -> None:
+    """``stack(tensors, dim)``: every input's axes map through to the output's, skipping
+    the new axis, which indexes the inputs (it freezes: its entries are not alike)."""
+    parts = [p for p in node.args[0] if ax.shape(p) is not None]
+    out = ax.shape(node)
+    assert out is not None
+    d = _dim(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0), len(out))
+    for p in parts:
+        ax.same_all(p, node, [(i, i if i < d else i + 1) for i in range(len(out) - 1)])
+    ax.freeze(node, d, "the axis stack makes indexes its inputs")
+
+
+def repeat_interleave(node: fx.Node, ax: Axes) -> None:
+    """``repeat_interleave(x, repeats, dim)``: the other axes map through; the repeated
+    axis freezes on both sides (each entry repeated in place: GPT-J's interleaved rotary
+    tables)."""
+    x = node.args[0]
+    xs = ax.shape(x)
+    assert xs is not None
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
+    if dim is None:  # flattened first: nothing maps through
+        ax.freeze_all(x, "repeat_interleave without dim flattens its input")
+        ax.freeze_all(node, "repeat_interleave without dim flattens its input")
+        return
+    d = _dim(dim, len(xs))
+    for i in range(len(xs)):
+        if i != d:
+            ax.same(x, i, node, i)
+    ax.freeze(x, d, "repeated in place (repeat_interleave)")
+    ax.freeze(node, d, "repeated in place (repeat_interleave)")
+
+
 def split(node: fx.Node, ax: Axes) -> None:
     """``split``/``split_with_sizes``/``chunk``: the split axis is the direct sum of the
     parts (a fused query/key/value projection: each part may move by its own
@@ -1027,6 +1059,8 @@ _TABLE: list[tuple[Rule, tuple[str, ...]]] = [
     (unbind, ("unbind",)),
     (slice_, ("slice",)),
     (cat, ("cat", "concat", "concatenate")),
+    (stack, ("stack",)),
+    (repeat_interleave, ("repeat_interleave",)),
     (split, ("split", "split_with_sizes", "chunk")),
 ]
 RULES: dict[Any, Rule] = {op: rule for rule, names in _TABLE for op in _ops(*names)}

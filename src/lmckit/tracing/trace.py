@@ -126,8 +126,9 @@ class TraceReport:
             convolutions (attention's projections), else of any op.
         seconds: wall-clock time of export, tracing and verification.
         precision: the dtype the verification computed in: ``"float64"``, or ``"float32"``
-            for a model whose float64 copies would not fit in memory (the check's tolerance
-            is then float32's rounding, still far below what a wrong rule changes).
+            for a model whose float64 copies would not fit in memory or whose ops take no
+            float64 (Mixtral's grouped expert products; the check's tolerance is then
+            float32's rounding, still far below what a wrong rule changes).
     """
 
     spec: PermutationSpec
@@ -321,12 +322,29 @@ def trace_report(
     spec, frozen, inside, sites = _build_spec(
         exported, state, aliases, placeholder_of, uf, found, inner=inside_blocks
     )
+    chosen = precision is not None
     precision = precision or _precision_that_fits(state)
-    rtol = output_tolerance(exported, precision)
+
+    def verify(spec: PermutationSpec) -> tuple[str, ...]:
+        nonlocal precision
+        try:
+            rtol = output_tolerance(exported, precision)
+            return _verify(model, spec, args, kwargs, seed, rtol, select, precision)
+        except _TwinFails:
+            # a model whose ops take no float64 (grouped expert matmuls) is checked at
+            # float32, as one too large for float64 copies is; the report says which
+            if chosen or precision != "float64":
+                raise
+            precision = "float32"
+            rtol = output_tolerance(exported, precision)
+            return _verify(model, spec, args, kwargs, seed, rtol, select, precision)
+
     if not inside_blocks:
         inside = dict.fromkeys(_blocked_groups(spec), "inside_blocks=False")
     try:
-        modes = _verify(model, spec, args, kwargs, seed, rtol, select, precision)
+        modes = verify(spec)
+    except _TwinFails:
+        raise
     except SpecError as exc:
         if not spec.heads:
             raise
@@ -335,7 +353,7 @@ def trace_report(
         spec, frozen, inside, sites = _build_spec(
             exported, state, aliases, placeholder_of, uf, found, inner=False
         )
-        modes = _verify(model, spec, args, kwargs, seed, rtol, select, precision)
+        modes = verify(spec)
         why = f"permutations inside its blocks failed the equivalence check ({exc})"
         inside = dict.fromkeys(_blocked_groups(spec), why)
     return TraceReport(
@@ -1139,6 +1157,10 @@ class _NoDropout(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _TwinFails(SpecError):
+    """The copy of the model the check runs failed to run at all (not a wrong spec)."""
+
+
 def run_outputs(
     model: nn.Module,
     params,
@@ -1162,7 +1184,7 @@ def run_outputs(
             out = torch.func.functional_call(model, params, args, kwargs, tie_weights=False)
     except Exception as exc:  # the model's own code: any error type
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise SpecError(
+        raise _TwinFails(
             f"the {str(dtype).removeprefix('torch.')} copy of {type(model).__name__} used to "
             "verify the spec fails "
             f"({'train' if training else 'eval'} mode): {type(exc).__name__}: {first}"
