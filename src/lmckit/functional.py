@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -28,6 +29,7 @@ __all__ = [
     "check_labels",
     "check_model_fits",
     "forward",
+    "logits_of",
     "module_mode",
     "per_token",
     "twice_differentiable",
@@ -83,8 +85,17 @@ def check_model_fits(model: nn.Module, params: Mapping[str, Tensor], what: str =
 
 
 @checked
+def logits_of(output: Any) -> Any:
+    """A model's output as lmckit reads it: a mapping output (Hugging Face's
+    ``ModelOutput``) that holds ``logits`` is read as them; anything else as it is."""
+    if isinstance(output, Mapping) and "logits" in output:
+        return output["logits"]
+    return output
+
+
 def forward(model: nn.Module, params: Mapping[str, Tensor] | None, x: Tensor) -> Tensor:
-    """``model(x)`` with ``params`` substituted (``None``: the module's own weights).
+    """``model(x)`` with ``params`` substituted (``None``: the module's own weights); a
+    Hugging Face model's output is read as its logits (:func:`logits_of`).
 
     Raises:
         DataError: the batch does not fit the model (a shape error from deep inside the
@@ -92,8 +103,8 @@ def forward(model: nn.Module, params: Mapping[str, Tensor] | None, x: Tensor) ->
     """
     try:
         if params is None:
-            return model(x)
-        return torch.func.functional_call(model, params, (x,))
+            return logits_of(model(x))
+        return logits_of(torch.func.functional_call(model, params, (x,)))
     except torch.OutOfMemoryError:
         raise
     except (RuntimeError, ValueError, IndexError) as exc:

@@ -2,6 +2,8 @@
 each traced spec is verified by the tracer itself, and WM must recover a planted
 permutation of it exactly."""
 
+import math
+
 import pytest
 import torch
 
@@ -301,3 +303,38 @@ def test_mixtral_is_checked_at_float32_where_its_expert_products_take_no_float64
     planted_recovery(model, spec)
     with pytest.raises(SpecError, match="float64 copy"):  # asked for float64: refused
         trace_report(model, _ids(), precision="float64")
+
+
+def test_data_driven_methods_read_a_hugging_face_models_logits():
+    """STE, Sinkhorn on the midpoint loss and the midpoint loss over transforms run a
+    Hugging Face model, whose output is a ModelOutput: lmckit reads its logits (they failed
+    on the ModelOutput). Each result is a symmetry of B (its function kept, to the float32
+    of the model's own casts)."""
+    from lmckit.data import TensorLoader
+    from lmckit.functional import forward, logits_of
+    from lmckit.match import METHODS
+    from lmckit.transform import fold_norms
+
+    config = T.LlamaConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+        use_cache=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model_a = T.LlamaForCausalLM(config).double().eval()
+    model_b = T.LlamaForCausalLM(config).double().eval()
+    x = torch.randint(0, 40, (32, 8))
+    data = TensorLoader(x, torch.roll(x, -1, 1), batch_size=16)
+    spec = trace_report(model_a, x[:2]).spec
+    a = {k: v.detach() for k, v in model_a.state_dict().items()}
+    b = {k: v.detach() for k, v in model_b.state_dict().items()}
+    assert torch.equal(forward(model_b, b, x[:2]), model_b(x[:2]).logits)
+    assert logits_of({"logits": x, "other": 1}) is x and logits_of(x) is x
+    for name in ("ste", "sinkhorn-mid", "ste-orth"):
+        result = METHODS[name](spec, a, b, model=model_a, data=data, epochs=1, seed=0)
+        alignment = result.alignment
+        folded = fold_norms(spec, b) if name == "ste-orth" else b
+        moved = alignment.apply(folded)
+        same = forward(model_b, moved, x[:4]), forward(model_b, b, x[:4])
+        assert (same[0] - same[1]).abs().max() < 1e-5 * same[1].abs().max(), name
+        assert result.history and all(math.isfinite(v) for v in result.history), name

@@ -57,7 +57,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from lmckit.errors import InputMisfitError, SpecError
-from lmckit.functional import module_mode
+from lmckit.functional import logits_of, module_mode
 from lmckit.options import checked
 from lmckit.params import check_finite
 from lmckit.perm import Permutation, PermutationSpec, axis_groups, random_index_vectors
@@ -398,10 +398,9 @@ def export_model(
 
 def logits_if_any(output: Any) -> Any:
     """The default of ``outputs``: a mapping output (Hugging Face's ``ModelOutput``) that
-    holds ``logits`` is read as them; anything else is the function whole."""
-    if isinstance(output, Mapping) and "logits" in output:
-        return output["logits"]
-    return output
+    holds ``logits`` is read as them; anything else is the function whole (the reading of
+    :func:`lmckit.functional.logits_of`, which every data-driven method uses)."""
+    return logits_of(output)
 
 
 def _output_names(exported, select: Callable[[Any], Any]) -> set[str]:
