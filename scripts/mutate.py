@@ -173,8 +173,9 @@ MUTATIONS = [
         "embeddings or gating would be rotated through)",
         "src/lmckit/tracing/kinds.py",
         "            if outputs_close(\n"
-        "                reference, run_outputs(twin, moved, args64, kwargs64, False, select), "
-        "rtol\n"
+        "                reference,\n"
+        "                run_outputs(twin, moved, args64, kwargs64, False, select, dtype),\n"
+        "                rtol,\n"
         "            ):\n",
         "            if True:\n",
         ("tests/tracing/test_kinds.py",),
@@ -1026,8 +1027,8 @@ MUTATIONS = [
         "trace-no-verification",
         "the traced spec is returned without the equivalence check",
         "src/lmckit/tracing/trace.py",
-        "        modes = verify(spec)\n    except _TwinFails:",
-        '        modes = ("eval", "train")\n    except _TwinFails:',
+        "        modes = verify(spec)\n    except TwinRunError:",
+        '        modes = ("eval", "train")\n    except TwinRunError:',
         ("tests/tracing/test_trace.py",),
     ),
     M(

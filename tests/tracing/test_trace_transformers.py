@@ -303,6 +303,10 @@ def test_mixtral_is_checked_at_float32_where_its_expert_products_take_no_float64
     planted_recovery(model, spec)
     with pytest.raises(SpecError, match="float64 copy"):  # asked for float64: refused
         trace_report(model, _ids(), precision="float64")
+    from lmckit.tracing import symmetry_kinds  # its kinds are checked at float32 too
+
+    kinds = symmetry_kinds(model, _ids(), spec).spec
+    assert kinds.kind(spec.axes[o][1]) == "invertible"
 
 
 def test_data_driven_methods_read_a_hugging_face_models_logits():

@@ -39,6 +39,7 @@ from lmckit.tracing.trace import (
     logits_if_any,
     output_tolerance,
     outputs_close,
+    TwinRunError,
     run_outputs,
     to_double,
 )
@@ -143,8 +144,14 @@ def symmetry_kinds(
     twin = copy.deepcopy(model).double()
     args64, kwargs64 = to_double((args, kwargs))
     params = {k: v.detach() for k, v in twin.state_dict().items()}
-    rtol = output_tolerance(exported, "float64")
-    reference = run_outputs(twin, params, args64, kwargs64, False, select)
+    rtol, dtype = output_tolerance(exported, "float64"), torch.float64
+    try:
+        reference = run_outputs(twin, params, args64, kwargs64, False, select, dtype)
+    except TwinRunError:  # ops that take no float64 (Mixtral's experts): float32, as traced
+        twin, args64, kwargs64 = copy.deepcopy(model).float(), args, kwargs
+        params = {k: v.detach() for k, v in twin.state_dict().items()}
+        rtol, dtype = output_tolerance(exported, "float32"), torch.float32
+        reference = run_outputs(twin, params, args64, kwargs64, False, select, dtype)
     generator = torch.Generator().manual_seed(seed)
 
     kinds: dict[str, str] = {}
@@ -181,7 +188,9 @@ def symmetry_kinds(
             )
             folded = fold_norms(trial, params)
             if not outputs_close(
-                reference, run_outputs(twin, folded, args64, kwargs64, False, select), rtol
+                reference,
+                run_outputs(twin, folded, args64, kwargs64, False, select, dtype),
+                rtol,
             ):
                 why = "folding its norm gains changes the outputs"
                 break
@@ -190,7 +199,9 @@ def symmetry_kinds(
             )
             moved = transform.apply(folded)
             if outputs_close(
-                reference, run_outputs(twin, moved, args64, kwargs64, False, select), rtol
+                reference,
+                run_outputs(twin, moved, args64, kwargs64, False, select, dtype),
+                rtol,
             ):
                 chosen = kind
                 break

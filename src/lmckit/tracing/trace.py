@@ -330,7 +330,7 @@ def trace_report(
         try:
             rtol = output_tolerance(exported, precision)
             return _verify(model, spec, args, kwargs, seed, rtol, select, precision)
-        except _TwinFails:
+        except TwinRunError:
             # a model whose ops take no float64 (grouped expert matmuls) is checked at
             # float32, as one too large for float64 copies is; the report says which
             if chosen or precision != "float64":
@@ -343,7 +343,7 @@ def trace_report(
         inside = dict.fromkeys(_blocked_groups(spec), "inside_blocks=False")
     try:
         modes = verify(spec)
-    except _TwinFails:
+    except TwinRunError:
         raise
     except SpecError as exc:
         if not spec.heads:
@@ -1156,7 +1156,7 @@ class _NoDropout(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class _TwinFails(SpecError):
+class TwinRunError(SpecError):
     """The copy of the model the check runs failed to run at all (not a wrong spec)."""
 
 
@@ -1183,7 +1183,7 @@ def run_outputs(
             out = torch.func.functional_call(model, params, args, kwargs, tie_weights=False)
     except Exception as exc:  # the model's own code: any error type
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise _TwinFails(
+        raise TwinRunError(
             f"the {str(dtype).removeprefix('torch.')} copy of {type(model).__name__} used to "
             "verify the spec fails "
             f"({'train' if training else 'eval'} mode): {type(exc).__name__}: {first}"
