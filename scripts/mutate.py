@@ -1300,6 +1300,14 @@ MUTATIONS = [
         ("tests/tracing/test_trace_transformers.py",),
     ),
     M(
+        "fused-per-head-sum-inside-unfrozen",
+        "a per-head fused query/key/value projection is permuted inside its heads as one",
+        "src/lmckit/tracing/trace.py",
+        "        elif uf.find(inner) in summed:",
+        "        elif False:",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
         "tie-not-joined",
         "groups tied by a head permutation are solved one by one in weight matching",
         "src/lmckit/perm.py",

@@ -49,13 +49,22 @@ def architectures() -> dict:
             T.GPTNeoXConfig(**common, rotary_pct=0.5)
         ),
         "GPT-J (interleaved rotary)": lambda: T.GPTJForCausalLM(
-            T.GPTJConfig(vocab_size=40, n_embd=16, n_layer=2, n_head=4, n_positions=16,
-                         rotary_dim=4, bos_token_id=0, eos_token_id=0)
-        ),  # fmt: skip
+            T.GPTJConfig(
+                vocab_size=40,
+                n_embd=16,
+                n_layer=2,
+                n_head=4,
+                n_positions=16,
+                rotary_dim=4,
+                bos_token_id=0,
+                eos_token_id=0,
+            )
+        ),
         "Mixtral (GQA, 4 experts)": lambda: T.MixtralForCausalLM(
-            T.MixtralConfig(**common, num_key_value_heads=2, num_local_experts=4,
-                            num_experts_per_tok=2)
-        ),  # fmt: skip
+            T.MixtralConfig(
+                **common, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2
+            )
+        ),
     }
 
 
@@ -84,8 +93,12 @@ def coverage(make) -> dict:
         },
         "head_structured_groups": len(spec.heads),
         "groups_with_a_head_repeat": len(
-            {spec.axes[n][i] for n, r in getattr(spec, "head_repeats", {}).items()
-             for i, c in enumerate(r) if c > 1}
+            {
+                spec.axes[n][i]
+                for n, r in getattr(spec, "head_repeats", {}).items()
+                for i, c in enumerate(r)
+                if c > 1
+            }
         ),
         "permuted_fraction": traced.permuted_fraction,
         "precision": traced.precision,

@@ -342,3 +342,19 @@ def test_data_driven_methods_read_a_hugging_face_models_logits():
         same = forward(model_b, moved, x[:4]), forward(model_b, b, x[:4])
         assert (same[0] - same[1]).abs().max() < 1e-5 * same[1].abs().max(), name
         assert result.history and all(math.isfinite(v) for v in result.history), name
+
+
+def test_gpt_neox_fused_per_head_projection_moves_whole_heads_and_says_why():
+    """GPT-NeoX fuses query, key and value per head (each head's rows [q | k | v]): the
+    heads move whole, with the reason — the check is not left to find it."""
+    torch.manual_seed(0)
+    model = T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=16, rotary_pct=0.5,
+    ))  # fmt: skip
+    report = trace_report(model, _ids())
+    qkv = "gpt_neox.layers.0.attention.query_key_value.weight"
+    heads = report.spec.axes[qkv][0]
+    assert report.spec.groups[heads] == 4 and report.spec.blocks[qkv] == (12, 1)
+    assert "a direct sum inside each block" in report.whole_blocks[heads]
+    assert "failed the equivalence check" not in str(report)

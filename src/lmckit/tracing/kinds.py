@@ -35,11 +35,11 @@ from lmckit.kinds import KINDS, GroupFacts, tried_kinds
 from lmckit.options import checked
 from lmckit.perm import PermutationSpec, axis_groups
 from lmckit.tracing.trace import (
+    TwinRunError,
     export_model,
     logits_if_any,
     output_tolerance,
     outputs_close,
-    TwinRunError,
     run_outputs,
     to_double,
 )

@@ -68,6 +68,10 @@ __all__ = ["TraceReport", "trace", "trace_report"]
 AxisKey = tuple[str, int]
 
 INSIDE = "inside a block (a reshape merged or split it); see the group's whole_blocks"
+INSIDE_SUM = (
+    "a direct sum inside each block (a per-head fused query/key/value projection): its "
+    "parts cannot yet move apart inside the heads"
+)
 
 
 class _UnionFind:
@@ -761,6 +765,7 @@ def _inside_blocks(
 
     inside = _UnionFind()
     inner_nodes = []
+    summed = {uf.find(whole): parts for whole, parts in found.sums}
     for merged, _, inner in found.nests:
         if not blocked(merged):
             continue
@@ -769,6 +774,10 @@ def _inside_blocks(
         inside.union(merged, node)
         if (why := found.inner_reasons[inner]) is not None:
             inside.freeze(merged, why)
+        elif uf.find(inner) in summed:  # GPT-NeoX: each head's [query | key | value] dims
+            inside.freeze(merged, INSIDE_SUM)
+            for part, _ in summed[uf.find(inner)]:  # nor may the parts' own heads move inside
+                inside.freeze(("#inside", uf.find(part)), INSIDE_SUM)
     for key in found.fixed_blocks:
         if blocked(key):
             inside.freeze(key, "blocks fixed by a grouped operator")
