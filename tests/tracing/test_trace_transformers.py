@@ -261,6 +261,18 @@ def test_llama_grouped_query_attention_moves_key_value_groups_with_their_query_h
     assert spec.head_repeats[o] == (1, 2) and spec.head_repeat(v, 0) == 1
     assert report.checked_modes == ("eval", "train")
     planted_recovery(model, spec)
+    # activation matching finds the value dimensions too (at the value projection's output)
+    from lmckit.data import TensorLoader
+    from lmckit.match import activation_matching
+    from tests.zoo import moving_permutation
+
+    model = model.double().eval()
+    x = torch.randint(0, 40, (48, 7), generator=torch.Generator().manual_seed(2))
+    a = {k: t.detach().clone() for k, t in model.state_dict().items()}
+    truth = moving_permutation(spec, 7)
+    data = TensorLoader(x, torch.roll(x, -1, 1), batch_size=16)
+    found = activation_matching(spec, a, truth.inverse().apply(a), model=model, data=data)
+    assert found.alignment == truth
 
 
 def test_a_diffusers_unet_traces_through_its_upsampling_and_skip_connections():

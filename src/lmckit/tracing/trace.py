@@ -23,9 +23,11 @@ blocks. Where that is consistent — the query and key projections through the s
 product, the value and output projections through the weighted sum — each becomes a
 *head-structured* group (``PermutationSpec.heads``: one permutation of the heads shared by
 all, one permutation per head inside each group), as Verma & Elbayad (2024) permute
-attention. Where it is not (a rotary embedding slices the head dimension, grouped-query
-heads share their key/value head, a parameter indexes the head dimension), the blocks move
-whole and the report says why.
+attention. Under grouped-query attention the query heads that share a key/value head hold
+its dimensions once each: the group's *head repeat* (``PermutationSpec.head_repeats``).
+Where it is not consistent (a rotary embedding slices the head dimension, a parameter
+indexes it, each head's rows are a fused ``[q | k | v]``), the blocks move whole and the
+report says why.
 
 Before the spec is returned it is *verified*: a random permutation of every group, applied
 to a float64 copy of the model's ``state_dict``, must leave the outputs unchanged in eval
