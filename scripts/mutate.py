@@ -567,8 +567,9 @@ MUTATIONS = [
         "ccmm-vertex-minimises",
         "CCMM's Frank–Wolfe vertex minimises the linearised objective",
         "src/lmckit/merge/ccmm.py",
-        "            best = assign_groups(grad, spec.heads)",
-        "            best = assign_groups({g: -m for g, m in grad.items()}, spec.heads)",
+        "            best = assign_groups(grad, spec.heads, spec.pinned)",
+        "            best = assign_groups("
+        "{g: -m for g, m in grad.items()}, spec.heads, spec.pinned)",
         ("tests/merge/test_ccmm.py",),
     ),
     M(
@@ -1307,6 +1308,48 @@ MUTATIONS = [
         "        elif False:",
         ("tests/tracing/test_trace_transformers.py",),
     ),
+    # -- rotary query/key maps (issue 59) --
+    M(
+        "rotary-interleaved-read-as-half",
+        "GPT-J's interleaved rotary pairs read as rotate-half pairs",
+        "src/lmckit/kinds.py",
+        '    if style == "half":\n        return [(j, j + half) for j in range(half)]',
+        "    if True:\n        return [(j, j + half) for j in range(half)]",
+        ("tests/test_rotary.py",),
+    ),
+    M(
+        "rotary-procrustes-turns-the-wrong-way",
+        "the closed-form rotation of a pair turns by minus the best angle",
+        "src/lmckit/match/orthogonal.py",
+        "        cos, sin = g[..., a, a] + g[..., b, b], g[..., b, a] - g[..., a, b]",
+        "        cos, sin = g[..., a, a] + g[..., b, b], g[..., a, b] - g[..., b, a]",
+        ("tests/test_rotary.py",),
+    ),
+    M(
+        "pinned-heads-permuted-inside",
+        "weight matching permutes inside pinned (rotary) heads",
+        "src/lmckit/lap.py",
+        "        if g in pinned:\n            best[:] = np.arange(d)",
+        "        if False:\n            best[:] = np.arange(d)",
+        ("tests/test_rotary.py",),
+    ),
+    M(
+        "rotary-maps-unchecked",
+        "a map that mixes rotary pairs is accepted as a rotary kind's",
+        "src/lmckit/kinds.py",
+        "        if stray > tol:",
+        "        if False:",
+        ("tests/test_rotary.py",),
+    ),
+    M(
+        "rotary-scaled-keys-not-dual",
+        "a scaled rotation on the queries, the keys left undone (no dual side)",
+        "src/lmckit/tracing/kinds.py",
+        "                duals=duals | (candidate_duals if KINDS[kind].dual else set()),",
+        "                duals=duals | (candidate_duals if KINDS[kind].dual and not "
+        "KINDS[kind].layout else set()),",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
     M(
         "tie-not-joined",
         "groups tied by a head permutation are solved one by one in weight matching",
@@ -1327,9 +1370,8 @@ MUTATIONS = [
         "inside-ignores-rotary",
         "a head's insides stay permutable though its inner axis was frozen (a rotary slice)",
         "src/lmckit/tracing/trace.py",
-        "        if (why := found.inner_reasons[inner]) is not None:\n"
-        "            inside.freeze(merged, why)",
-        "        if (why := found.inner_reasons[inner]) is not None:\n            pass",
+        "            pinned_nodes[node] = why\n",
+        "            pass\n",
         ("tests/tracing/test_trace_transformers.py",),
     ),
     M(

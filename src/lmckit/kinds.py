@@ -24,10 +24,12 @@ from lmckit.errors import PermutationError
 
 __all__ = [
     "KINDS",
+    "ROTARY_STYLES",
     "GroupFacts",
     "Kind",
     "haar_orthogonal",
     "mean_free_basis",
+    "rotary_pairs",
     "tried_kinds",
 ]
 
@@ -56,6 +58,19 @@ def mean_free_basis(n: int, dtype: torch.dtype = torch.float64) -> Tensor:
         return torch.eye(n, dtype=dtype)
     v = v / norm
     return (torch.eye(n, dtype=torch.float64) - 2 * torch.outer(v, v)).to(dtype)
+
+
+ROTARY_STYLES = ("half", "interleaved")
+"""How rotary embeddings pair a head's dimensions (see ``PermutationSpec.rotary``)."""
+
+
+def rotary_pairs(style: str, rotated: int) -> list[tuple[int, int]]:
+    """The dimension pairs a rotary embedding rotates together: ``(j, j + rotated/2)`` for
+    ``"half"``, ``(2j, 2j + 1)`` for ``"interleaved"``, ``j < rotated/2``."""
+    half = rotated // 2
+    if style == "half":
+        return [(j, j + half) for j in range(half)]
+    return [(2 * j, 2 * j + 1) for j in range(half)]
 
 
 def _tolerance(dtype: torch.dtype, n: int) -> float:
@@ -91,6 +106,45 @@ def _random_scaling(n: int, generator, dtype) -> Tensor:
     out = torch.zeros(n, n, dtype=torch.float64)
     out[torch.arange(n), order] = scales
     return out.to(dtype)
+
+
+def _layout_of(n: int, layout: tuple[str, int] | None) -> tuple[str, int]:
+    """A rotary layout, or (a row's self-test on a bare block) every pair rotate-half."""
+    return layout if layout is not None else ("half", n - n % 2)
+
+
+def _rotary_parts(
+    n: int, layout: tuple[str, int] | None
+) -> tuple[list[tuple[int, int]], list[int]]:
+    """The rotated pairs of an ``n``-dimensional head and the dimensions left unrotated."""
+    pairs = rotary_pairs(*_layout_of(n, layout))
+    paired = {d for pair in pairs for d in pair}
+    return pairs, [d for d in range(n) if d not in paired]
+
+
+def _random_rotary_block(n, generator, dtype, layout, scaled: bool) -> Tensor:
+    pairs, free = _rotary_parts(n, layout)
+    m = torch.zeros(n, n, dtype=torch.float64)
+    for a, b in pairs:
+        angle = 2 * math.pi * float(torch.rand(1, generator=generator, dtype=torch.float64))
+        scale = math.exp(float(torch.rand(1, generator=generator, dtype=torch.float64)) - 0.5)
+        c, s = math.cos(angle), math.sin(angle)
+        if scaled:
+            c, s = scale * c, scale * s
+        m[a, a], m[a, b], m[b, a], m[b, b] = c, -s, s, c
+    if free:
+        index = torch.tensor(free)
+        block = _random_invertible if scaled else _random_orthogonal
+        m[index[:, None], index] = block(len(free), generator, torch.float64)
+    return m.to(dtype)
+
+
+def _random_rotary(n, generator, dtype, layout=None) -> Tensor:
+    return _random_rotary_block(n, generator, dtype, layout, scaled=False)
+
+
+def _random_rotary_scaled(n, generator, dtype, layout=None) -> Tensor:
+    return _random_rotary_block(n, generator, dtype, layout, scaled=True)
 
 
 # -- checking: is a float64 matrix a map of the kind? --------------------------------------
@@ -130,6 +184,48 @@ def _check_scaling(g: str, kind: str, m64: Tensor, dtype: torch.dtype) -> None:
             f"group {g!r} is scaling: its matrix must be a permutation matrix with "
             "positive entries (one per row and column)"
         )
+
+
+def _check_rotary_block(
+    g: str, kind: str, m64: Tensor, dtype: torch.dtype, layout=None, heads: int = 1
+) -> None:
+    """Every head's block (of a block-permutation matrix): a 2 × 2 rotation — scaled, for
+    ``rotary-scaled`` — of each rotated pair, nothing between pairs or from a pair to the
+    unrotated rest, and an orthogonal (or well-conditioned) map of that rest."""
+    scaled = kind.endswith("scaled")
+    n = m64.shape[0]
+    d = n // heads
+    blocks = m64.reshape(heads, d, heads, d).transpose(1, 2)
+    pairs, free = _rotary_parts(d, layout)
+    allowed = torch.zeros(d, d, dtype=torch.bool)
+    for a, b in pairs:
+        allowed[a, a] = allowed[a, b] = allowed[b, a] = allowed[b, b] = True
+    for a in free:
+        allowed[a, free] = True
+    tol = _tolerance(dtype, d)
+    for i in range(heads):
+        j = int(blocks[i].abs().amax((-2, -1)).argmax())
+        block = blocks[i, j]
+        stray = block.masked_fill(allowed, 0).abs().max().item()
+        if stray > tol:
+            raise PermutationError(
+                f"group {g!r} is {kind}: its map mixes dimensions the rotary embedding keeps "
+                f"apart (|entry| {stray:.2e} outside the frequency pairs)"
+            )
+        for a, b in pairs:
+            c, s = block[a, a], block[b, a]
+            drift = max(abs(c - block[b, b]).item(), abs(s + block[a, b]).item())
+            radius = math.hypot(c.item(), s.item())
+            if drift > tol or (abs(radius - 1) > tol if not scaled else radius < 1e-8):
+                raise PermutationError(
+                    f"group {g!r} is {kind}: the map of pair {(a, b)} is no "
+                    f"{'scaled ' if scaled else ''}rotation (it must commute with the rotary "
+                    "embedding's rotation of the pair)"
+                )
+        if free:
+            index = torch.tensor(free)
+            rest = block[index[:, None], index]
+            (_check_invertible if scaled else _check_orthogonal)(g, kind, rest, dtype)
 
 
 # -- inverting -----------------------------------------------------------------------------
@@ -172,12 +268,14 @@ class GroupFacts:
             that fix the all-ones vector commute with the centring).
         readers_dual: its readers can move by ``M⁻ᵀ`` (it has no norm of its own and each
             reader is a linear map the tracer can pair with its writers).
+        pinned: its heads move whole (``PermutationSpec.pinned``: rotary dimensions).
     """
 
     size: int
     heads: bool
     layer_norm: bool
     readers_dual: bool
+    pinned: bool = False
 
 
 @dataclass(frozen=True)
@@ -214,6 +312,9 @@ class Kind:
             argument (``None`` otherwise).
         conditioned: its maps are general matrices, bounded by their condition number
             (:data:`MAX_CONDITION`): fits report the worst one.
+        layout: its maps follow a group's rotary layout (``PermutationSpec.rotary``):
+            ``random`` takes it as a fourth argument, ``check`` as a fifth with the number
+            of heads as a sixth.
     """
 
     name: str
@@ -233,6 +334,7 @@ class Kind:
     free_shape: Callable[[int], tuple[int, ...]] | None = None
     needs_basis: bool = False
     conditioned: bool = False
+    layout: bool = False
 
 
 KINDS: dict[str, Kind] = {
@@ -250,7 +352,7 @@ KINDS: dict[str, Kind] = {
             where="a residual stream with RMS norms, a head's dimensions",
             matrix=True, orthogonal=True, dual=False, per_head=True,
             narrowed="orthogonal", fitted_on_data=False, trial_order=1,
-            admits=lambda f: f.heads or not f.layer_norm,
+            admits=lambda f: (f.heads or not f.layer_norm) and not f.pinned,
             random=_random_orthogonal, check=_check_orthogonal, inverse=_transpose,
             learned=_exp_skew, free_shape=lambda n: (n, n),
         ),
@@ -269,7 +371,7 @@ KINDS: dict[str, Kind] = {
             where="a head's dimensions, a stream without norms",
             matrix=True, orthogonal=False, dual=True, per_head=True,
             narrowed="orthogonal", fitted_on_data=True, trial_order=0,
-            admits=lambda f: f.readers_dual,
+            admits=lambda f: f.readers_dual and not f.pinned,
             random=_random_invertible, check=_check_invertible, inverse=_inv,
             learned=_exp, free_shape=lambda n: (n, n), conditioned=True,
         ),
@@ -280,6 +382,24 @@ KINDS: dict[str, Kind] = {
             narrowed="permutation", fitted_on_data=True, trial_order=3,
             admits=lambda f: f.readers_dual and not f.heads,
             random=_random_scaling, check=_check_scaling, inverse=_inv_scaling,
+        ),
+        Kind(
+            "rotary-scaled",
+            where="a head's query/key dimensions under rotary embeddings",
+            matrix=True, orthogonal=False, dual=True, per_head=True,
+            narrowed="rotary", fitted_on_data=False, trial_order=4,
+            admits=lambda f: f.pinned and f.readers_dual,
+            random=_random_rotary_scaled, check=_check_rotary_block, inverse=_inv,
+            conditioned=True, layout=True,
+        ),
+        Kind(
+            "rotary",
+            where="a head's query/key dimensions under rotary embeddings (a norm on them)",
+            matrix=True, orthogonal=True, dual=False, per_head=True,
+            narrowed="rotary", fitted_on_data=False, trial_order=5,
+            admits=lambda f: f.pinned,
+            random=_random_rotary, check=_check_rotary_block, inverse=_transpose,
+            layout=True,
         ),
     )
 }  # fmt: skip

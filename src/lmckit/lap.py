@@ -66,7 +66,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -432,7 +432,9 @@ def _certified(reduced: np.ndarray, perm: np.ndarray, du, dv, quantum: float) ->
     return bool(lowest >= -tol and np.abs(tight).max() <= tol)
 
 
-def assign_heads(gains: Mapping[str, Tensor | np.ndarray], heads: int) -> dict[str, Tensor]:
+def assign_heads(
+    gains: Mapping[str, Tensor | np.ndarray], heads: int, pinned: Collection[str] = ()
+) -> dict[str, Tensor]:
     """The best head-structured assignment of groups that share one permutation of heads
     (Verma & Elbayad 2024, "Merging Text Transformer Models from Different Initializations").
 
@@ -442,11 +444,13 @@ def assign_heads(gains: Mapping[str, Tensor | np.ndarray], heads: int) -> dict[s
     problem separates exactly: for every pair of heads ``(i, j)`` and group ``g`` the best
     ``σ`` is the LAP of the ``d_g × d_g`` block ``gains[g][i, j]``; the head permutation is
     then the LAP of the ``h × h`` sums of those optima. ``h² · |groups|`` small LAPs and one
-    of size ``h``: exact, not a heuristic.
+    of size ``h``: exact, not a heuristic. A ``pinned`` group keeps ``σ`` the identity (its
+    gain for a pair of heads is the trace of their block).
 
     Args:
         gains: group -> ``(h·d_g, h·d_g)`` gain matrix (rows: A's units, columns: B's).
         heads: ``h``, the number of heads (dividing every group's size).
+        pinned: the groups whose heads move whole (``PermutationSpec.pinned``).
 
     Returns:
         group -> CPU ``LongTensor`` index vector.
@@ -464,6 +468,11 @@ def assign_heads(gains: Mapping[str, Tensor | np.ndarray], heads: int) -> dict[s
         d = n // heads
         blocks = c.reshape(heads, d, heads, d).transpose(0, 2, 1, 3)  # [i, j] = head i vs j
         best = np.empty((heads, heads, d), dtype=np.int64)
+        if g in pinned:
+            best[:] = np.arange(d)
+            totals += np.trace(blocks, axis1=2, axis2=3)
+            inner[g] = best
+            continue
         for i in range(heads):
             for j in range(heads):
                 rows, cols = linear_sum_assignment(blocks[i, j], maximize=True)
@@ -482,12 +491,14 @@ def assign_heads(gains: Mapping[str, Tensor | np.ndarray], heads: int) -> dict[s
 def assign_groups(
     gains: Mapping[str, Tensor | np.ndarray],
     heads: Mapping[str, tuple[str, int]] | None = None,
+    pinned: Collection[str] = (),
 ) -> dict[str, Tensor]:
     """One cold assignment per group (:func:`assign`, maximising), except that groups tied
     by a head permutation (``heads`` as in :class:`~lmckit.perm.PermutationSpec`) are
     solved together by :func:`assign_heads` — the projection every method that rounds
     per-group scores to a permutation needs. Only the tie members present in ``gains``
-    are solved (a tie split across two calls would not share its heads: pass whole ties)."""
+    are solved (a tie split across two calls would not share its heads: pass whole ties);
+    ``pinned`` groups move whole heads (:func:`assign_heads`)."""
     heads = heads or {}
     ties: dict[str, list[str]] = {}
     out: dict[str, Tensor] = {}
@@ -497,5 +508,5 @@ def assign_groups(
         else:
             out[g] = assign(cost, maximize=True)
     for members in ties.values():
-        out.update(assign_heads({g: gains[g] for g in members}, heads[members[0]][1]))
+        out.update(assign_heads({g: gains[g] for g in members}, heads[members[0]][1], pinned))
     return {g: out[g] for g in gains}

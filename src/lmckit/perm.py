@@ -28,6 +28,7 @@ from torch import Tensor
 
 from lmckit.errors import PermutationError, SpecError
 from lmckit.kinds import KINDS as _KIND_TABLE
+from lmckit.kinds import ROTARY_STYLES
 from lmckit.params import Params, short_list
 
 __all__ = [
@@ -104,6 +105,15 @@ class PermutationSpec:
             query/key dimensions (one group, on Q and K) and value/output dimensions
             (another, on V and O) move with one permutation of the heads. A group of size
             ``h`` (``d = 1``) in such a tie is the head permutation itself.
+        pinned: head-structured groups whose permutations move whole heads only (``σ_i`` the
+            identity): a head's dimensions that rotary embeddings rotate cannot be permuted
+            (each pair has its own frequency), but the heads can, and a kind may still give
+            them matrices inside each head (2 × 2 rotations of each frequency pair).
+        rotary: pinned group name -> ``(style, rotated)``: how rotary embeddings pair a
+            head's first ``rotated`` dimensions — ``"half"``, ``(j, j + rotated/2)`` (Llama's
+            rotate-half), or ``"interleaved"``, ``(2j, 2j + 1)`` (GPT-J) — the layout the
+            ``"rotary"`` kinds' maps follow (a 2 × 2 rotation per pair; any map of the kind's
+            family on the unrotated rest). :func:`lmckit.tracing.symmetry_kinds` finds it.
         kinds: group name -> the symmetry the group admits beyond permutations (default
             ``"permutation"`` for every group; see :data:`KINDS`): ``"orthogonal"`` — any
             orthogonal ``n × n`` matrix (a head-structured group: one ``d × d`` orthogonal
@@ -145,6 +155,8 @@ class PermutationSpec:
     repeats: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     heads: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     head_repeats: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    pinned: frozenset[str] = frozenset()
+    rotary: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     kinds: Mapping[str, str] = field(default_factory=dict)
     folds: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
     norm_biases: Mapping[str, str] = field(default_factory=dict)
@@ -215,7 +227,25 @@ class PermutationSpec:
                         f"head_repeats[{name!r}] axis {i}: an axis takes a repeat or a head "
                         "repeat, not both"
                     )
+        pinned = frozenset(self.pinned)
+        if not pinned <= set(heads):
+            raise SpecError(
+                f"pinned names {sorted(pinned - set(heads))}, which are not head-structured "
+                "groups (see heads)"
+            )
+        rotary = _check_rotary(self.rotary, groups, heads, pinned)
         kinds = _check_kinds(self.kinds, groups, heads)
+        for g, kind in kinds.items():
+            if g in pinned and not _KIND_TABLE[kind].layout:
+                raise SpecError(
+                    f"group {g!r} is pinned (its heads move whole): it takes no {kind} maps, "
+                    "only those of a rotary layout"
+                )
+            if _KIND_TABLE[kind].layout and g not in rotary:
+                raise SpecError(
+                    f"group {g!r} is {kind}: its maps follow a rotary layout, which rotary "
+                    "does not give for it"
+                )
         unused = [g for g, lst in group_axes.items() if not lst]
         if unused:
             raise SpecError(f"groups {unused} act on no axis of any parameter")
@@ -226,6 +256,8 @@ class PermutationSpec:
         object.__setattr__(self, "repeats", MappingProxyType(repeats))
         object.__setattr__(self, "heads", MappingProxyType(heads))
         object.__setattr__(self, "head_repeats", MappingProxyType(head_repeats))
+        object.__setattr__(self, "pinned", pinned)
+        object.__setattr__(self, "rotary", MappingProxyType(rotary))
         object.__setattr__(self, "kinds", MappingProxyType(kinds))
         object.__setattr__(
             self, "_group_axes", MappingProxyType({g: tuple(v) for g, v in group_axes.items()})
@@ -356,6 +388,8 @@ class PermutationSpec:
             repeats={k: v for k, v in self.repeats.items() if k in names},
             heads={g: v for g, v in self.heads.items() if g in used},
             head_repeats={k: v for k, v in self.head_repeats.items() if k in names},
+            pinned=self.pinned & used,
+            rotary={g: v for g, v in self.rotary.items() if g in used},
             kinds={g: v for g, v in self.kinds.items() if g in used},
             folds={
                 k: kept
@@ -387,6 +421,8 @@ class PermutationSpec:
                 if self.head_repeats
                 else {}
             ),
+            **({"pinned": sorted(self.pinned)} if self.pinned else {}),
+            **({"rotary": {g: list(v) for g, v in self.rotary.items()}} if self.rotary else {}),
             **({"kinds": dict(self.kinds)} if self.kinds else {}),
             **(
                 {"folds": {k: [list(r) for r in v] for k, v in self.folds.items()}}
@@ -499,6 +535,13 @@ class Permutation:
                         f"group {g!r} is head-structured ({heads} heads of "
                         f"{spec.groups[g] // heads}) but its index vector moves units between "
                         "heads"
+                    )
+                if g in spec.pinned and not torch.equal(
+                    parts[1], torch.arange(parts[1].shape[1]).expand_as(parts[1])
+                ):
+                    raise PermutationError(
+                        f"group {g!r} is pinned (its heads move whole: rotary dimensions) but "
+                        "its index vector permutes inside a head"
                     )
                 outers.append((g, parts[0]))
             for g, outer in outers[1:]:
@@ -676,8 +719,37 @@ def random_index_vectors(
         tie, heads = spec.heads[g]
         if tie not in outers:
             outers[tie] = draw(heads)
-        inner = torch.stack([draw(n // heads) for _ in range(heads)])
+        if g in spec.pinned:
+            inner = torch.arange(n // heads).expand(heads, n // heads)
+        else:
+            inner = torch.stack([draw(n // heads) for _ in range(heads)])
         out[g] = join_heads(outers[tie], inner)
+    return out
+
+
+def _check_rotary(given, groups, heads, pinned) -> dict[str, tuple[str, int]]:
+    """Validate ``rotary``: pinned groups, a known style, an even count of rotated
+    dimensions within the head."""
+    out: dict[str, tuple[str, int]] = {}
+    for g, entry in dict(given).items():
+        if g not in pinned:
+            raise SpecError(f"rotary names {g!r}, which is not a pinned head-structured group")
+        d = groups[g] // heads[g][1]
+        if (
+            not isinstance(entry, tuple | list)
+            or len(entry) != 2
+            or entry[0] not in ROTARY_STYLES
+            or isinstance(entry[1], bool)
+            or not isinstance(entry[1], int)
+            or entry[1] < 2
+            or entry[1] % 2
+            or entry[1] > d
+        ):
+            raise SpecError(
+                f"rotary[{g!r}] must be (one of {ROTARY_STYLES}, an even number of rotated "
+                f"dimensions in 2..{d}), got {entry!r}"
+            )
+        out[g] = (str(entry[0]), int(entry[1]))
     return out
 
 

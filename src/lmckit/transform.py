@@ -128,7 +128,10 @@ class Transform:
             if not torch.isfinite(m).all():
                 raise PermutationError(f"group {g!r}: the matrix has NaN or infinite entries")
             m64 = m.detach().to("cpu", torch.float64)
-            KINDS[kind].check(g, kind, m64, m.dtype)
+            if KINDS[kind].layout:  # per head, on the rotary pairs
+                KINDS[kind].check(g, kind, m64, m.dtype, spec.rotary[g], spec.heads[g][1])
+            else:
+                KINDS[kind].check(g, kind, m64, m.dtype)
             checked[g] = m.detach().to("cpu")
         # a permutation of the spec checks the index vectors and that the groups of a head
         # tie move the heads alike (a matrix group stands in by its head permutation)
@@ -180,7 +183,10 @@ class Transform:
                 heads = spec.heads[g][1]
                 outer = split_heads(perms[g], heads)
                 assert outer is not None
-                blocks = [random_map(kind, n // heads, generator, dtype) for _ in range(heads)]
+                layout = spec.rotary.get(g)
+                blocks = [
+                    random_map(kind, n // heads, generator, dtype, layout) for _ in range(heads)
+                ]
                 maps[g] = head_matrix(outer[0], blocks)
             else:
                 maps[g] = random_map(kind, n, generator, dtype)
@@ -477,12 +483,19 @@ def _index_list(group: str, values: list) -> Tensor:
 
 
 def random_map(
-    kind: str, n: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64
+    kind: str,
+    n: int,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype = torch.float64,
+    layout: tuple[str, int] | None = None,
 ) -> Tensor:
-    """A random ``n × n`` map of ``kind`` (see :meth:`Transform.random`)."""
+    """A random ``n × n`` map of ``kind`` (see :meth:`Transform.random`); ``layout``: the
+    rotary layout a head's map follows, for the kinds that have one."""
     draw = KINDS[kind].random if kind in KINDS else None
     if draw is None:
         raise PermutationError(f"no random map of kind {kind!r}")
+    if KINDS[kind].layout:
+        return draw(n, generator, dtype, layout)
     return draw(n, generator, dtype)
 
 
@@ -495,7 +508,8 @@ def random_group_map(
     n = spec.groups[group]
     if group in spec.heads:
         heads = spec.heads[group][1]
-        blocks = [random_map(kind, n // heads, generator) for _ in range(heads)]
+        layout = spec.rotary.get(group)
+        blocks = [random_map(kind, n // heads, generator, layout=layout) for _ in range(heads)]
         return head_matrix(torch.arange(heads), blocks)
     return random_map(kind, n, generator)
 

@@ -244,7 +244,11 @@ def test_blocked_input_axes_are_kept_as_views_and_choose_as_the_reference(inside
     matcher = WeightMatcher(spec, b)
     viewed = [t for g in matcher.groups for t in matcher.terms[g] if t.b_rows.dim() > 2]
     assert {t.b_rows.dim() for t in viewed} == ({4} if inside_blocks else {3})
-    assert len(viewed) == 3 and all("o_proj" in t.name for t in viewed)
+    # with head repeats the query rows too (each key/value head's dimensions once per query
+    # head: pinned rotary dimensions), and the output projection's columns
+    projections = {"o_proj", "q_proj"} if inside_blocks else {"o_proj"}
+    assert len(viewed) == 3 * len(projections)
+    assert {t.name.split(".")[-2] for t in viewed} == projections
     assert all(t.b_rows.data_ptr() == b[t.name].data_ptr() for t in viewed)  # no copies
     for seed in range(3):
         engine = weight_matching(spec, a, b, seed=seed)

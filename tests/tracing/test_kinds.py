@@ -143,12 +143,13 @@ def test_heads_take_invertible_maps_and_mlp_units_only_permute(found):
     spec = report.spec
     kinds = {g: spec.kind(g) for g in spec.groups}
     heads = [g for g in spec.groups if g in spec.heads]
-    # Llama's rotary embeddings freeze the query/key head dimensions: its query/key group
-    # is the 2 key/value heads (d = 1; an invertible map is a scale of the queries of a
-    # key/value head against its keys), its value/output group each key/value head's dims
-    assert len(heads) == 2 * 2 and all(kinds[g] == "invertible" for g in heads)
-    if name == "llama":
-        assert sorted(spec.groups[g] for g in heads) == [2, 2, 8, 8]
+    assert len(heads) == 2 * 2
+    if name == "llama":  # rotary query/key heads: a scaled rotation of each frequency pair
+        assert sorted(kinds[g] for g in heads) == ["invertible"] * 2 + ["rotary-scaled"] * 2
+        assert {spec.rotary[g] for g in heads if g in spec.rotary} == {("half", 4)}
+        assert sorted(spec.groups[g] for g in heads) == [8, 8, 8, 8]
+    else:
+        assert all(kinds[g] == "invertible" for g in heads)
     mlps = [g for g, k in kinds.items() if k == "permutation" and spec.groups[g] > 16]
     assert len(mlps) == 2, str(report)  # an activation (GELU, SiLU gate) acts on them
     assert all("changes the outputs" in report.reasons[g] for g in mlps)

@@ -251,13 +251,16 @@ def test_llama_grouped_query_attention_moves_key_value_groups_with_their_query_h
     spec = report.spec
     layer = "model.layers.0.self_attn"
     q, k, v, o = (f"{layer}.{p}_proj.weight" for p in "qkvo")
-    kv_groups = spec.axes[k][0]
-    assert spec.groups[kv_groups] == 2 and spec.axes[q][0] == kv_groups
-    assert spec.blocks[k] == (4, 1) and spec.blocks[q] == (8, 1)  # 2 query heads × 4 dims
-    assert report.whole_blocks[kv_groups] == "sliced"  # rotate_half of the rotary embedding
+    # the query/key dimensions: the 2 key/value heads of 4, each once per query head on
+    # the queries, pinned (rotate_half slices them: the heads move whole)
+    qk = spec.axes[k][0]
+    assert spec.groups[qk] == 2 * 4 and spec.axes[q][0] == qk and qk in spec.pinned
+    assert spec.head_repeats[q] == (2, 1) and spec.head_repeat(k, 0) == 1
+    assert report.whole_blocks[qk].startswith("sliced")
     value = spec.axes[v][0]
     assert spec.axes[o][1] == value and spec.groups[value] == 2 * 4  # 2 heads × 4 dims
-    assert spec.heads[value] == (kv_groups, 2)
+    assert spec.heads[value] == spec.heads[qk] and spec.heads[value][1] == 2
+    assert value not in spec.pinned
     assert spec.head_repeats[o] == (1, 2) and spec.head_repeat(v, 0) == 1
     assert report.checked_modes == ("eval", "train")
     planted_recovery(model, spec)
@@ -370,3 +373,32 @@ def test_gpt_neox_fused_per_head_projection_moves_whole_heads_and_says_why():
     assert report.spec.groups[heads] == 4 and report.spec.blocks[qkv] == (12, 1)
     assert "a direct sum inside each block" in report.whole_blocks[heads]
     assert "failed the equivalence check" not in str(report)
+
+
+def test_llama_rotary_query_key_maps_are_found_and_a_planted_one_undone():
+    """Llama's query/key heads take a scaled rotation of each rotate-half pair (found by
+    the check, layout from the graph's slices); ``wm-orth`` undoes a planted element of the
+    whole distance-keeping group — rotations of the pairs, value maps, the stream."""
+    from lmckit.match import METHODS
+    from lmckit.tracing import symmetry_kinds
+    from lmckit.transform import Transform, fold_norms, orthogonal_subgroup
+
+    torch.manual_seed(0)
+    config = T.LlamaConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+        use_cache=False,
+    )  # fmt: skip
+    model = T.LlamaForCausalLM(config).double().eval()
+    x = _ids()
+    spec = symmetry_kinds(model, x, trace_report(model, x).spec).spec
+    qk = spec.axes["model.layers.0.self_attn.k_proj.weight"][0]
+    assert spec.kind(qk) == "rotary-scaled" and spec.rotary[qk] == ("half", 4)
+    a = fold_norms(spec, {k: v.detach() for k, v in model.state_dict().items()})
+    planted = Transform.random(orthogonal_subgroup(spec), 3)
+    b = planted.inverse().apply(a)
+    start = sum(float(((a[k] - b[k]) ** 2).sum()) for k in a) ** 0.5
+    found = METHODS["wm-orth"](spec, a, b, model=model, example_inputs=(x,))
+    aligned = found.alignment.apply(b)
+    left = sum(float(((a[k] - aligned[k]) ** 2).sum()) for k in a) ** 0.5
+    assert start > 1 and left < 1e-8 * start

@@ -222,7 +222,7 @@ def activation_matching(
                 f"{spec.groups[g]}"
             )
         all_gains[g] = gains
-    perms = assign_groups(all_gains, spec.heads)
+    perms = assign_groups(all_gains, spec.heads, spec.pinned)
     gain = sum(
         float(c[torch.arange(len(perms[g])), perms[g].to(c.device)].sum())
         for g, c in all_gains.items()

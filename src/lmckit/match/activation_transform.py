@@ -49,7 +49,7 @@ from lmckit.functional import check_model_fits, module_mode
 from lmckit.kinds import KINDS
 from lmckit.match.activation import taps_for
 from lmckit.match.network import batches_per_pass, require_model_and_data
-from lmckit.match.orthogonal import mean_free_procrustes, procrustes
+from lmckit.match.orthogonal import mean_free_procrustes, procrustes, rotary_procrustes
 from lmckit.match.result import MatchResult
 from lmckit.options import Count, checked
 from lmckit.params import Params, detached
@@ -156,10 +156,17 @@ GROUP_FITS: dict[str, Callable[[_Moments, bool, int, bool], Tensor]] = {
     "invertible": lambda m, primal, n, refine: _least_squares(m.ab, m.aa, m.bb, primal),
     "orthogonal": lambda m, primal, n, refine: procrustes(m.ab),
     "orthogonal-mean-free": lambda m, primal, n, refine: mean_free_procrustes(m.ab),
+    # rotary maps act inside heads only (a rotary group is head-structured: HEAD_FITS)
+    "rotary": lambda m, primal, n, refine: _per_head_only(m.ab),
+    "rotary-scaled": lambda m, primal, n, refine: _per_head_only(m.ab),
 }
 """This matcher's closed-form fit of one group of each kind (:data:`lmckit.kinds.KINDS`)
 from the moments of its activations: ``fit(moments, primal, n, refine)`` (``refine``: keep
 the permutation part where it is)."""
+
+
+def _per_head_only(_: Tensor) -> Tensor:
+    raise ParamsError("rotary maps act inside heads: a rotary group is head-structured")
 
 
 def _solve_group(spec: PermutationSpec, g: str, stats: _GroupStats, refine: bool) -> Tensor:
@@ -175,8 +182,18 @@ def _block(c: Tensor, heads: int, i: int, j: int) -> Tensor:
 class _HeadPair:
     """The moments of query head ``i`` of A against head ``j`` of B (blocks, on demand)."""
 
-    def __init__(self, m: _Moments, primal: bool, heads: int, i: int, j: int) -> None:
+    def __init__(
+        self,
+        m: _Moments,
+        primal: bool,
+        heads: int,
+        i: int,
+        j: int,
+        layout: tuple[str, int] | None = None,
+        pinned: bool = False,
+    ) -> None:
         self.m, self.primal, self.heads, self.i, self.j = m, primal, heads, i, j
+        self.layout, self.pinned = layout, pinned
         self.ab = _block(m.ab, heads, i, j)
 
     def aa_bb(self) -> tuple[Tensor, Tensor]:
@@ -190,24 +207,37 @@ class _HeadPair:
 
 def _score_permutation(pair: _HeadPair) -> float:
     corr = pair.correlation()
+    if pair.pinned:  # its heads move whole: each dimension stays where it is
+        return float(corr.diagonal().sum())
     rows, cols = linear_sum_assignment(corr.numpy(), maximize=True)
     return float(corr.numpy()[rows, cols].sum())
+
+
+def _rotary_fit(pair: _HeadPair) -> Tensor:
+    assert pair.layout is not None
+    return rotary_procrustes(pair.ab, pair.layout)
 
 
 HEAD_SCORES: dict[str, Callable[[_HeadPair], float]] = {
     "permutation": _score_permutation,
     "orthogonal": lambda pair: float(torch.linalg.svdvals(pair.ab).sum()),
     "invertible": lambda pair: _explained(pair.ab, *pair.aa_bb(), pair.primal),
+    # a scaled rotation is fitted as the rotation closest to the moments: an element of the
+    # kind, with the scales at 1 (least squares over scaled rotations is not built)
+    "rotary": lambda pair: float((_rotary_fit(pair) * pair.ab).sum()),
+    "rotary-scaled": lambda pair: float((_rotary_fit(pair) * pair.ab).sum()),
 }
 """How well head ``i`` of A matches head ``j`` of B, per kind of a head-structured group
 (the kinds with ``per_head``), for the LAP over heads."""
 
 HEAD_FITS: dict[str, Callable[[_HeadPair, bool], Tensor]] = {
     "permutation": lambda pair, refine: (
-        torch.arange(pair.ab.shape[0]) if refine else _lap(pair.correlation())
+        torch.arange(pair.ab.shape[0]) if refine or pair.pinned else _lap(pair.correlation())
     ),
     "orthogonal": lambda pair, refine: procrustes(pair.ab),
     "invertible": lambda pair, refine: _least_squares(pair.ab, *pair.aa_bb(), pair.primal),
+    "rotary": lambda pair, refine: _rotary_fit(pair),
+    "rotary-scaled": lambda pair, refine: _rotary_fit(pair),
 }
 """One head's block of a head-structured group, per kind, once the heads are paired."""
 
@@ -225,16 +255,21 @@ def _solve_tie(
         for g in groups:
             m, primal = stats[g].pick()
             score = HEAD_SCORES[spec.kind(g)]
+            layout, pinned = spec.rotary.get(g), g in spec.pinned
             for i in range(heads):
                 for j in range(heads):
-                    totals[i, j] += score(_HeadPair(m, primal, heads, i, j))
+                    totals[i, j] += score(_HeadPair(m, primal, heads, i, j, layout, pinned))
         outer = _lap(totals)
     out: dict[str, Tensor] = {}
     for g in groups:
         m, primal = stats[g].pick()
         fit = HEAD_FITS[spec.kind(g)]
         d = spec.groups[g] // heads
-        blocks = [fit(_HeadPair(m, primal, heads, i, int(outer[i])), refine) for i in range(heads)]
+        layout, pinned = spec.rotary.get(g), g in spec.pinned
+        blocks = [
+            fit(_HeadPair(m, primal, heads, i, int(outer[i]), layout, pinned), refine)
+            for i in range(heads)
+        ]
         if not KINDS[spec.kind(g)].matrix:
             out[g] = (outer[:, None] * d + torch.stack(blocks)).reshape(-1)
         else:

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from lmckit._checks import check_int
 from lmckit.errors import PermutationError
-from lmckit.kinds import KINDS
+from lmckit.kinds import KINDS, rotary_pairs
 from lmckit.match.result import MatchResult, check_inputs
 from lmckit.options import Count, checked
 from lmckit.params import Params, detached
@@ -50,7 +50,7 @@ from lmckit.transform import (
     transform_tensor,
 )
 
-__all__ = ["orthogonal_weight_matching", "procrustes"]
+__all__ = ["orthogonal_weight_matching", "procrustes", "rotary_procrustes"]
 
 
 def procrustes(gains: Tensor) -> Tensor:
@@ -69,6 +69,29 @@ def mean_free_procrustes(gains: Tensor) -> Tensor:
     return basis @ rotation @ basis.T
 
 
+def rotary_procrustes(gains: Tensor, layout: tuple[str, int]) -> Tensor:
+    """The map of a rotary head maximising ``⟨M, gains⟩`` over the maps that commute with
+    the rotary embedding (``gains``: ``(..., d, d)``, batched over the leading axes): per
+    rotated pair ``(a, b)`` the 2 × 2 rotation by ``atan2(g_ba − g_ab, g_aa + g_bb)`` (value
+    ``hypot(g_aa + g_bb, g_ba − g_ab)``), and Procrustes on the unrotated dimensions."""
+    g = gains.to(torch.float64)
+    d = g.shape[-1]
+    out = torch.zeros_like(g)
+    pairs = rotary_pairs(*layout)
+    for a, b in pairs:
+        cos, sin = g[..., a, a] + g[..., b, b], g[..., b, a] - g[..., a, b]
+        radius = torch.hypot(cos, sin)
+        safe = torch.where(radius > 0, radius, torch.ones_like(radius))
+        cos = torch.where(radius > 0, cos / safe, torch.ones_like(radius))
+        sin = torch.where(radius > 0, sin / safe, torch.zeros_like(radius))
+        out[..., a, a], out[..., a, b], out[..., b, a], out[..., b, b] = cos, -sin, sin, cos
+    paired = {x for pair in pairs for x in pair}
+    free = torch.tensor([x for x in range(d) if x not in paired], dtype=torch.long)
+    if len(free):
+        out[..., free[:, None], free] = procrustes(g[..., free[:, None], free])
+    return out
+
+
 def _solve_tie(spec: PermutationSpec, gains: dict[str, Tensor]) -> dict[str, Tensor]:
     """Best maps of a head tie's groups given their gain matrices (see the module
     docstring): block optima per head pair, then the LAP over heads."""
@@ -78,7 +101,10 @@ def _solve_tie(spec: PermutationSpec, gains: dict[str, Tensor]) -> dict[str, Ten
     for g, c in gains.items():
         d = c.shape[0] // heads
         blocks = c.reshape(heads, d, heads, d).transpose(1, 2)
-        if not KINDS[spec.kind(g)].matrix:  # a LAP per pair of heads
+        if g in spec.pinned and not KINDS[spec.kind(g)].matrix:  # whole heads: the traces
+            totals += blocks.diagonal(dim1=-2, dim2=-1).sum(-1).to(torch.float64).numpy()
+            best[g] = [[torch.arange(d)] * heads for _ in range(heads)]
+        elif not KINDS[spec.kind(g)].matrix:  # a LAP per pair of heads
             best[g] = []
             for i in range(heads):
                 row = []
@@ -88,7 +114,8 @@ def _solve_tie(spec: PermutationSpec, gains: dict[str, Tensor]) -> dict[str, Ten
                     row.append(torch.from_numpy(cols).long())
                 best[g].append(row)
         else:  # Procrustes per pair of heads, all heads² in one batched SVD
-            maps = procrustes(blocks)
+            layout = spec.rotary.get(g)
+            maps = procrustes(blocks) if layout is None else rotary_procrustes(blocks, layout)
             totals += (maps * blocks.to(torch.float64)).sum((-2, -1)).numpy()
             best[g] = [list(row) for row in maps]
     _, outer_np = linear_sum_assignment(totals, maximize=True)
@@ -108,10 +135,15 @@ def _assignment(gains: Tensor) -> Tensor:
     return torch.from_numpy(linear_sum_assignment(gains.numpy(), maximize=True)[1]).long()
 
 
+def _per_head_only(gains: Tensor) -> Tensor:
+    raise PermutationError("rotary maps act inside heads: a rotary group is head-structured")
+
+
 FITS: dict[str, Callable[[Tensor], Tensor]] = {
     "permutation": _assignment,
     "orthogonal": lambda gains: procrustes(gains),
     "orthogonal-mean-free": lambda gains: mean_free_procrustes(gains),
+    "rotary": _per_head_only,
 }
 """The best map of one group of each distance-keeping kind (the ``narrowed`` kinds of
 :data:`lmckit.kinds.KINDS`: this matcher runs on :func:`~lmckit.transform.orthogonal_subgroup`)

@@ -199,7 +199,7 @@ def sinkhorn_matching(
             raise ParamsError("sinkhorn_matching(objective='mid') got no batches")
     with torch.no_grad():
         soft = {g: log_sinkhorn(z / tau, sinkhorn_iters).exp() for g, z in logits.items()}
-        perms = assign_groups(soft, spec.heads)
+        perms = assign_groups(soft, spec.heads, spec.pinned)
     perm = Permutation(spec, perms)
     return MatchResult(
         alignment=perm,

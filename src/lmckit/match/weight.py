@@ -77,7 +77,7 @@ def weight_matching_reference(
                 g = units[idx][0]
                 new = {g: linear_sum_assignment(gains[g], maximize=True)[1].astype(np.int64)}
             else:  # groups tied by a head permutation: the two-level assignment
-                chosen = assign_heads(gains, spec.heads[units[idx][0]][1])
+                chosen = assign_heads(gains, spec.heads[units[idx][0]][1], spec.pinned)
                 new = {g: p.numpy() for g, p in chosen.items()}
             old = {g: perm[g].numpy() for g in gains}
             if improves_all(gains, old, new, rel_tol):

@@ -561,7 +561,7 @@ class WeightMatcher:
 
     def solve_heads(self, gains: Mapping[str, np.ndarray], heads: int) -> dict[str, Tensor]:
         """The two-level assignment of groups tied by a head permutation (no duals)."""
-        return assign_heads(gains, heads)
+        return assign_heads(gains, heads, self.spec.pinned)
 
     # -- the algorithm -------------------------------------------------------------------
     def match(

@@ -106,7 +106,8 @@ def ccmm(
         for s in soft:
             grad = dict(zip(s, grads[k : k + len(s)], strict=True))
             k += len(s)
-            best = assign_groups(grad, spec.heads)  # the oracle: a vertex maximising ⟨grad, ·⟩
+            # the oracle: a vertex maximising ⟨grad, ·⟩
+            best = assign_groups(grad, spec.heads, spec.pinned)
             vertex = {}
             for g, m in s.items():
                 vertex[g] = torch.eye(m.shape[0], dtype=dtype, device=device)[best[g].to(device)]
@@ -122,7 +123,7 @@ def ccmm(
         soft = [
             {g: s[g] + step * (v[g] - s[g]) for g in s} for s, v in zip(soft, vertices, strict=True)
         ]
-    perms = [Permutation(spec, assign_groups(s, spec.heads)) for s in soft]
+    perms = [Permutation(spec, assign_groups(s, spec.heads, spec.pinned)) for s in soft]
     return merged_result(
         "ccmm",
         params_list,

@@ -155,6 +155,8 @@ def symmetry_kinds(
     generator = torch.Generator().manual_seed(seed)
 
     kinds: dict[str, str] = {}
+    rotary: dict[str, tuple[str, int]] = {}
+    cuts = _slice_bounds(exported)
     folds: dict[str, tuple[tuple[str, int], ...]] = {}
     biases: dict[str, str] = {}
     duals: set[tuple[str, int, int]] = set()
@@ -174,14 +176,21 @@ def symmetry_kinds(
         candidate_duals = None if gains else _duals_of(spec, g, uses)
         facts = GroupFacts(
             size=n, heads=g in spec.heads, layer_norm=layer_norm,
-            readers_dual=candidate_duals is not None,
+            readers_dual=candidate_duals is not None, pinned=g in spec.pinned,
         )  # fmt: skip
         tries = tried_kinds(facts)
-        why, chosen = "no orthogonal map of it keeps the outputs", None
-        for kind in tries:
+        why, chosen, layout = "no orthogonal map of it keeps the outputs", None, None
+        head = n // spec.heads[g][1] if g in spec.heads else n
+        trials = [
+            (kind, candidate)
+            for kind in tries
+            for candidate in (_rotary_layouts(head, cuts) if KINDS[kind].layout else [None])
+        ]
+        for kind, candidate in trials:
             trial = replace(
                 spec,
                 kinds={**kinds, g: kind},
+                rotary={**rotary, **({g: candidate} if candidate else {})},
                 folds={**folds, **candidate_folds},
                 norm_biases={**biases, **candidate_biases},
                 duals=duals | (candidate_duals if KINDS[kind].dual else set()),
@@ -203,7 +212,7 @@ def symmetry_kinds(
                 run_outputs(twin, moved, args64, kwargs64, False, select, dtype),
                 rtol,
             ):
-                chosen = kind
+                chosen, layout = kind, candidate
                 break
             why = (
                 f"a random map of every kind tried ({', '.join(tries[: tries.index(kind) + 1])})"
@@ -214,17 +223,39 @@ def symmetry_kinds(
             reasons[g] = why
             continue
         kinds[g] = chosen
+        if layout is not None:
+            rotary[g] = layout
         if KINDS[chosen].dual:
             duals |= candidate_duals
         folds.update(candidate_folds)
         biases.update(candidate_biases)
         norms.update({gain: info.kind for gain, info in gains.items()})
     return SymmetryReport(
-        spec=replace(spec, kinds=kinds, folds=folds, norm_biases=biases, duals=duals),
+        spec=replace(
+            spec, kinds=kinds, rotary=rotary, folds=folds, norm_biases=biases, duals=duals
+        ),
         reasons=reasons,
         norms=norms,
         seconds=time.perf_counter() - start,
     )
+
+
+def _slice_bounds(exported) -> set[int]:
+    """Every start and end of a ``slice`` in the graph: where a rotary embedding may cut a
+    head's dimensions (its rotated part, the halves it swaps)."""
+    bounds: set[int] = set()
+    for node in exported.graph.nodes:
+        if node.op == "call_function" and str(node.target).startswith("aten.slice"):
+            bounds |= {a for a in node.args[2:4] if isinstance(a, int) and 0 < a < 2**31}
+    return bounds
+
+
+def _rotary_layouts(head: int, cuts: set[int]) -> list[tuple[str, int]]:
+    """The layouts to try on a head of ``head`` dimensions, the widest first: all of it
+    rotated, or the first ``r`` for each even cut ``r`` the graph slices at; rotate-half
+    pairs before interleaved ones. The check decides which, if any, the model has."""
+    widths = sorted({head, *(c for c in cuts if 2 <= c < head and c % 2 == 0)}, reverse=True)
+    return [(style, r) for r in widths if r % 2 == 0 for style in ("half", "interleaved")]
 
 
 @dataclass

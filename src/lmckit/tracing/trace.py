@@ -70,6 +70,10 @@ __all__ = ["TraceReport", "trace", "trace_report"]
 AxisKey = tuple[str, int]
 
 INSIDE = "inside a block (a reshape merged or split it); see the group's whole_blocks"
+PINNED = (
+    "each head's dimensions stay in place (rotary embeddings: the heads move whole, and "
+    "maps inside a head only where a kind allows them)"
+)
 INSIDE_SUM = (
     "a direct sum inside each block (a per-head fused query/key/value projection): its "
     "parts cannot yet move apart inside the heads"
@@ -173,6 +177,7 @@ class TraceReport:
             "repeats": {k: list(v) for k, v in self.spec.repeats.items()},
             "heads": {g: list(v) for g, v in self.spec.heads.items()},
             "head_repeats": {k: list(v) for k, v in self.spec.head_repeats.items()},
+            "pinned": sorted(self.spec.pinned),
             "whole_blocks": dict(self.whole_blocks),
             "self_maps": sorted(self.spec.self_maps),
             "frozen": {
@@ -767,6 +772,7 @@ def _inside_blocks(
 
     inside = _UnionFind()
     inner_nodes = []
+    pinned_nodes: dict[AxisKey, str] = {}
     summed = {uf.find(whole): parts for whole, parts in found.sums}
     for merged, _, inner in found.nests:
         if not blocked(merged):
@@ -774,7 +780,11 @@ def _inside_blocks(
         node = ("#inside", uf.find(inner))
         inner_nodes.append(node)
         inside.union(merged, node)
-        if (why := found.inner_reasons[inner]) is not None:
+        if (why := found.inner_reasons[inner]) == "sliced":
+            # rotary embeddings slice and re-join a head's dimensions: they cannot be
+            # permuted, but the heads can, and a kind may find maps inside each head
+            pinned_nodes[node] = why
+        elif why is not None:
             inside.freeze(merged, why)
         elif uf.find(inner) in summed:  # GPT-NeoX: each head's [query | key | value] dims
             inside.freeze(merged, INSIDE_SUM)
@@ -817,7 +827,23 @@ def _inside_blocks(
             labels[key] = label
         elif key not in extra:
             reasons[uf.find(key)] = why
-    return labels, reasons, inner_length
+    # a pinned class that one projection alone holds (Phi's queries apart from its keys:
+    # its partial rotary cuts them apart) could move no map either: its blocks stay whole
+    nests_in: dict[AxisKey, set[AxisKey]] = {}
+    for merged, _, _ in found.nests:
+        if merged in inside.parent:
+            nests_in.setdefault(inside.find(merged), set()).add(merged)
+    pinned, alone = {}, {}
+    for node, why in pinned_nodes.items():
+        root = inside.find(node)
+        if inside.reason(node) is None:
+            (pinned if len(nests_in.get(root, ())) > 1 else alone)[root] = why
+    for key, label in list(labels.items()):
+        if label in alone:
+            del labels[key]
+            if key not in extra:
+                reasons[uf.find(key)] = alone[label]
+    return labels, reasons, inner_length, pinned
 
 
 class _Refreeze(Exception):
@@ -852,10 +878,10 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
     }
     parts = [key for found_leaves in leaves.values() for key, _ in found_leaves]
     candidates = _site_candidates(exported)
-    labels, inside_reasons, inner_length = (
+    labels, inside_reasons, inner_length, pinned_labels = (
         _inside_blocks(uf, units, layout, lengths, found, param_axes, parts, candidates)
         if inner
-        else ({}, {}, {})
+        else ({}, {}, {}, {})
     )
     groups: dict[str, int] = {}
     names: dict[tuple[AxisKey, Any], str] = {}
@@ -938,6 +964,10 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
         for (root, label), name in names.items()
         if label is None and root in inside_reasons
     }
+    pinned = {name for (_, label), name in names.items() if label in pinned_labels}
+    for (_, label), name in names.items():
+        if label in pinned_labels:
+            inside[name] = f"{pinned_labels[label]}: {PINNED}"
     try:
         spec = PermutationSpec(
             groups=groups,
@@ -946,6 +976,7 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
             blocks=blocks,
             heads=heads,
             head_repeats=head_repeats,
+            pinned=frozenset(pinned),
         )
     except SpecError as exc:  # pragma: no cover - the rules guarantee a valid spec
         raise SpecError(f"the traced spec is invalid: {exc}") from None
