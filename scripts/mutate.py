@@ -1351,6 +1351,14 @@ MUTATIONS = [
         ("tests/tracing/test_trace_transformers.py",),
     ),
     M(
+        "rotary-maps-not-learned",
+        "transform STE's rotary parameterisation never turns a pair",
+        "src/lmckit/kinds.py",
+        "        t = (k[b, a] - k[a, b]) / 2",
+        "        t = 0 * k[b, a]",
+        ("tests/test_rotary.py",),
+    ),
+    M(
         "tie-not-joined",
         "groups tied by a head permutation are solved one by one in weight matching",
         "src/lmckit/perm.py",

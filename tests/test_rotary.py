@@ -183,3 +183,21 @@ def test_orthogonal_weight_matching_undoes_a_planted_rotation_of_the_pairs():
     start = sum(float(((b[k] - a[k]) ** 2).sum()) for k in a) ** 0.5
     assert start > 1 and left < 1e-9 * start
     assert torch.allclose(result.alignment["qk"], planted["qk"].to(torch.float64), atol=1e-9)
+
+
+def test_the_learned_maps_are_the_rotations_and_scales_of_their_parameters():
+    """Transform STE's parameterisation: ``exp`` of the nearest generator of the kind — a
+    pair's skew part turns it by that angle, its diagonal (scaled kind) scales it."""
+    layout, (a, b) = ("half", D), rotary_pairs("half", D)[0]
+    k = torch.zeros(D, D, dtype=torch.float64)
+    k[b, a], k[a, b] = 0.7, -0.7
+    turned = KINDS["rotary"].learned(k, layout)
+    expected = torch.eye(D, dtype=torch.float64)
+    expected[a, a] = expected[b, b] = math.cos(0.7)
+    expected[b, a], expected[a, b] = math.sin(0.7), -math.sin(0.7)
+    assert torch.allclose(turned, expected, atol=1e-12)
+    k[a, a] = k[b, b] = 0.3
+    scaled = KINDS["rotary-scaled"].learned(k, layout)
+    assert torch.allclose(scaled, expected * torch.where(expected.diagonal() != 1, math.exp(0.3),
+                                                         1.0)[:, None], atol=1e-12)  # fmt: skip
+    assert torch.allclose(KINDS["rotary"].learned(k, layout), turned, atol=1e-12)  # no scale

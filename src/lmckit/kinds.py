@@ -257,6 +257,35 @@ def _exp_skew_mean_free(k: Tensor, basis: Tensor | None) -> Tensor:
     return basis @ inner @ basis.T
 
 
+def _rotary_generator(k: Tensor, layout, scaled: bool) -> Tensor:
+    """The generator in the rotary kinds' Lie algebra nearest ``k`` (``(d, d)``): per pair
+    ``[[s, −t], [t, s]]`` (``s = 0`` unless scaled), on the unrotated rest ``k − kᵀ`` or
+    ``k`` itself; zero elsewhere. Its exponential is a map of the kind."""
+    n = k.shape[0]
+    pairs, free = _rotary_parts(n, layout)
+    out = torch.zeros_like(k)
+    for a, b in pairs:
+        t = (k[b, a] - k[a, b]) / 2
+        s = (k[a, a] + k[b, b]) / 2 if scaled else torch.zeros_like(t)
+        out = out.index_put((torch.tensor([a, a, b, b]), torch.tensor([a, b, a, b])),
+                            torch.stack([s, -t, t, s]))  # fmt: skip
+    if free:
+        index = torch.tensor(free)
+        rest = k[index[:, None], index]
+        out = out.index_put((index[:, None].expand(len(free), len(free)),
+                             index[None, :].expand(len(free), len(free))),
+                            rest if scaled else rest - rest.T)  # fmt: skip
+    return out
+
+
+def _exp_rotary(k: Tensor, layout) -> Tensor:
+    return torch.linalg.matrix_exp(_rotary_generator(k, layout, scaled=False))
+
+
+def _exp_rotary_scaled(k: Tensor, layout) -> Tensor:
+    return torch.linalg.matrix_exp(_rotary_generator(k, layout, scaled=True))
+
+
 @dataclass(frozen=True)
 class GroupFacts:
     """What the traced graph says about one group, on which the kinds it may take depend.
@@ -309,7 +338,8 @@ class Kind:
             not learned by gradient (permutations, scalings).
         free_shape: ``free_shape(n)`` — the shape of ``K`` for one block of ``n`` units.
         needs_basis: ``learned`` takes the group's :func:`mean_free_basis` as its second
-            argument (``None`` otherwise).
+            argument (``None`` otherwise; a kind with a ``layout`` takes the group's rotary
+            layout there).
         conditioned: its maps are general matrices, bounded by their condition number
             (:data:`MAX_CONDITION`): fits report the worst one.
         layout: its maps follow a group's rotary layout (``PermutationSpec.rotary``):
@@ -390,6 +420,7 @@ KINDS: dict[str, Kind] = {
             narrowed="rotary", fitted_on_data=False, trial_order=4,
             admits=lambda f: f.pinned and f.readers_dual,
             random=_random_rotary_scaled, check=_check_rotary_block, inverse=_inv,
+            learned=_exp_rotary_scaled, free_shape=lambda n: (n, n),
             conditioned=True, layout=True,
         ),
         Kind(
@@ -399,7 +430,7 @@ KINDS: dict[str, Kind] = {
             narrowed="rotary", fitted_on_data=False, trial_order=5,
             admits=lambda f: f.pinned,
             random=_random_rotary, check=_check_rotary_block, inverse=_transpose,
-            layout=True,
+            learned=_exp_rotary, free_shape=lambda n: (n, n), layout=True,
         ),
     )
 }  # fmt: skip

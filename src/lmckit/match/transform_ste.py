@@ -82,7 +82,8 @@ def _maps(spec: PermutationSpec, start: Transform, params: dict[str, Tensor]) ->
         assert row.learned is not None
         if g in spec.heads:
             heads = spec.heads[g][1]
-            rotation = torch.block_diag(*(row.learned(k[i], None) for i in range(heads)))
+            layout = spec.rotary.get(g) if row.layout else None  # the pairs a map keeps
+            rotation = torch.block_diag(*(row.learned(k[i], layout) for i in range(heads)))
         else:
             basis = mean_free_basis(spec.groups[g]) if row.needs_basis else None
             rotation = row.learned(k, basis)
