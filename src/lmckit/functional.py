@@ -84,7 +84,6 @@ def check_model_fits(model: nn.Module, params: Mapping[str, Tensor], what: str =
             )
 
 
-@checked
 def logits_of(output: Any) -> Any:
     """A model's output as lmckit reads it: a mapping output (Hugging Face's
     ``ModelOutput``) that holds ``logits`` is read as them; anything else as it is."""
@@ -93,6 +92,7 @@ def logits_of(output: Any) -> Any:
     return output
 
 
+@checked
 def forward(model: nn.Module, params: Mapping[str, Tensor] | None, x: Tensor) -> Tensor:
     """``model(x)`` with ``params`` substituted (``None``: the module's own weights); a
     Hugging Face model's output is read as its logits (:func:`logits_of`).
