@@ -60,6 +60,11 @@ def rotary_spec(kind: str = "rotary-scaled", style: str = "half") -> Permutation
     )
 
 
+def _fields(spec: PermutationSpec) -> dict:
+    names = ("groups", "axes", "heads", "head_repeats", "pinned", "rotary", "kinds", "duals")
+    return {name: getattr(spec, name) for name in names}
+
+
 def params(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     shapes = {"q": (KV * REP * D, W), "k": (KV * D, W), "v": (KV * D, W), "o": (W, KV * REP * D)}
@@ -126,6 +131,13 @@ def test_pinned_groups_move_whole_heads_only():
         Permutation(spec, {"qk": inside, "vo": torch.arange(KV * D)})
     with pytest.raises(SpecError, match="not head-structured"):
         PermutationSpec(groups={"a": 4}, axes={"w": ("a",)}, pinned=frozenset({"a"}))
+    for bad in [("spiral", D), ("half", 3), ("half", D + 2), ("half", True)]:
+        with pytest.raises(SpecError, match="rotary"):
+            rotary_spec().__class__(**{**_fields(rotary_spec()), "rotary": {"qk": bad}})
+    with pytest.raises(SpecError, match="not a pinned"):
+        PermutationSpec(**{**_fields(rotary_spec()), "rotary": {"vo": ("half", D)}})
+    with pytest.raises(SpecError, match="follow a rotary layout"):
+        PermutationSpec(**{**_fields(rotary_spec()), "rotary": {}})
     with pytest.raises(SpecError, match="takes no orthogonal maps"):
         PermutationSpec(
             groups={"a": 4}, axes={"w": ("a",)}, heads={"a": ("t", 2)},

@@ -187,12 +187,11 @@ def _check_scaling(g: str, kind: str, m64: Tensor, dtype: torch.dtype) -> None:
 
 
 def _check_rotary_block(
-    g: str, kind: str, m64: Tensor, dtype: torch.dtype, layout=None, heads: int = 1
+    g: str, kind: str, m64: Tensor, dtype: torch.dtype, layout, heads: int, scaled: bool
 ) -> None:
     """Every head's block (of a block-permutation matrix): a 2 × 2 rotation — scaled, for
     ``rotary-scaled`` — of each rotated pair, nothing between pairs or from a pair to the
     unrotated rest, and an orthogonal (or well-conditioned) map of that rest."""
-    scaled = kind.endswith("scaled")
     n = m64.shape[0]
     d = n // heads
     blocks = m64.reshape(heads, d, heads, d).transpose(1, 2)
@@ -226,6 +225,14 @@ def _check_rotary_block(
             index = torch.tensor(free)
             rest = block[index[:, None], index]
             (_check_invertible if scaled else _check_orthogonal)(g, kind, rest, dtype)
+
+
+def _check_rotary(g: str, kind: str, m64: Tensor, dtype, layout=None, heads: int = 1) -> None:
+    _check_rotary_block(g, kind, m64, dtype, layout, heads, scaled=False)
+
+
+def _check_rotary_scaled(g: str, kind: str, m64: Tensor, dtype, layout=None, heads: int = 1):
+    _check_rotary_block(g, kind, m64, dtype, layout, heads, scaled=True)
 
 
 # -- inverting -----------------------------------------------------------------------------
@@ -419,7 +426,7 @@ KINDS: dict[str, Kind] = {
             matrix=True, orthogonal=False, dual=True, per_head=True,
             narrowed="rotary", fitted_on_data=False, trial_order=4,
             admits=lambda f: f.pinned and f.readers_dual,
-            random=_random_rotary_scaled, check=_check_rotary_block, inverse=_inv,
+            random=_random_rotary_scaled, check=_check_rotary_scaled, inverse=_inv,
             learned=_exp_rotary_scaled, free_shape=lambda n: (n, n),
             conditioned=True, layout=True,
         ),
@@ -429,7 +436,7 @@ KINDS: dict[str, Kind] = {
             matrix=True, orthogonal=True, dual=False, per_head=True,
             narrowed="rotary", fitted_on_data=False, trial_order=5,
             admits=lambda f: f.pinned,
-            random=_random_rotary, check=_check_rotary_block, inverse=_transpose,
+            random=_random_rotary, check=_check_rotary, inverse=_transpose,
             learned=_exp_rotary, free_shape=lambda n: (n, n), layout=True,
         ),
     )

@@ -49,7 +49,12 @@ from lmckit.functional import check_model_fits, module_mode
 from lmckit.kinds import KINDS
 from lmckit.match.activation import taps_for
 from lmckit.match.network import batches_per_pass, require_model_and_data
-from lmckit.match.orthogonal import mean_free_procrustes, procrustes, rotary_procrustes
+from lmckit.match.orthogonal import (
+    mean_free_procrustes,
+    per_head_only,
+    procrustes,
+    rotary_procrustes,
+)
 from lmckit.match.result import MatchResult
 from lmckit.options import Count, checked
 from lmckit.params import Params, detached
@@ -157,16 +162,12 @@ GROUP_FITS: dict[str, Callable[[_Moments, bool, int, bool], Tensor]] = {
     "orthogonal": lambda m, primal, n, refine: procrustes(m.ab),
     "orthogonal-mean-free": lambda m, primal, n, refine: mean_free_procrustes(m.ab),
     # rotary maps act inside heads only (a rotary group is head-structured: HEAD_FITS)
-    "rotary": lambda m, primal, n, refine: _per_head_only(m.ab),
-    "rotary-scaled": lambda m, primal, n, refine: _per_head_only(m.ab),
+    "rotary": lambda m, primal, n, refine: per_head_only(m.ab),
+    "rotary-scaled": lambda m, primal, n, refine: per_head_only(m.ab),
 }
 """This matcher's closed-form fit of one group of each kind (:data:`lmckit.kinds.KINDS`)
 from the moments of its activations: ``fit(moments, primal, n, refine)`` (``refine``: keep
 the permutation part where it is)."""
-
-
-def _per_head_only(_: Tensor) -> Tensor:
-    raise ParamsError("rotary maps act inside heads: a rotary group is head-structured")
 
 
 def _solve_group(spec: PermutationSpec, g: str, stats: _GroupStats, refine: bool) -> Tensor:

@@ -135,7 +135,9 @@ def _assignment(gains: Tensor) -> Tensor:
     return torch.from_numpy(linear_sum_assignment(gains.numpy(), maximize=True)[1]).long()
 
 
-def _per_head_only(gains: Tensor) -> Tensor:
+def per_head_only(gains: Tensor) -> Tensor:
+    """The fit-table entry of a kind whose maps act inside heads only (the rotary kinds): a
+    group without heads cannot have it (the spec refuses one), so reaching it is an error."""
     raise PermutationError("rotary maps act inside heads: a rotary group is head-structured")
 
 
@@ -143,7 +145,7 @@ FITS: dict[str, Callable[[Tensor], Tensor]] = {
     "permutation": _assignment,
     "orthogonal": lambda gains: procrustes(gains),
     "orthogonal-mean-free": lambda gains: mean_free_procrustes(gains),
-    "rotary": _per_head_only,
+    "rotary": per_head_only,
 }
 """The best map of one group of each distance-keeping kind (the ``narrowed`` kinds of
 :data:`lmckit.kinds.KINDS`: this matcher runs on :func:`~lmckit.transform.orthogonal_subgroup`)

@@ -815,6 +815,10 @@ def unbind(node: fx.Node, ax: Axes) -> None:
     node.meta["lmckit_unbind"] = (x, d)
 
 
+SLICED = "sliced"
+"""Why a slice freezes the axis it cuts (a rotary embedding's halves, a partial range)."""
+
+
 def slice_(node: fx.Node, ax: Axes) -> None:
     """``slice(x, dim, start, end, step)``: the full range maps through; a part freezes."""
     x = node.args[0]
@@ -829,8 +833,8 @@ def slice_(node: fx.Node, ax: Axes) -> None:
         if i != d or whole:
             ax.same(x, i, node, i)
     if not whole:
-        ax.freeze(x, d, "sliced")
-        ax.freeze(node, d, "sliced")
+        ax.freeze(x, d, SLICED)
+        ax.freeze(node, d, SLICED)
 
 
 def cat(node: fx.Node, ax: Axes) -> None:
