@@ -1359,6 +1359,14 @@ MUTATIONS = [
         ("tests/test_rotary.py",),
     ),
     M(
+        "recipe-given-twice-keeps-the-last",
+        "--recipe given twice (or beside --variant) keeps the last value without a word",
+        "src/lmckit/cli/arguments.py",
+        "        if getattr(namespace, self.dest, None) is not None:",
+        "        if False:",
+        ("tests/test_renamed_options.py",),
+    ),
+    M(
         "tie-not-joined",
         "groups tied by a head permutation are solved one by one in weight matching",
         "src/lmckit/perm.py",

@@ -107,3 +107,19 @@ def test_the_old_flag_sets_the_new_option_and_says_so(capsys, tmp_path):
         build_parser().parse_args(["match", "--help"])
     shown = capsys.readouterr().out
     assert "--recipe" in shown and "--variant" not in shown
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--recipe", "paper", "--variant", "lmckit"], ["--variant", "lmckit", "--recipe", "paper"],
+     ["--recipe", "paper", "--recipe", "lmckit"]],
+)  # fmt: skip
+def test_the_switch_given_twice_is_refused_not_the_last_kept(flags, capsys, tmp_path):
+    from lmckit.cli import build_parser
+
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    a.write_bytes(b"")
+    b.write_bytes(b"")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["match", str(a), str(b), "--method", "ste", *flags])
+    assert "sets --recipe, which is already given" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from lmckit.cli.applicability import flag
 from lmckit.errors import LmcError, ParamsError, UsageError
 
 MAX_SEED = 2**32 - 1
@@ -244,7 +245,19 @@ def methods_help(summaries: dict[str, str]) -> str:
     return "; ".join(f"{name}: {summary}" for name, summary in summaries.items())
 
 
-class RenamedOption(argparse.Action):
+class OnceOption(argparse.Action):
+    """A store option that refuses a second value for its ``dest`` — given twice, or also
+    under its old spelling (:class:`RenamedOption`) — rather than keeping the last."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(
+                f"{option_string} sets {flag(self.dest)}, which is already given: give it once"
+            )
+        setattr(namespace, self.dest, values)
+
+
+class RenamedOption(OnceOption):
     """An option's old spelling (``--variant`` for ``--recipe``), hidden from ``--help`` and
     accepted for one release: it stores into the new option's ``dest`` and prints one line
     saying the new name."""
@@ -261,13 +274,13 @@ class RenamedOption(argparse.Action):
                 "release",
                 file=sys.stderr,
             )
-        setattr(namespace, self.dest, values)
+        super().__call__(parser, namespace, values, option_string)
 
 
 def add_recipe_argument(p: argparse.ArgumentParser, choices: tuple[str, ...], help: str) -> None:
     """``--recipe`` (a method's ``recipe=``: lmckit's defaults or the paper's procedure as
     written), and its old spelling ``--variant``."""
-    p.add_argument("--recipe", choices=choices, help=help)
+    p.add_argument("--recipe", choices=choices, help=help, action=OnceOption)
     p.add_argument(
         "--variant", dest="recipe", choices=choices, action=RenamedOption, new="--recipe"
     )
