@@ -213,3 +213,31 @@ def test_the_learned_maps_are_the_rotations_and_scales_of_their_parameters():
     assert torch.allclose(scaled, expected * torch.where(expected.diagonal() != 1, math.exp(0.3),
                                                          1.0)[:, None], atol=1e-12)  # fmt: skip
     assert torch.allclose(KINDS["rotary"].learned(k, layout), turned, atol=1e-12)  # no scale
+
+
+@pytest.mark.parametrize("style", ["half", "interleaved"])
+def test_a_transform_file_carries_its_rotary_layout(tmp_path, style):
+    """A checkpoint's traced spec has no layouts (the kinds' check finds them); the transform
+    file records them, so the file read back over the bare spec is the same transform — the
+    experiment store and ``--aligned`` read matches back this way."""
+    from dataclasses import replace
+
+    from lmckit.workflows.matching import load_transform, save_transform
+
+    spec = rotary_spec("rotary", style)
+    a = params()
+    b = Transform.random(spec, 4).inverse().apply(a)
+    result = orthogonal_weight_matching(spec, a, b)
+    save_transform(tmp_path / "t.json", result)
+    bare = replace(spec, rotary={}, kinds={}, duals=frozenset())
+    loaded = load_transform(tmp_path / "t.json", bare)
+    assert loaded.spec.rotary == {"qk": (style, D)}
+    for key, value in result.alignment.apply(b).items():
+        assert torch.allclose(loaded.apply(b)[key], value, atol=1e-12)
+    import json
+
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data.pop("rotary") == {"qk": [style, D]}
+    (tmp_path / "old.json").write_text(json.dumps(data))  # as written before the layouts
+    with pytest.raises(PermutationError, match="rotary layout"):
+        load_transform(tmp_path / "old.json", bare)

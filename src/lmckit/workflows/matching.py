@@ -142,6 +142,7 @@ def save_transform(path: str | Path, result: MatchResult, **extra: Any) -> None:
             "folds": {k: [list(r) for r in v] for k, v in spec.folds.items()},
             "norm_biases": dict(spec.norm_biases),
             "duals": sorted(list(d) for d in spec.duals),
+            "rotary": {g: list(v) for g, v in spec.rotary.items()},
             "maps": result.alignment.to_dict(),
             "distance_before": result.distance_before,
             "distance_after": result.distance_after,
@@ -156,8 +157,8 @@ def save_transform(path: str | Path, result: MatchResult, **extra: Any) -> None:
 
 def load_transform(path: str | Path, spec: PermutationSpec) -> Transform:
     """Read a transform file written by :func:`save_transform` for a model of ``spec`` (its
-    permutation spec): the kinds, folds and duals it records are laid over ``spec`` and
-    the maps validated against them.
+    permutation spec): the kinds, folds, duals and rotary layouts it records are laid over
+    ``spec`` and the maps validated against them.
 
     Raises:
         PermutationError: unreadable file, not a transform file, made for other groups, or
@@ -187,6 +188,7 @@ def load_transform(path: str | Path, spec: PermutationSpec) -> Transform:
             folds={k: tuple(map(tuple, v)) for k, v in data.get("folds", {}).items()},
             norm_biases=data.get("norm_biases", {}),
             duals=frozenset(tuple(d) for d in data.get("duals", [])),
+            rotary={g: tuple(v) for g, v in data.get("rotary", {}).items()},
         )
         return Transform.from_dict(data.get("maps"), full)
     except (SpecError, PermutationError, TypeError, ValueError) as exc:
@@ -334,7 +336,7 @@ def stored_match(
 def permutation_content(perm: Permutation | Transform) -> str:
     """The content hash downstream artifacts key on: ``"identity"`` for the identity (so a
     naive path needs no permutation to be keyed), else the hash of its index vectors (of a
-    transform: its maps with the kinds, folds and duals they act by)."""
+    transform: its maps with the kinds, folds, duals and rotary layouts they act by)."""
     if isinstance(perm, Transform):
         spec = perm.spec
         return content_hash(
@@ -344,6 +346,7 @@ def permutation_content(perm: Permutation | Transform) -> str:
                 "folds": {k: [list(r) for r in v] for k, v in spec.folds.items()},
                 "norm_biases": dict(spec.norm_biases),
                 "duals": sorted(list(d) for d in spec.duals),
+                **({"rotary": {g: list(v) for g, v in spec.rotary.items()}} if spec.rotary else {}),
             }
         )
     return "identity" if perm.is_identity() else content_hash(perm.to_dict())
