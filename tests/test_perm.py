@@ -142,6 +142,33 @@ def test_log10_num_symmetries_matches_git_rebasin_table_1():
     assert spec.log10_num_symmetries() == pytest.approx(3 * math.log10(math.factorial(512)))
 
 
+def test_log10_num_symmetries_counts_the_permutations_a_head_spec_admits():
+    """Brute force: every tuple of index vectors the spec accepts, counted. Two groups share
+    the permutation of 2 heads, one of them pinned (rotary query/key), beside a plain group:
+    2! · (2!)² · 3! = 48, not (4!)² · 3! as a count that ignores the heads would say."""
+    import itertools
+
+    spec = PermutationSpec(
+        groups={"qk": 4, "vo": 4, "mlp": 3},
+        axes={"q": ("qk", None), "v": ("vo", None), "o": ("mlp", "vo"), "d": (None, "mlp")},
+        heads={"qk": ("t", 2), "vo": ("t", 2)},
+        pinned=frozenset({"qk"}),
+    )
+    valid = 0
+    for qk, vo, mlp in itertools.product(
+        itertools.permutations(range(4)), itertools.permutations(range(4)),
+        itertools.permutations(range(3)),
+    ):  # fmt: skip
+        try:
+            Permutation(spec, {"qk": torch.tensor(qk), "vo": torch.tensor(vo),
+                               "mlp": torch.tensor(mlp)})  # fmt: skip
+        except PermutationError:
+            continue
+        valid += 1
+    assert valid == 48
+    assert spec.log10_num_symmetries() == pytest.approx(math.log10(valid), abs=1e-12)
+
+
 @pytest.mark.parametrize("group", ["h0", "h1"])
 def test_group_cost_matrix_is_the_exact_linear_part_of_the_objective(group):
     """<A, π(B)> with only `group` varying equals Σ_i C[i, p[i]] + const."""

@@ -485,8 +485,20 @@ class PermutationSpec:
                     )
 
     def log10_num_symmetries(self) -> float:
-        """log10 of the number of distinct permutations, ``Σ_g log10(n_g!)`` (exact, by lgamma)."""
-        return sum(math.lgamma(n + 1) for n in self.groups.values()) / math.log(10)
+        """log10 of the number of distinct permutations (exact, by lgamma): ``Σ_g log10(n_g!)``
+        for plain groups; a head-structured tie of ``h`` heads counts its head permutation once
+        (``h!``) and each member's ``h`` permutations inside its heads (``(d!)^h``; none for a
+        pinned group)."""
+        total = 0.0
+        for members in self.head_ties().values():
+            total += math.lgamma(self.heads[members[0]][1] + 1)
+        for g, n in self.groups.items():
+            if g not in self.heads:
+                total += math.lgamma(n + 1)
+            elif g not in self.pinned:
+                h = self.heads[g][1]
+                total += h * math.lgamma(n // h + 1)
+        return total / math.log(10)
 
 
 class Permutation:
