@@ -2,7 +2,7 @@
 from the registries; tests/test_cli.py checks it against them). The parser reads
 `lmckit --help` from here, so asking for help imports no torch."""
 
-MODELS = ("mlp", "vgg", "resnet20", "vit", "transformer", "gpt", "vgg11", "vgg16")
+MODELS = ("mlp", "vgg", "resnet20", "vit", "transformer", "gpt", "llama", "vgg11", "vgg16")
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "digits", "synthetic", "python-stdlib")
 OPTIMIZERS = ("adam", "adamw", "sgd", "sophia", "sophia-l2")
 SCHEDULES = ("constant", "warmup_linear")

@@ -171,7 +171,7 @@ class TrainConfig:
     def paper_defaults(cls, model_name: str, dataset: str, **overrides: Any) -> TrainConfig:
         """The papers' recipes: MLPs with Adam 1e-3, batch 512, no schedule (Git Re-Basin,
         STE-MM B.1; lmckit's ViT and encoder and users' own classes take the same); the
-        byte-level GPT AdamW 2e-3, weight decay 0.01, batch 64, warm-up over a tenth of an
+        byte-level GPT and Llama AdamW 2e-3, weight decay 0.01, batch 64, warm-up over a tenth of an
         epoch then linear decay (no paper trains one; tried here on python-stdlib); conv nets
         with SGD(0.9, Nesterov) lr 0.4, weight decay 5e-4, batch 500, warm-up + linear
         decay, and crop/flip augmentation on CIFAR (STE-MM B.1). ``overrides`` replace them;
@@ -180,7 +180,7 @@ class TrainConfig:
         :class:`TrainConfigError`."""
         if model_name.lower().startswith(("mlp", "vit", "transformer", "custom")):
             base: dict[str, Any] = dict(optimizer="adam", lr=1e-3, batch_size=512)
-        elif model_name.lower().startswith("gpt"):
+        elif model_name.lower().startswith(("gpt", "llama")):
             # no paper trains one: the recipe of experiments/gpt-python-stdlib.toml
             base = dict(
                 optimizer="adamw",

@@ -22,6 +22,10 @@ INFO_MODELS: list[tuple[str, dict]] = [
     ("vit", {"image_size": 28, "patch_size": 7, "dim": 64, "depth": 4, "heads": 4}),
     ("transformer", {"in_dim": 28, "length": 28, "dim": 64, "depth": 2, "heads": 4}),
     ("gpt", {"vocab_size": 256, "context": 128, "dim": 128, "depth": 4, "heads": 4}),
+    (
+        "llama",
+        {"vocab_size": 256, "context": 128, "dim": 128, "depth": 4, "heads": 4, "kv_heads": 2},
+    ),
 ]
 
 
@@ -41,7 +45,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     print(f"lmckit {__version__} — model zoo and permutation symmetries")
     header = (
-        f"{'model':<62} {'params':>11} {'groups':>6} {'permuted units':>14} "
+        f"{'model':<74} {'params':>11} {'groups':>6} {'permuted units':>14} "
         f"{'log10 #symmetries':>18}"
     )
     print(header)
@@ -52,7 +56,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         n_params = sum(p.numel() for p in model.parameters())
         units = sum(spec.groups.values())
         print(
-            f"{_describe(name, config):<62} {n_params:>11,} {len(spec.groups):>6} {units:>14,} "
+            f"{_describe(name, config):<74} {n_params:>11,} {len(spec.groups):>6} {units:>14,} "
             f"{spec.log10_num_symmetries():>18.2f}"
         )
         if args.verbose:

@@ -143,14 +143,14 @@ def add_parser(sub) -> None:
         "--model",
         required=True,
         type=arg.model_name,
-        help="the zoo: " + ", ".join(MODELS) + " (gpt: a byte-level language model)",
+        help="the zoo: " + ", ".join(MODELS) + " (gpt, llama: byte-level language models)",
     )
     p.add_argument(
         "--dataset",
         type=arg.dataset,
         default="fashion-mnist",
         help=", ".join(DATASETS) + " (python-stdlib: this Python's standard-library sources "
-        "as bytes, for gpt; --data-dir: another tree)",
+        "as bytes, for gpt and llama; --data-dir: another tree)",
     )
     p.add_argument("--seeds", type=arg.seed, nargs="+", default=[0], help="one model per seed")
     p.add_argument("--out", required=True, type=arg.out_path, help="folder for the checkpoints")

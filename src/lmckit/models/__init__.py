@@ -12,6 +12,7 @@ from torch import nn
 
 from lmckit.errors import LmcError, ModelConfigError, ParamsError
 from lmckit.models.custom import build_custom
+from lmckit.models.llama import Llama
 from lmckit.models.mlp import MLP
 from lmckit.models.resnet import ResNet20
 from lmckit.models.transformer import GPT, TransformerClassifier, ViT
@@ -24,6 +25,7 @@ __all__ = [
     "MLP",
     "MODELS",
     "VGG",
+    "Llama",
     "ResNet20",
     "TransformerClassifier",
     "ViT",
@@ -40,6 +42,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "vit": ViT,
     "transformer": TransformerClassifier,
     "gpt": GPT,
+    "llama": Llama,
 }
 # Convenience names that fix part of a configuration.
 ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -51,7 +54,7 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
 @checked
 def build_model(name: str, /, **config: Any) -> nn.Module:
     """Build a zoo model by registry name (``mlp``, ``vgg``, ``vgg11``, ``vgg16``, ``resnet20``,
-    ``vit``, ``transformer``, ``gpt``), or a user's class with ``name="custom"`` and the
+    ``vit``, ``transformer``, ``gpt``, ``llama``), or a user's class with ``name="custom"`` and the
     configuration ``class``, ``args``, ``input_shape`` (and ``tokens``) of
     :func:`~lmckit.models.custom.build_custom`.
 

@@ -39,6 +39,7 @@ from lmckit.train import (
 )
 
 CONV_MIN_SIZE = 32
+LANGUAGE_MODELS = ("gpt", "llama")  # the zoo's models of token ids
 
 
 def model_name_key(name: str) -> str:
@@ -54,7 +55,7 @@ def model_name_key(name: str) -> str:
 def needs_padding(model_name: str, input_shape: Sequence[int]) -> int | None:
     """Conv nets take 32×32 images: smaller ones (28×28 MNIST) are padded, as in the papers.
     MLPs and transformers take the images as they are."""
-    if model_name_key(model_name) in ("mlp", "vit", "transformer", "gpt", "custom"):
+    if model_name_key(model_name) in ("mlp", "vit", "transformer", *LANGUAGE_MODELS, "custom"):
         return None
     if len(input_shape) != 3:
         return None
@@ -107,10 +108,11 @@ def model_config_for(
     if custom:
         raise ModelConfigError(f"{model_name} got unknown option(s) {sorted(custom)}")
     family = ALIASES[key][0] if key in ALIASES else key
-    if family != "gpt" and data.next_token:
+    if family not in LANGUAGE_MODELS and data.next_token:
         raise ModelConfigError(
             f"{model_name} takes real-valued inputs; {data.name} holds token ids "
-            f"{tuple(data.train_x.shape[1:])} (a language model's data: train gpt on it)"
+            f"{tuple(data.train_x.shape[1:])} (a language model's data: train gpt or llama "
+            "on it)"
         )
     inapplicable = [k for k in ("hidden", "skip") if given[k] and family != "mlp"]
     if inapplicable:
@@ -142,21 +144,28 @@ def model_config_for(
             "skip": bool(skip),
             **extra,
         }
-    if family == "gpt":
-        # width_multiplier scales the stream (128 at ×1, a multiple of the 4 heads) and the
-        # MLP (4 × the stream, as GPT-2); the context is the data's window
-        dim = 4 * scaled_width(32, width_multiplier)
+    if family in LANGUAGE_MODELS:
+        # width_multiplier scales the stream (128 at ×1, a multiple of the 4 heads of even
+        # size) and the MLP: 4 × the stream for GPT-2's GELU MLP, ⅔ of that rounded up to a
+        # multiple of 8 for Llama's SwiGLU (the same parameters: it has three matrices); the
+        # context is the data's window
+        dim = (
+            4 * scaled_width(32, width_multiplier)
+            if family == "gpt"
+            else 8 * scaled_width(16, width_multiplier)
+        )
         shape = data.input_shape
         if not data.next_token:
             raise ModelConfigError(
-                f"gpt takes token ids (N, length); {data.name} has inputs {shape} of "
+                f"{family} takes token ids (N, length); {data.name} has inputs {shape} of "
                 f"{data.train_x.dtype} (a language model needs a text dataset: python-stdlib)"
             )
+        mlp_dim = 4 * dim if family == "gpt" else 8 * math.ceil(8 * dim / 3 / 8)
         return {
             "vocab_size": data.num_classes,
             "context": shape[0],
             "dim": dim,
-            "mlp_dim": 4 * dim,
+            "mlp_dim": mlp_dim,
         }
     if family in ("vit", "transformer"):
         # width_multiplier scales the residual stream (64 at ×1, a multiple of the 4 heads)
