@@ -144,7 +144,7 @@ def test_bad_inputs_and_configurations_are_named(gpt, digits):
         model_config_for("gpt", digits)
     text = replace(digits, train_x=tokens(4), train_y=tokens(4), test_x=tokens(4), test_y=tokens(4))
     for other in ("mlp", "vit", "transformer", "resnet20"):
-        with pytest.raises(ModelConfigError, match=r"holds token ids .* train gpt on it"):
+        with pytest.raises(ModelConfigError, match=r"holds token ids .* train gpt or llama on it"):
             model_config_for(other, text)
     with pytest.raises(ModelConfigError, match="vocab_size must be a positive integer"):
         build_model("gpt", vocab_size=0)

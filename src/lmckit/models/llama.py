@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmckit.errors import ModelConfigError, ParamsError
-from lmckit.models.transformer import _check, _Transformer
+from lmckit.models.transformer import LanguageModel, _check
 from lmckit.options import check_arguments
 
 
@@ -98,7 +98,7 @@ class LlamaBlock(nn.Module):
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
-class Llama(_Transformer):
+class Llama(LanguageModel):
     """Llama-style decoder-only language model (grouped-query rotary attention, SwiGLU,
     RMSNorm), small.
 
@@ -164,19 +164,8 @@ class Llama(_Transformer):
             "rope_base": float(rope_base),
         }
 
-    def example_input(self) -> Tensor:
-        """Two seeded sequences of random token ids ``(2, context)``."""
-        vocab, length = self.config["vocab_size"], self.config["context"]
-        return torch.randint(0, vocab, (2, length), generator=torch.Generator().manual_seed(0))
-
     def forward(self, x: Tensor) -> Tensor:
-        if x.ndim != 2 or x.dtype.is_floating_point or x.dtype == torch.bool:
-            raise ValueError(
-                f"Llama takes (N, L) integer token ids, got {x.dtype} {tuple(x.shape)}"
-            )
-        context = self.config["context"]
-        if x.shape[1] > context:
-            raise ValueError(f"{x.shape[1]} tokens exceed the context of {context}")
+        self._check_tokens(x)
         x = self.tokens(x)
         for block in self.blocks:
             x = block(x)

@@ -225,7 +225,29 @@ class TransformerClassifier(_Transformer):
         return self.head(self.norm(x).mean(1))
 
 
-class GPT(_Transformer):
+class LanguageModel(_Transformer):
+    """What the zoo's language models share: ``config`` holds ``vocab_size`` and ``context``;
+    the input is ``(N, L)`` token ids with ``L ≤ context``."""
+
+    def example_input(self) -> Tensor:
+        """Two seeded sequences of random token ids ``(2, context)``."""
+        vocab, length = self.config["vocab_size"], self.config["context"]
+        return torch.randint(0, vocab, (2, length), generator=torch.Generator().manual_seed(0))
+
+    def _check_tokens(self, x: Tensor) -> int:
+        """The length of ``x``; a ``ValueError`` naming what is wrong with it."""
+        if x.ndim != 2 or x.dtype.is_floating_point or x.dtype == torch.bool:
+            raise ValueError(
+                f"{type(self).__name__} takes (N, L) integer token ids, got {x.dtype} "
+                f"{tuple(x.shape)}"
+            )
+        context = self.config["context"]
+        if x.shape[1] > context:
+            raise ValueError(f"{x.shape[1]} tokens exceed the context of {context}")
+        return x.shape[1]
+
+
+class GPT(LanguageModel):
     """Decoder-only language model (GPT-2's pre-LN layout, small): ``tokens`` embedded and
     added to learned positions, ``depth`` causal blocks, a final LayerNorm and an untied
     linear head.
@@ -271,17 +293,8 @@ class GPT(_Transformer):
             "mlp_dim": mlp_dim,
         }
 
-    def example_input(self) -> Tensor:
-        """Two seeded sequences of random token ids ``(2, context)``."""
-        vocab, length = self.config["vocab_size"], self.config["context"]
-        return torch.randint(0, vocab, (2, length), generator=torch.Generator().manual_seed(0))
-
     def forward(self, x: Tensor) -> Tensor:
-        if x.ndim != 2 or x.dtype.is_floating_point or x.dtype == torch.bool:
-            raise ValueError(f"GPT takes (N, L) integer token ids, got {x.dtype} {tuple(x.shape)}")
-        length = x.shape[1]
-        if length > self.pos.shape[1]:
-            raise ValueError(f"{length} tokens exceed the context of {self.pos.shape[1]}")
+        length = self._check_tokens(x)
         x = self.tokens(x) + self.pos[:, :length]
         for block in self.blocks:
             x = block(x)
