@@ -402,3 +402,54 @@ def test_llama_rotary_query_key_maps_are_found_and_a_planted_one_undone():
     aligned = found.alignment.apply(b)
     left = sum(float(((a[k] - aligned[k]) ** 2).sum()) for k in a) ** 0.5
     assert start > 1 and left < 1e-8 * start
+
+
+def test_qwen3_qk_norm_gain_restricts_the_rotary_maps_to_sign_flips_of_a_pair():
+    """Qwen3 normalises each query/key head (RMSNorm, one gain over the head's dimensions)
+    before the rotary embedding. A rotation of a frequency pair written into the projections
+    passes the norm's mean of squares but not its gain — unless the gain is equal on the
+    pair — so with trained (unequal) gains only a turn by π (both dimensions of the pair
+    negated, queries and keys alike) keeps the function. The kinds' check finds no rotary
+    kind for these heads; with HF's initial gains (ones) the rotation would pass."""
+    from lmckit.tracing import symmetry_kinds
+
+    torch.manual_seed(0)
+    config = T.Qwen3Config(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=4, max_position_embeddings=16,
+    )  # fmt: skip
+    model = T.Qwen3ForCausalLM(config).double().eval()
+    x = _ids()
+
+    def logits(state):
+        with torch.no_grad():
+            return torch.func.functional_call(model, state, (x,)).logits
+
+    def turned(state, angle):
+        """Pair (0, 2) of key/value head 0 and its two query heads of layer 0 turned."""
+        c, s = math.cos(angle), math.sin(angle)
+        out = dict(state)
+        for name, heads in (("q_proj", (0, 1)), ("k_proj", (0,))):
+            key = f"model.layers.0.self_attn.{name}.weight"
+            w = out[key].clone()
+            for h in heads:
+                a, b = w[4 * h].clone(), w[4 * h + 2].clone()
+                w[4 * h], w[4 * h + 2] = c * a - s * b, s * a + c * b
+            out[key] = w
+        return out
+
+    ones = dict(model.state_dict())
+    # (Qwen3's RMSNorm computes in float32 whatever the model's precision)
+    assert torch.allclose(logits(turned(ones, 0.7)), logits(ones), atol=1e-6)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.copy_(1 + 0.3 * torch.randn(norm.weight.shape, dtype=torch.float64))
+    state = dict(model.state_dict())
+    assert not torch.allclose(logits(turned(state, 0.7)), logits(state), atol=1e-4)
+    assert torch.allclose(logits(turned(state, math.pi)), logits(state), atol=1e-10)
+    report = trace_report(model, x)
+    spec = symmetry_kinds(model, x, report.spec).spec
+    qk = spec.axes["model.layers.0.self_attn.k_proj.weight"][0]
+    assert not spec.kind(qk).startswith("rotary")
+    planted_recovery(model, report.spec)
