@@ -1308,6 +1308,49 @@ MUTATIONS = [
         "        elif False:",
         ("tests/tracing/test_trace_transformers.py",),
     ),
+    # -- query heads inside their key/value group (issue 59) --
+    M(
+        "copies-across-key-value-groups",
+        "a copies vector that moves a query head to another key/value head is accepted",
+        "src/lmckit/perm.py",
+        "    if not torch.equal(index.view(h, r) // r, torch.arange(h)[:, None].expand(h, r)):",
+        "    if False:",
+        ("tests/test_perm_copies.py",),
+    ),
+    M(
+        "copies-applied-after-the-heads",
+        "the copies reorder the aligned heads instead of B's own",
+        "src/lmckit/perm.py",
+        "            index = copies_axis_index(spec, name, axis, perms[copies].to(index.device))[index]",
+        "            index = index[copies_axis_index(spec, name, axis, perms[copies].to(index.device))]",
+        ("tests/test_perm_copies.py",),
+    ),
+    M(
+        "copies-inverse-by-own-heads",
+        "the inverse's copies are read at the same head, not at the head it was moved from",
+        "src/lmckit/perm.py",
+        "    inv = torch.argsort(rho[outer.to(copies.device)], dim=1)",
+        "    inv = torch.argsort(rho, dim=1)",
+        ("tests/test_perm_copies.py",),
+    ),
+    M(
+        "copies-never-matched",
+        "weight matching never takes a better copies vector",
+        "src/lmckit/match/weight_matcher.py",
+        "    if new_gain > old_gain + rel_tol * max(abs(old_gain), abs(new_gain), 1e-30):\n"
+        "        return new\n    return None",
+        "    return None",
+        ("tests/test_perm_copies.py",),
+    ),
+    M(
+        "copies-joint-move-off",
+        "wm-orth takes only the coordinate step of the copies (sticks on the zoo Llama)",
+        "src/lmckit/match/orthogonal.py",
+        "    if value > best_value + rel_tol * max(abs(best_value), 1e-300):\n"
+        "        best, best_value, best_current = joint, value, tensors",
+        "    if False:\n        best, best_value, best_current = joint, value, tensors",
+        ("tests/models/test_llama.py",),
+    ),
     # -- rotary query/key maps (issue 59) --
     M(
         "rotary-interleaved-read-as-half",

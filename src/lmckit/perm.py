@@ -19,7 +19,7 @@ Below the model zoo, lmckit only knows parameter dicts (``dict[str, Tensor]``, t
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -38,16 +38,22 @@ __all__ = [
     "PermutationSpec",
     "axis_index",
     "block_index",
+    "compose_copies",
+    "copies_axis_index",
+    "copies_gains",
     "from_unit_rows",
     "group_cost_matrix",
     "group_rows",
+    "invert_copies",
     "join_heads",
     "permute_axis",
     "permute_spec_axis",
     "permute_tensor",
     "put_group_rows",
     "random_index_vectors",
+    "solve_copies",
     "split_heads",
+    "tie_outer",
     "unit_rows",
 ]
 
@@ -109,6 +115,19 @@ class PermutationSpec:
             identity): a head's dimensions that rotary embeddings rotate cannot be permuted
             (each pair has its own frequency), but the heads can, and a kind may still give
             them matrices inside each head (2 × 2 rotations of each frequency pair).
+        copies: group name -> head permutation name: a *copies group* of that head tie, for
+            grouped-query attention's query heads permuted inside their key/value group. On
+            the tie's head-repeated axes (see ``head_repeats``, count ``r``) the ``r`` copies
+            of each head are ``r`` query heads that share one key/value head, and any
+            permutation of them keeps the function when their query rows and output columns
+            move together. The group has ``h·r`` units (``h`` the tie's heads) and acts on no
+            axis by itself; its index vector is block-diagonal, ``c[j·r + t] = j·r + ρ_j(t)``,
+            one permutation ``ρ_j`` per head *of model B* (indexed by B's head, not by the
+            position it is moved to), and it acts before the heads move: a head-repeated axis
+            takes ``(i, t, s) ← (π(i), ρ_π(i)(t), σ_i(s))``. Attached to B's heads, it stays
+            valid whatever ``π`` a method picks, so a method that does not know copies leaves
+            it at the identity (the plain head-repeat action). It is a permutation group (no
+            kind).
         rotary: pinned group name -> ``(style, rotated)``: how rotary embeddings pair a
             head's first ``rotated`` dimensions — ``"half"``, ``(j, j + rotated/2)`` (Llama's
             rotate-half), or ``"interleaved"``, ``(2j, 2j + 1)`` (GPT-J) — the layout the
@@ -157,6 +176,7 @@ class PermutationSpec:
     head_repeats: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     pinned: frozenset[str] = frozenset()
     rotary: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    copies: Mapping[str, str] = field(default_factory=dict)
     kinds: Mapping[str, str] = field(default_factory=dict)
     folds: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
     norm_biases: Mapping[str, str] = field(default_factory=dict)
@@ -246,7 +266,14 @@ class PermutationSpec:
                     f"group {g!r} is {kind}: its maps follow a rotary layout, which rotary "
                     "does not give for it"
                 )
-        unused = [g for g, lst in group_axes.items() if not lst]
+        copies = _check_copies(self.copies, groups, heads, group_axes, head_repeats, axes)
+        for g in copies:
+            if g in self.kinds and self.kinds[g] != DEFAULT_KIND:
+                raise SpecError(
+                    f"group {g!r} is a copies group (query heads inside their key/value group): "
+                    "it takes permutations only, not a kind"
+                )
+        unused = [g for g, lst in group_axes.items() if not lst and g not in copies]
         if unused:
             raise SpecError(f"groups {unused} act on no axis of any parameter")
         object.__setattr__(self, "groups", MappingProxyType(groups))
@@ -258,6 +285,7 @@ class PermutationSpec:
         object.__setattr__(self, "head_repeats", MappingProxyType(head_repeats))
         object.__setattr__(self, "pinned", pinned)
         object.__setattr__(self, "rotary", MappingProxyType(rotary))
+        object.__setattr__(self, "copies", MappingProxyType(copies))
         object.__setattr__(self, "kinds", MappingProxyType(kinds))
         object.__setattr__(
             self, "_group_axes", MappingProxyType({g: tuple(v) for g, v in group_axes.items()})
@@ -328,6 +356,31 @@ class PermutationSpec:
             start += length
         return tuple(out)
 
+    def copies_group(self, name: str, axis: int) -> str | None:
+        """The copies group acting on ``name``'s ``axis`` (a head-repeated axis of a tie
+        that has one; see ``copies``), else None."""
+        if self.head_repeat(name, axis) == 1 or not self.copies:
+            return None
+        entry = self.axes[name][axis]
+        assert isinstance(entry, str)
+        tie = self.heads[entry][0]
+        return next((c for c, t in self.copies.items() if t == tie), None)
+
+    def copies_layout(self, group: str) -> tuple[int, int]:
+        """``(h, r)`` of a copies group: its tie's heads and the copies of each."""
+        h = self.heads[self.head_ties()[self.copies[group]][0]][1]
+        return h, self.groups[group] // h
+
+    def copies_axes(self, group: str) -> tuple[tuple[str, int], ...]:
+        """The ``(parameter name, axis)`` pairs a copies group moves: the head-repeated axes
+        of its tie's groups."""
+        return tuple(
+            (name, i)
+            for name, counts in self.head_repeats.items()
+            for i, r in enumerate(counts)
+            if r > 1 and self.copies_group(name, i) == group
+        )
+
     def kind(self, group: str) -> str:
         """The symmetry kind of ``group`` (``"permutation"`` unless declared in ``kinds``)."""
         if group not in self.groups:
@@ -362,10 +415,14 @@ class PermutationSpec:
 
     def update_units(self) -> list[tuple[str, ...]]:
         """The groups a coordinate-descent step must choose together, in spec order: each
-        untied group alone, each head permutation's groups as one unit (they share ``π``)."""
+        untied group alone, each head permutation's groups as one unit (they share ``π``).
+        Copies groups are left out: a method that knows them chooses them in its own step
+        (see ``copies``)."""
         ties = self.head_ties()
         units, seen = [], set()
         for g in self.groups:
+            if g in self.copies:
+                continue
             if g in self.heads:
                 tie = self.heads[g][0]
                 if tie not in seen:
@@ -380,6 +437,15 @@ class PermutationSpec:
         names = set(names)
         axes = {k: v for k, v in self.axes.items() if k in names}
         used = {g for v in axes.values() for entry in v for g in axis_groups(entry)}
+        head_repeats = {k: v for k, v in self.head_repeats.items() if k in names}
+        ties_left = {
+            self.heads[self.axes[k][i]][0]  # type: ignore[index]
+            for k, v in head_repeats.items()
+            for i, r in enumerate(v)
+            if r > 1
+        }
+        copies = {c: t for c, t in self.copies.items() if t in ties_left}
+        used |= set(copies)
         return PermutationSpec(
             groups={g: n for g, n in self.groups.items() if g in used},
             axes=axes,
@@ -387,9 +453,10 @@ class PermutationSpec:
             blocks={k: v for k, v in self.blocks.items() if k in names},
             repeats={k: v for k, v in self.repeats.items() if k in names},
             heads={g: v for g, v in self.heads.items() if g in used},
-            head_repeats={k: v for k, v in self.head_repeats.items() if k in names},
+            head_repeats=head_repeats,
             pinned=self.pinned & used,
             rotary={g: v for g, v in self.rotary.items() if g in used},
+            copies=copies,
             kinds={g: v for g, v in self.kinds.items() if g in used},
             folds={
                 k: kept
@@ -423,6 +490,7 @@ class PermutationSpec:
             ),
             **({"pinned": sorted(self.pinned)} if self.pinned else {}),
             **({"rotary": {g: list(v) for g, v in self.rotary.items()}} if self.rotary else {}),
+            **({"copies": dict(self.copies)} if self.copies else {}),
             **({"kinds": dict(self.kinds)} if self.kinds else {}),
             **(
                 {"folds": {k: [list(r) for r in v] for k, v in self.folds.items()}}
@@ -488,12 +556,15 @@ class PermutationSpec:
         """log10 of the number of distinct permutations (exact, by lgamma): ``Σ_g log10(n_g!)``
         for plain groups; a head-structured tie of ``h`` heads counts its head permutation once
         (``h!``) and each member's ``h`` permutations inside its heads (``(d!)^h``; none for a
-        pinned group)."""
+        pinned group); a copies group of ``h`` heads of ``r`` copies, ``(r!)^h``."""
         total = 0.0
         for members in self.head_ties().values():
             total += math.lgamma(self.heads[members[0]][1] + 1)
         for g, n in self.groups.items():
-            if g not in self.heads:
+            if g in self.copies:
+                h, r = self.copies_layout(g)
+                total += h * math.lgamma(r + 1)
+            elif g not in self.heads:
                 total += math.lgamma(n + 1)
             elif g not in self.pinned:
                 h = self.heads[g][1]
@@ -562,6 +633,8 @@ class Permutation:
                         f"groups {outers[0][0]!r} and {g!r} share the head permutation "
                         f"{tie!r} but permute the heads differently"
                     )
+        for c in spec.copies:
+            _check_copies_vector(spec, c, checked[c])
         self.spec = spec
         self._perms = MappingProxyType(checked)
 
@@ -587,7 +660,8 @@ class Permutation:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, list[int]], spec: PermutationSpec) -> Permutation:
-        """Inverse of :meth:`to_dict` (validated against ``spec``)."""
+        """Inverse of :meth:`to_dict` (validated against ``spec``). A copies group the data
+        lacks (a file written before they existed) is the identity: the action it had."""
         if not isinstance(data, Mapping):
             raise PermutationError(
                 f"expected a mapping group -> list of ints, got {type(data).__name__}"
@@ -608,6 +682,9 @@ class Permutation:
             if any(not -(2**63) <= v < 2**63 for v in values):
                 raise PermutationError(f"group {g!r}: an index is out of range")
             perms[g] = torch.tensor(list(values), dtype=torch.long)
+        for c in spec.copies:  # written before copies groups existed: the same action
+            if c not in perms:
+                perms[c] = torch.arange(spec.groups[c])
         return cls(spec, perms)
 
     # -- access ----------------------------------------------------------------------------
@@ -652,17 +729,25 @@ class Permutation:
     # -- algebra ---------------------------------------------------------------------------
     def inverse(self) -> Permutation:
         """The permutation ``q`` with ``q.apply(self.apply(x)) == x``."""
-        return Permutation(self.spec, {g: torch.argsort(p) for g, p in self._perms.items()})
+        out = {g: torch.argsort(p) for g, p in self._perms.items() if g not in self.spec.copies}
+        for c, tie in self.spec.copies.items():
+            out[c] = invert_copies(self.spec, c, self._perms[c], tie_outer(self.spec, tie, self))
+        return Permutation(self.spec, out)
 
     def compose(self, inner: Permutation) -> Permutation:
         """``self ∘ inner``: applying the result equals ``self.apply(inner.apply(x))``.
 
         With ``inner.apply(x)[j] = x[q[j]]`` and ``self.apply(y)[i] = y[p[i]]`` the composed
-        index vector is ``q[p]``.
+        index vector is ``q[p]`` (a copies group composes by :func:`compose_copies`).
         """
         if inner.spec.groups != self.spec.groups:
             raise PermutationError("cannot compose permutations of different specs")
-        return Permutation(self.spec, {g: inner._perms[g][p] for g, p in self._perms.items()})
+        out = {g: inner._perms[g][p] for g, p in self._perms.items() if g not in self.spec.copies}
+        for c, tie in self.spec.copies.items():
+            out[c] = compose_copies(
+                self.spec, c, self._perms[c], inner._perms[c], tie_outer(self.spec, tie, inner)
+            )
+        return Permutation(self.spec, out)
 
     # -- action on parameters --------------------------------------------------------------
     def distance(self, reference: Params, params: Params) -> float:
@@ -725,6 +810,10 @@ def random_index_vectors(
     outers: dict[str, Tensor] = {}
     out: dict[str, Tensor] = {}
     for g, n in spec.groups.items():
+        if g in spec.copies:
+            h, r = spec.copies_layout(g)
+            out[g] = torch.cat([j * r + draw(r) for j in range(h)])
+            continue
         if g not in spec.heads:
             out[g] = draw(n)
             continue
@@ -737,6 +826,161 @@ def random_index_vectors(
             inner = torch.stack([draw(n // heads) for _ in range(heads)])
         out[g] = join_heads(outers[tie], inner)
     return out
+
+
+def _check_copies(given, groups, heads, group_axes, head_repeats, axes) -> dict[str, str]:
+    """Validate ``copies``: a declared group per head tie with head repeats, acting on no
+    axis, of ``h·r`` units for the tie's ``h`` heads and its one head repeat ``r``."""
+    out: dict[str, str] = {}
+    ties = {t for t, _ in heads.values()}
+    for c, tie in dict(given).items():
+        if c not in groups:
+            raise SpecError(f"copies names group {c!r}, which is not declared in groups")
+        if tie not in ties:
+            raise SpecError(
+                f"copies[{c!r}] = {tie!r}, which is no head permutation of heads "
+                f"(head permutations: {sorted(ties)})"
+            )
+        if c in heads:
+            raise SpecError(
+                f"copies group {c!r} is also head-structured: it is indexed by its tie's heads, "
+                "not a member of the tie"
+            )
+        if group_axes[c]:
+            raise SpecError(
+                f"copies group {c!r} acts on axes {list(group_axes[c])[:3]}: it acts through its "
+                "tie's head-repeated axes only"
+            )
+        if tie in out.values():
+            raise SpecError(f"head permutation {tie!r} has two copies groups")
+        h = next(n for t, n in heads.values() if t == tie)
+        counts = {
+            r
+            for name, per_axis in head_repeats.items()
+            for i, r in enumerate(per_axis)
+            if r > 1 and heads[axes[name][i]][0] == tie
+        }
+        if len(counts) != 1:
+            raise SpecError(
+                f"copies group {c!r}: its tie {tie!r} needs exactly one head repeat on its axes, "
+                f"found {sorted(counts) or 'none'}"
+            )
+        r = counts.pop()
+        if groups[c] != h * r:
+            raise SpecError(
+                f"copies group {c!r} has {groups[c]} units; its tie's {h} heads of {r} copies "
+                f"need {h * r}"
+            )
+        out[c] = tie
+    return out
+
+
+def _check_copies_vector(spec: PermutationSpec, group: str, index: Tensor) -> None:
+    h, r = spec.copies_layout(group)
+    if not torch.equal(index.view(h, r) // r, torch.arange(h)[:, None].expand(h, r)):
+        raise PermutationError(
+            f"copies group {group!r} ({h} heads of {r} query heads) moves a query head to "
+            "another key/value head: only the query heads sharing one key/value head may "
+            "be permuted among themselves"
+        )
+
+
+def tie_outer(spec: PermutationSpec, tie: str, maps: Mapping[str, Tensor] | Permutation) -> Tensor:
+    """The head permutation ``π`` of ``tie`` read from ``maps`` (index vectors, or
+    block-permutation matrices of a transform): ``(h,)``."""
+    member = spec.head_ties()[tie][0]
+    heads = spec.heads[member][1]
+    m = maps[member]
+    if m.ndim == 1:
+        parts = split_heads(m, heads)
+        assert parts is not None
+        return parts[0]
+    n, d = m.shape[0], m.shape[0] // heads
+    norms = m.detach().reshape(heads, d, heads, d).abs().sum((1, 3))
+    assert n == heads * d
+    return norms.argmax(1)
+
+
+def invert_copies(spec: PermutationSpec, group: str, copies: Tensor, outer: Tensor) -> Tensor:
+    """The copies vector of the inverse of an element whose tie moves heads by ``outer``
+    (``π``): ``ρ'_i = ρ_π(i)⁻¹`` (see ``PermutationSpec.copies``)."""
+    h, r = spec.copies_layout(group)
+    rho = copies.view(h, r) % r
+    inv = torch.argsort(rho[outer.to(copies.device)], dim=1)
+    return (torch.arange(h, device=copies.device)[:, None] * r + inv).reshape(-1)
+
+
+def compose_copies(
+    spec: PermutationSpec, group: str, outer: Tensor, inner: Tensor, inner_heads: Tensor
+) -> Tensor:
+    """The copies vector of ``outer ∘ inner`` (apply ``inner`` first), whose tie moves
+    heads by ``inner_heads`` (``π'``): ``ρ''_k = ρ'_k ∘ ρ_π'⁻¹(k)``."""
+    h, r = spec.copies_layout(group)
+    rho_out, rho_in = outer.view(h, r) % r, inner.view(h, r) % r
+    back = torch.argsort(inner_heads.to(outer.device))
+    composed = torch.gather(rho_in, 1, rho_out[back])
+    return (torch.arange(h, device=outer.device)[:, None] * r + composed).reshape(-1)
+
+
+def copies_axis_index(spec: PermutationSpec, name: str, axis: int, copies: Tensor) -> Tensor:
+    """The index along ``name``'s head-repeated ``axis`` that moves its copies as the copies
+    vector says and nothing else: ``(j, t, s) ← (j, ρ_j(t), s)``, blocks expanded."""
+    entry = spec.axes[name][axis]
+    assert isinstance(entry, str)
+    n = spec.groups[entry]
+    h, r = spec.head_layout(name, axis)
+    d = n // h
+    index = (copies.view(h * r, 1) * d + torch.arange(d, device=copies.device)).reshape(-1)
+    return block_index(index, spec.block(name, axis))
+
+
+def copies_gains(
+    spec: PermutationSpec,
+    params_a: Params,
+    params_b: Params,
+    perm: Permutation | Mapping[str, Tensor],
+    group: str,
+    *,
+    names: Collection[str] | None = None,
+    moved_b: Callable[[str], Tensor] | None = None,
+) -> Tensor:
+    """The weight-matching gains of a copies group, every other group held at ``perm``:
+    ``G[j, t, u] = ⟨A's copy t of the head B's head j is moved to, B's copy u of head j⟩``
+    summed over the group's axes (B with every other group applied), an ``(h, r, r)``
+    float64 tensor indexed by B's heads: maximising ``Σ_j Σ_t G[j, t, ρ_j(t)]`` gives the
+    best copies (see :func:`solve_copies`).
+
+    Args:
+        perm: the other groups' index vectors — or, with ``moved_b``, any maps from which
+            :func:`tie_outer` reads the head permutation (a transform's).
+        moved_b: tensor name -> B's tensor moved by every group but the copies (default:
+            by ``perm``'s index vectors).
+    """
+    h, r = spec.copies_layout(group)
+    outer = tie_outer(spec, spec.copies[group], perm).cpu()
+    others = {g: p for g, p in perm.items() if g not in spec.copies}
+    gains = torch.zeros(h, r, r, dtype=torch.float64)
+    for name, axis in spec.copies_axes(group):
+        if names is not None and name not in names:
+            continue
+        b = permute_tensor(params_b[name], spec, name, others) if moved_b is None else moved_b(name)
+        shape = (h, r, -1)  # a head-repeated axis: (head, copy, dimension) unit-major
+        a3 = params_a[name].movedim(axis, 0).reshape(shape).to(torch.float64)
+        b3 = b.movedim(axis, 0).reshape(shape).to(torch.float64)
+        gains += torch.einsum("htx,hux->htu", a3, b3).cpu()
+    out = torch.empty_like(gains)
+    out[outer] = gains
+    return out
+
+
+def solve_copies(gains: Tensor) -> Tensor:
+    """The copies vector maximising ``Σ_j Σ_t gains[j, t, ρ_j(t)]`` (one exact linear
+    assignment per head): ``c[j·r + t] = j·r + ρ_j(t)``."""
+    from lmckit.lap import assign
+
+    h, r, _ = gains.shape
+    rows = [assign(gains[j]) for j in range(h)]
+    return torch.cat([j * r + torch.as_tensor(p, dtype=torch.long) for j, p in enumerate(rows)])
 
 
 def _check_rotary(given, groups, heads, pinned) -> dict[str, tuple[str, int]]:
@@ -909,15 +1153,20 @@ def axis_index(
 ) -> Tensor | None:
     """The index vector that permutes ``name``'s ``axis`` as ``perms`` say
     (``aligned = t.index_select(axis, index)``), or None where no group acts on it. A
-    direct sum moves each segment by its group and leaves fixed segments where they are."""
+    direct sum moves each segment by its group and leaves fixed segments where they are; a
+    head-repeated axis takes its copies group's move first when ``perms`` holds it."""
     entry = spec.axes[name][axis]
     if entry is None:
         return None
     if isinstance(entry, str):
         heads, head_repeat = spec.head_layout(name, axis)
-        return block_index(
+        index = block_index(
             perms[entry], spec.block(name, axis), spec.repeat(name, axis), heads, head_repeat
         )
+        copies = spec.copies_group(name, axis)
+        if copies is not None and copies in perms:  # the copies move first, on B's heads
+            index = copies_axis_index(spec, name, axis, perms[copies].to(index.device))[index]
+        return index
     block = spec.block(name, axis)
     device = perms[axis_groups(entry)[0]].device
     pieces = [
@@ -1119,6 +1368,9 @@ def group_cost_matrix(
         for other_axis in range(b.ndim):
             if other_axis != axis:
                 b = permute_spec_axis(b, spec, name, other_axis, perm)
+        copies = spec.copies_group(name, axis)
+        if copies is not None:  # B's query heads as the copies order them, before σ moves
+            b = b.index_select(axis, copies_axis_index(spec, name, axis, perm[copies]).to(b.device))
         a2 = group_rows(spec, name, axis, group, a)
         b2 = group_rows(spec, name, axis, group, b)
         term = a2 @ b2.T

@@ -57,12 +57,16 @@ from lmckit.perm import (
     Permutation,
     PermutationSpec,
     axis_groups,
+    compose_copies,
+    copies_axis_index,
     group_rows,
+    invert_copies,
     join_heads,
     permute_spec_axis,
     put_group_rows,
     random_index_vectors,
     split_heads,
+    tie_outer,
 )
 
 __all__ = [
@@ -238,7 +242,8 @@ class Transform:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, list], spec: PermutationSpec) -> Transform:
-        """Inverse of :meth:`to_dict` (validated against ``spec``)."""
+        """Inverse of :meth:`to_dict` (validated against ``spec``); a missing copies group is
+        the identity, as in :meth:`Permutation.from_dict`."""
         if not isinstance(data, Mapping):
             raise PermutationError(
                 f"expected a mapping group -> index list or matrix, got {type(data).__name__}"
@@ -256,6 +261,8 @@ class Transform:
                     ) from None
             else:
                 maps[g] = _index_list(g, values)
+        for c in spec.copies:  # written before copies groups existed: the same action
+            maps.setdefault(c, torch.arange(spec.groups[c]))
         return cls(spec, maps)
 
     def __repr__(self) -> str:
@@ -271,7 +278,11 @@ class Transform:
         matrices, ``M⁻¹`` for invertible and scaling ones)."""
         out = {}
         for g, m in self.items():
-            out[g] = torch.argsort(m) if m.ndim == 1 else KINDS[self.spec.kind(g)].inverse(m)
+            if g in self.spec.copies:
+                outer = tie_outer(self.spec, self.spec.copies[g], self)
+                out[g] = invert_copies(self.spec, g, m, outer)
+            else:
+                out[g] = torch.argsort(m) if m.ndim == 1 else KINDS[self.spec.kind(g)].inverse(m)
         return Transform(self.spec, out)
 
     def dual(self, group: str) -> Tensor:
@@ -295,7 +306,10 @@ class Transform:
         out: dict[str, Tensor] = {}
         for g, m in self._maps.items():
             other = inner._maps[g]
-            if m.ndim == 1 and other.ndim == 1:
+            if g in self.spec.copies:
+                inner_heads = tie_outer(self.spec, self.spec.copies[g], inner)
+                out[g] = compose_copies(self.spec, g, m, other, inner_heads)
+            elif m.ndim == 1 and other.ndim == 1:
                 out[g] = other[m]
             else:
                 dtype = m.dtype if m.ndim == 2 else other.dtype
@@ -392,6 +406,10 @@ def transform_tensor(t: Tensor, transform: Transform, name: str) -> Tensor:
         return t
     perms: dict[str, Tensor] = {}
     for axis, entry in enumerate(spec.axes[name]):
+        copies = spec.copies_group(name, axis)
+        if copies is not None:  # B's query heads reordered first (PermutationSpec.copies)
+            index = copies_axis_index(spec, name, axis, transform[copies])
+            t = t.index_select(axis, index.to(t.device))
         for g in axis_groups(entry):
             m = transform[g]
             if m.ndim == 2:

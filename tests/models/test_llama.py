@@ -96,7 +96,9 @@ def test_a_position_sees_only_itself_and_the_past(llama):
 def test_the_spec_holds_grouped_query_rotary_heads(llama):
     model, spec = llama
     kinds = symmetry_kinds(model, tokens(2), spec).spec
-    assert len(spec.groups) == 1 + 3 * 2  # the stream; per layer the q/k, v/o and MLP groups
+    # the stream; per layer the q/k, v/o and MLP groups and the query heads inside their
+    # key/value group (2 key/value heads × 2 query heads)
+    assert len(spec.groups) == 1 + 4 * 2
     for i in range(2):
         qk = spec.axes[f"blocks.{i}.attn.k.weight"][0]
         vo = spec.axes[f"blocks.{i}.attn.v.weight"][0]
@@ -105,6 +107,8 @@ def test_the_spec_holds_grouped_query_rotary_heads(llama):
         assert spec.head_repeats[f"blocks.{i}.attn.q.weight"] == (2, 1)
         assert spec.head_repeats[f"blocks.{i}.attn.o.weight"] == (1, 2)
         assert qk in spec.pinned and vo not in spec.pinned
+        (copies,) = (c for c, tie in spec.copies.items() if tie == qk)
+        assert spec.groups[copies] == 4 and kinds.kind(copies) == "permutation"
         assert kinds.kind(qk) == "rotary-scaled" and kinds.rotary[qk] == ("half", 4)
         assert kinds.kind(vo) == "invertible"
         assert spec.groups[spec.axes[f"blocks.{i}.gate.weight"][0]] == 24

@@ -262,8 +262,11 @@ def test_llama_grouped_query_attention_moves_key_value_groups_with_their_query_h
     assert spec.heads[value] == spec.heads[qk] and spec.heads[value][1] == 2
     assert value not in spec.pinned
     assert spec.head_repeats[o] == (1, 2) and spec.head_repeat(v, 0) == 1
+    # the 2 query heads of each key/value head may trade places: a copies group of 2 × 2
+    (copies,) = (c for c, tie in spec.copies.items() if tie == spec.heads[qk][0])
+    assert spec.groups[copies] == 4 and spec.copies_axes(copies) == ((q, 0), (o, 1))
     assert report.checked_modes == ("eval", "train")
-    planted_recovery(model, spec)
+    planted_recovery(model, spec)  # weight matching: the copies too
     # activation matching finds the value dimensions too (at the value projection's output)
     from lmckit.data import TensorLoader
     from lmckit.match import activation_matching
@@ -273,6 +276,9 @@ def test_llama_grouped_query_attention_moves_key_value_groups_with_their_query_h
     x = torch.randint(0, 40, (48, 7), generator=torch.Generator().manual_seed(2))
     a = {k: t.detach().clone() for k, t in model.state_dict().items()}
     truth = moving_permutation(spec, 7)
+    # activation matching does not choose the query heads inside their key/value group
+    # (it leaves them in place; weight matching does): planted at the identity here
+    truth = truth.replace(**{c: torch.arange(spec.groups[c]) for c in spec.copies})
     data = TensorLoader(x, torch.roll(x, -1, 1), batch_size=16)
     found = activation_matching(spec, a, truth.inverse().apply(a), model=model, data=data)
     assert found.alignment == truth

@@ -78,7 +78,7 @@ class _ModuleTaps:
 
     def __init__(self, model: nn.Module, spec: PermutationSpec, taps) -> None:
         modules = dict(model.named_modules())
-        missing_groups = sorted(set(spec.groups) - set(taps))
+        missing_groups = sorted(set(spec.groups) - set(taps) - set(spec.copies))
         if missing_groups:
             raise ParamsError(f"no activation taps for groups {missing_groups}")
         for g, names in taps.items():
@@ -86,7 +86,7 @@ class _ModuleTaps:
                 if name not in modules:
                     raise ParamsError(f"tap {name!r} of group {g!r} is not a module of the model")
         self.model, self.modules = model, modules
-        self._taps = {g: list(taps[g]) for g in spec.groups}
+        self._taps = {g: list(taps[g]) for g in spec.groups if g not in spec.copies}
 
     def taps(self) -> dict[str, list[str]]:
         return self._taps
@@ -223,6 +223,8 @@ def activation_matching(
             )
         all_gains[g] = gains
     perms = assign_groups(all_gains, spec.heads, spec.pinned)
+    # query heads inside their key/value group are not matched by activations: identity
+    perms.update({c: torch.arange(spec.groups[c]) for c in spec.copies})
     gain = sum(
         float(c[torch.arange(len(perms[g])), perms[g].to(c.device)].sum())
         for g, c in all_gains.items()

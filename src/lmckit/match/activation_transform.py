@@ -379,7 +379,7 @@ def transform_activation_matching(
     if init is not None and (not isinstance(init, Transform) or init.spec.groups != spec.groups):
         raise ParamsError("init must be a Transform (or Permutation) of the spec's groups")
     init = Transform(spec, dict(init.items())) if init is not None else Transform.identity(spec)
-    fitted = set(spec.groups) if refine is None else set(refine)
+    fitted = set(spec.groups) - set(spec.copies) if refine is None else set(refine)
     unknown = sorted(fitted - set(spec.groups))
     if unknown:
         raise ParamsError(f"refine names groups {unknown[:4]} that the spec does not have")

@@ -39,7 +39,15 @@ from lmckit.kinds import KINDS, rotary_pairs
 from lmckit.match.result import MatchResult, check_inputs
 from lmckit.options import Count, checked
 from lmckit.params import Params, detached
-from lmckit.perm import Permutation, PermutationSpec, group_rows, put_group_rows
+from lmckit.perm import (
+    Permutation,
+    PermutationSpec,
+    copies_gains,
+    group_rows,
+    put_group_rows,
+    solve_copies,
+    tie_outer,
+)
 from lmckit.progress import ProgressCallback, notify
 from lmckit.transform import (
     Transform,
@@ -306,6 +314,11 @@ def orthogonal_weight_matching(
                 _move(spec, current, g, transform[g], new[g])
             transform = transform.replace(**new)
             changed = True
+        for c in spec.copies:  # query heads inside their key/value group
+            moved = _copies_step(spec, params_a, params_b, transform, current, c, names, rel_tol)
+            if moved is not None:
+                transform = moved
+                changed = True
         total = objective()
         history.append(total)
         notify(progress, sweeps, max_iter, objective=total)
@@ -323,6 +336,74 @@ def orthogonal_weight_matching(
         distance_after=transform.distance(params_a, params_b),
         info={"kinds": counts},
     )
+
+
+def _copies_step(
+    spec: PermutationSpec,
+    params_a: Params,
+    params_b: Params,
+    transform: Transform,
+    current: dict[str, Tensor],
+    group: str,
+    names: list[str],
+    rel_tol: float,
+) -> Transform | None:
+    """One step of a copies group (``current`` updated in place when it is taken), the
+    better of two moves if either raises the objective by more than ``rel_tol``:
+
+    * the exact coordinate step, every other map held (one assignment per key/value head);
+    * a joint move that escapes where the tie's matrices were fitted to the wrong copies:
+      the copies chosen by gains that no map of the head changes — the nuclear norm
+      ``‖A_copy B_copyᵀ‖_*``, the best orthogonal fit of each pair of copies alone — then the
+      tie's maps fitted anew to them (planted zoo Llama: 2.72 of 13.4 left by coordinate
+      steps alone; 0 with the joint move)."""
+    tie = spec.copies[group]
+    members = spec.head_ties()[tie]
+    wanted = [k for k, _ in spec.copies_axes(group) if k in names]
+    if not wanted:
+        return None
+    touched = sorted(
+        {k for g in members for k, _ in spec.group_axes(g) if k in current} | set(wanted)
+    )
+    h, r = spec.copies_layout(group)
+    outer = tie_outer(spec, tie, transform)
+    without = transform.replace(**{group: torch.arange(spec.groups[group])})
+    moved = {k: transform_tensor(params_b[k], without, k) for k in wanted}
+    exact = copies_gains(
+        spec, params_a, params_b, transform, group, names=wanted, moved_b=moved.__getitem__
+    )
+    invariant = torch.zeros(h, r, r, dtype=torch.float64)
+    for name, axis in spec.copies_axes(group):
+        if name in moved:
+            d = spec.groups[spec.axes[name][axis]] // h  # type: ignore[index]
+            a4 = params_a[name].movedim(axis, 0).reshape(h, r, d, -1).to(torch.float64)
+            b4 = moved[name].movedim(axis, 0).reshape(a4.shape).to(torch.float64)
+            cross = torch.einsum("htdx,huex->htude", a4, b4)
+            invariant += torch.linalg.matrix_norm(cross, ord="nuc").cpu()
+    invariant_b = torch.empty_like(invariant)
+    invariant_b[outer.cpu()] = invariant
+
+    def inner(t: Transform) -> tuple[float, dict[str, Tensor]]:
+        out = {k: transform_tensor(params_b[k], t, k) for k in touched}
+        return sum(float((params_a[k].double() * out[k].double()).sum()) for k in touched), out
+
+    before = sum(float((params_a[k].double() * current[k].double()).sum()) for k in touched)
+    best, best_value, best_current = None, before, None
+    step = transform.replace(**{group: solve_copies(exact)})
+    value, tensors = inner(step)
+    if value > best_value + rel_tol * max(abs(best_value), 1e-300):
+        best, best_value, best_current = step, value, tensors
+    joint = transform.replace(**{group: solve_copies(invariant_b)})
+    trial = {**current, **inner(joint)[1]}
+    refit = _solve_tie(spec, {g: _gains(spec, params_a, trial, joint, g, names) for g in members})
+    joint = joint.replace(**refit)
+    value, tensors = inner(joint)
+    if value > best_value + rel_tol * max(abs(best_value), 1e-300):
+        best, best_value, best_current = joint, value, tensors
+    if best is not None:
+        assert best_current is not None
+        current.update(best_current)
+    return best
 
 
 def _gains(

@@ -143,6 +143,8 @@ def sinkhorn_matching(
     generator = torch.Generator().manual_seed(seed)
     logits = {}
     for g, n in spec.groups.items():
+        if g in spec.copies:  # acts through its tie's axes only: kept at init's
+            continue
         if paper:
             base = torch.eye(n, dtype=dtype) + 0.1 * torch.randn(
                 n, n, generator=generator, dtype=dtype
@@ -200,7 +202,8 @@ def sinkhorn_matching(
     with torch.no_grad():
         soft = {g: log_sinkhorn(z / tau, sinkhorn_iters).exp() for g, z in logits.items()}
         perms = assign_groups(soft, spec.heads, spec.pinned)
-    perm = Permutation(spec, perms)
+    start_copies = init or Permutation.identity(spec)
+    perm = Permutation(spec, {**perms, **{c: start_copies[c] for c in spec.copies}})
     return MatchResult(
         alignment=perm,
         method=f"sinkhorn[{objective}]",

@@ -33,6 +33,7 @@ from lmckit.match.weight_matcher import (
     MemoryNeed,
     WeightMatcher,
     acceptance_tolerance,
+    copies_step,
     improves_all,
 )
 from lmckit.options import Count, checked
@@ -83,6 +84,12 @@ def weight_matching_reference(
             if improves_all(gains, old, new, rel_tol):
                 perm = perm.replace(**{g: torch.from_numpy(p) for g, p in new.items()})
                 improved = True
+        for c in spec.copies:  # query heads inside their key/value group, after each sweep
+            if any(k in names for k, _ in spec.copies_axes(c)):
+                found = copies_step(spec, params_a, params_b, dict(perm.items()), c, names, rel_tol)
+                if found is not None:
+                    perm = perm.replace(**{c: found})
+                    improved = True
         if not improved:
             return perm
     return perm

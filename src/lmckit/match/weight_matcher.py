@@ -63,8 +63,11 @@ from lmckit.perm import (
     PermutationSpec,
     axis_groups,
     axis_index,
+    copies_axis_index,
+    copies_gains,
     group_rows,
     permute_tensor,
+    solve_copies,
 )
 from lmckit.progress import ProgressCallback, notify
 
@@ -74,6 +77,7 @@ __all__ = [
     "ProfiledWeightMatcher",
     "WeightMatcher",
     "acceptance_tolerance",
+    "copies_step",
     "improves_all",
 ]
 
@@ -103,6 +107,34 @@ def improves_all(
     old_gain = sum(_total(c, old[g]) for g, c in gains.items())
     new_gain = sum(_total(c, new[g]) for g, c in gains.items())
     return new_gain > old_gain + rel_tol * max(abs(old_gain), abs(new_gain), 1e-30)
+
+
+def copies_step(
+    spec: PermutationSpec,
+    params_a: Params,
+    params_b: Params,
+    perm: Mapping[str, Tensor],
+    group: str,
+    names: set[str],
+    rel_tol: float,
+) -> Tensor | None:
+    """One coordinate step of a copies group (grouped-query attention's query heads inside
+    their key/value group; ``PermutationSpec.copies``), every other group held at ``perm``:
+    the best copies vector (one exact assignment per key/value head of B) if it beats the
+    current one by more than ``rel_tol``, else None. Both weight-matching engines take it
+    after each sweep, for each copies group in spec order."""
+    gains = copies_gains(spec, params_a, params_b, perm, group, names=names)
+    h, r, _ = gains.shape
+    new = solve_copies(gains)
+    rows = torch.arange(h)[:, None]
+
+    def total(index: Tensor) -> float:
+        return float(gains[rows, torch.arange(r)[None, :], index.cpu().view(h, r) % r].sum())
+
+    old_gain, new_gain = total(perm[group]), total(new)
+    if new_gain > old_gain + rel_tol * max(abs(old_gain), abs(new_gain), 1e-30):
+        return new
+    return None
 
 
 def _total(gains: np.ndarray, p: np.ndarray) -> float:
@@ -161,6 +193,9 @@ class _Term:
     strides: tuple[int, ...] = ()
     seen: tuple[Tensor, ...] | None = None
     flops: int = 0  # of its last contribution to the cost matrix (formed or updated)
+    # the copies group reordering B's query heads on this term's own axis (a head-repeated
+    # axis of grouped-query attention), or None; such a term is always formed anew
+    own_copies: str | None = None
 
     def __post_init__(self) -> None:
         shape = self.b_moved.shape
@@ -188,6 +223,9 @@ class _Term:
             index = axis_index(self.spec, self.name, other_axis, perm)
             assert index is not None
             b = b.index_select(other_axis, index)
+        if self.own_copies is not None:
+            index = copies_axis_index(self.spec, self.name, self.axis, perm[self.own_copies])
+            b = b.index_select(self.axis, index.to(b.device))
         return group_rows(self.spec, self.name, self.axis, self.group, b.movedim(self.axis, 0), 0)
 
     def form(self, a2: Tensor, perm: Mapping[str, Tensor]) -> Tensor:
@@ -460,9 +498,17 @@ class WeightMatcher:
                     if entry is not None and j != axis
                 )
                 other_groups = tuple(h for _, j in others for h in axis_groups(spec.axes[name][j]))
+                own = spec.copies_group(name, axis)
+                if own is not None:
+                    other_groups += (own,)
                 b_moved = params_b[name].movedim(axis, 0)
-                self.terms[g].append(_Term(spec, g, name, axis, b_moved, others, other_groups))
+                self.terms[g].append(
+                    _Term(spec, g, name, axis, b_moved, others, other_groups, own_copies=own)
+                )
         self.groups = [g for g in spec.groups if self.terms[g]]
+        self.copies = [
+            c for c in spec.copies if any(k in self.names for k, _ in spec.copies_axes(c))
+        ]
         self.grouped = {t.name for g in self.groups for t in self.terms[g]}
         # Each step chooses one unit: a group, or the groups tied by a head permutation.
         self.units = [
@@ -512,6 +558,7 @@ class WeightMatcher:
         if (
             kept is not None
             and policy is not None
+            and not any(t.own_copies for t in terms)  # a row reorder: no column update
             and self._sweep - self._formed[group] < policy.refresh
             and policy.updates_pay(
                 sum(2 * kept.shape[0] * a2[(group, t.name, t.axis)].numel() for t in terms),
@@ -677,6 +724,11 @@ class WeightMatcher:
                     else:
                         stale = True
                 solved_with[unit] = neighbours  # the permutations these were formed with
+            for c in self.copies:  # query heads inside their key/value group
+                found = copies_step(spec, params_a, params_b, perm, c, self.names, rel_tol)
+                if found is not None:
+                    perm[c] = found.to(device)
+                    improved = stale = True
             if objective:
                 if stale or not improved:  # the last sweep's value is exact
                     running = constant + self._objective(params_a, perm, contributions)

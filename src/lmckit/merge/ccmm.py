@@ -89,6 +89,7 @@ def ccmm(
         return {
             g: torch.eye(m, dtype=dtype, device=device)[perm[g].to(device)]
             for g, m in spec.groups.items()
+            if g not in spec.copies  # query heads inside their key/value group: kept
         }
 
     soft = [one_hot(p) for p in start_perms]
@@ -123,7 +124,16 @@ def ccmm(
         soft = [
             {g: s[g] + step * (v[g] - s[g]) for g in s} for s, v in zip(soft, vertices, strict=True)
         ]
-    perms = [Permutation(spec, assign_groups(s, spec.heads, spec.pinned)) for s in soft]
+    perms = [
+        Permutation(
+            spec,
+            {
+                **assign_groups(s, spec.heads, spec.pinned),
+                **{c: start[c] for c in spec.copies},  # attached to B's heads: still valid
+            },
+        )
+        for s, start in zip(soft, start_perms, strict=True)
+    ]
     return merged_result(
         "ccmm",
         params_list,

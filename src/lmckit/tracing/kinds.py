@@ -163,7 +163,7 @@ def symmetry_kinds(
     reasons: dict[str, str] = {}
     norms: dict[str, str] = {}
     for g, n in spec.groups.items():
-        if n < 2:
+        if n < 2 or g in spec.copies:  # copies groups are permutations only
             continue
         gains = {gain: info for gain, info in found.items() if spec.axes[gain][0] == g}
         blocked = next((info.why for info in gains.values() if info.why), None)

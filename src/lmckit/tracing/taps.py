@@ -58,12 +58,12 @@ class GraphTaps:
                 "(lmckit.tracing.trace(model, inputs)) or one equal to it up to group names"
             )
         sites = {names[g]: found for g, found in report.activation_sites.items()}
-        missing = sorted(set(spec.groups) - set(sites))
+        missing = sorted(set(spec.groups) - set(sites) - set(spec.copies))
         if missing:
             raise SpecError(f"no activation of the traced graph carries the groups {missing}")
         self.model = model
         self.sites: dict[str, tuple[tuple[str, int], ...]] = {
-            g: tuple(sites[g]) for g in spec.groups
+            g: tuple(sites[g]) for g in spec.groups if g not in spec.copies
         }
         self._nodes = sorted({node for sites in self.sites.values() for node, _ in sites})
         self._sizes = {site: spec.groups[g] for g, sites in self.sites.items() for site in sites}
@@ -117,6 +117,8 @@ def same_symmetry(traced: PermutationSpec, given: PermutationSpec) -> dict[str, 
                     for g, start, _ in spec.segments(name, i):
                         if g is not None:
                             found[g].add((name, i, start, spec.block(name, i)))
+        for c in spec.copies:
+            found[c] = {("copies", name, i) for name, i in spec.copies_axes(c)}
         return {frozenset(v): g for g, v in found.items()}
 
     mine, theirs = signatures(traced), signatures(given)

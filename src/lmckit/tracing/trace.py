@@ -178,6 +178,7 @@ class TraceReport:
             "heads": {g: list(v) for g, v in self.spec.heads.items()},
             "head_repeats": {k: list(v) for k, v in self.spec.head_repeats.items()},
             "pinned": sorted(self.spec.pinned),
+            "copies": dict(self.spec.copies),
             "whole_blocks": dict(self.whole_blocks),
             "self_maps": sorted(self.spec.self_maps),
             "frozen": {
@@ -220,7 +221,15 @@ class TraceReport:
             members = self.spec.group_axes(g)
             shown = ", ".join(f"{k}[{i}]{self._layout(k, i)}" for k, i in members[:4])
             more = f", … {len(members) - 4} more" if len(members) > 4 else ""
-            if g in self.spec.heads:
+            if g in self.spec.copies:
+                h, r = self.spec.copies_layout(g)
+                shown = ", ".join(f"{k}[{i}]" for k, i in self.spec.copies_axes(g)[:4])
+                more = ""
+                size = (
+                    f"{n} units = {h} key/value heads × {r} query heads, permuted inside "
+                    f"each key/value group"
+                )
+            elif g in self.spec.heads:
                 tie, h = self.spec.heads[g]
                 others = [o for o in ties[tie] if o != g]
                 shared = f", heads shared with {', '.join(others)}" if others else ""
@@ -968,6 +977,18 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
     for (_, label), name in names.items():
         if label in pinned_labels:
             inside[name] = f"{pinned_labels[label]}: {PINNED}"
+    # grouped-query attention: the query heads sharing a key/value head (the copies of a
+    # head repeat) may be permuted among themselves, their query rows and output columns alike
+    copies: dict[str, str] = {}
+    for key, counts in head_repeats.items():
+        for i, r in enumerate(counts):
+            g = axes[key][i]
+            if r > 1 and isinstance(g, str) and g in heads:
+                tie, h = heads[g]
+                name = f"{tie}:copies"
+                if name not in copies and name not in groups:
+                    copies[name] = tie
+                    groups[name] = h * r
     try:
         spec = PermutationSpec(
             groups=groups,
@@ -977,6 +998,7 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
             heads=heads,
             head_repeats=head_repeats,
             pinned=frozenset(pinned),
+            copies=copies,
         )
     except SpecError as exc:  # pragma: no cover - the rules guarantee a valid spec
         raise SpecError(f"the traced spec is invalid: {exc}") from None
@@ -1138,7 +1160,8 @@ def _verify(
         if close(reference, permuted):
             modes.append(mode)
             continue
-        for unit in spec.update_units():  # groups tied by one head permutation move together
+        # groups tied by one head permutation move together; a copies group alone
+        for unit in [*spec.update_units(), *((c,) for c in spec.copies)]:
             one = Permutation.identity(spec).replace(**{g: perm[g] for g in unit})
             out = run_outputs(
                 twin, one.apply(params), args64, kwargs64, mode == "train", select, dtype
@@ -1148,7 +1171,7 @@ def _verify(
                 tied = f" (with {', '.join(map(repr, unit[1:]))}, one head permutation)"
                 raise SpecError(
                     f"traced group {g!r}{tied if len(unit) > 1 else ''} ({spec.groups[g]} "
-                    f"units: {', '.join(f'{k}[{i}]' for k, i in spec.group_axes(g)[:4])}) "
+                    f"units: {', '.join(f'{k}[{i}]' for k, i in _members(spec, g)[:4])}) "
                     f"changes the model's outputs in {mode} mode when permuted — an op rule "
                     "is wrong for this model; please report it"
                 )
@@ -1157,6 +1180,10 @@ def _verify(
             "permuted together"
         )
     return tuple(modes)
+
+
+def _members(spec: PermutationSpec, group: str) -> tuple[tuple[str, int], ...]:
+    return spec.copies_axes(group) if group in spec.copies else spec.group_axes(group)
 
 
 def _moving_permutation(spec: PermutationSpec, seed: int) -> Permutation:
