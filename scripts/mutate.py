@@ -666,8 +666,8 @@ MUTATIONS = [
         "compose-backwards",
         "Permutation.compose applies the inner permutation last",
         "src/lmckit/perm.py",
-        "{g: inner._perms[g][p] for g, p in self._perms.items()}",
-        "{g: p[inner._perms[g]] for g, p in self._perms.items()}",
+        "{g: inner._perms[g][p] for g, p in self._perms.items() if g not in self.spec.copies}",
+        "{g: p[inner._perms[g]] for g, p in self._perms.items() if g not in self.spec.copies}",
         ("tests/test_perm.py",),
     ),
     M(
@@ -1321,8 +1321,10 @@ MUTATIONS = [
         "copies-applied-after-the-heads",
         "the copies reorder the aligned heads instead of B's own",
         "src/lmckit/perm.py",
-        "            index = copies_axis_index(spec, name, axis, perms[copies].to(index.device))[index]",
-        "            index = index[copies_axis_index(spec, name, axis, perms[copies].to(index.device))]",
+        "            index = copies_axis_index(spec, name, axis, perms[copies].to(index.device))"
+        "[index]",
+        "            index = index[copies_axis_index(spec, name, axis, perms[copies]"
+        ".to(index.device))]",
         ("tests/test_perm_copies.py",),
     ),
     M(
