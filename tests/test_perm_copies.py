@@ -11,7 +11,13 @@ from lmckit import Permutation, PermutationSpec, SpecError
 from lmckit.errors import PermutationError
 from lmckit.match import weight_matching
 from lmckit.match.weight import weight_matching_reference
-from lmckit.perm import axis_index, copies_gains, random_index_vectors, solve_copies
+from lmckit.perm import (
+    axis_index,
+    copies_gains,
+    copies_value,
+    random_index_vectors,
+    solve_copies,
+)
 from tests.test_perm_head_repeats import attention, gqa_params
 
 KV, R, D, W = 3, 2, 4, 5  # as tests/test_perm_head_repeats.py
@@ -151,10 +157,7 @@ def test_the_copies_solve_maximises_the_inner_product_over_every_copies_vector()
     values = [inner(c) for c in candidates]
     assert inner(best) == pytest.approx(max(values), rel=1e-12)
     # and the gains are the inner product up to a constant
-    offsets = [
-        v - float(gains[torch.arange(KV)[:, None], torch.arange(R), c.view(KV, R) % R].sum())
-        for v, c in zip(values, candidates, strict=True)
-    ]
+    offsets = [v - copies_value(gains, c) for v, c in zip(values, candidates, strict=True)]
     assert max(offsets) - min(offsets) < 1e-9
 
 
@@ -194,6 +197,8 @@ def test_copies_survive_restrict_and_to_dict():
     ("change", "message"),
     [
         ({"copies": {"qc": "nope"}}, "no head permutation"),
+        ({"copies": ["qc"]}, "must map a copies group"),
+        ({"copies": "qc"}, "must map a copies group"),
         ({"copies": {"missing": "kv"}}, "not declared"),
         ({"groups": {"qk": KV * D, "vo": KV * D, "qc": KV * R + 1}}, "need 6"),
         ({"kinds": {"qc": "orthogonal"}}, "permutations only"),

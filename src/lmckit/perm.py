@@ -41,6 +41,7 @@ __all__ = [
     "compose_copies",
     "copies_axis_index",
     "copies_gains",
+    "copies_value",
     "from_unit_rows",
     "group_cost_matrix",
     "group_rows",
@@ -831,9 +832,13 @@ def random_index_vectors(
 def _check_copies(given, groups, heads, group_axes, head_repeats, axes) -> dict[str, str]:
     """Validate ``copies``: a declared group per head tie with head repeats, acting on no
     axis, of ``h·r`` units for the tie's ``h`` heads and its one head repeat ``r``."""
+    if not isinstance(given, Mapping):
+        raise SpecError(
+            f"copies must map a copies group to its head permutation, got {type(given).__name__}"
+        )
     out: dict[str, str] = {}
     ties = {t for t, _ in heads.values()}
-    for c, tie in dict(given).items():
+    for c, tie in given.items():
         if c not in groups:
             raise SpecError(f"copies names group {c!r}, which is not declared in groups")
         if tie not in ties:
@@ -971,6 +976,14 @@ def copies_gains(
     out = torch.empty_like(gains)
     out[outer] = gains
     return out
+
+
+def copies_value(gains: Tensor, copies: Tensor) -> float:
+    """``Σ_j Σ_t gains[j, t, ρ_j(t)]`` of a copies vector, for :func:`copies_gains`' gains:
+    the objective up to a constant that the copies do not change."""
+    h, r, _ = gains.shape
+    picked = copies.cpu().view(h, r) % r
+    return float(gains[torch.arange(h)[:, None], torch.arange(r)[None, :], picked].sum())
 
 
 def solve_copies(gains: Tensor) -> Tensor:

@@ -65,6 +65,7 @@ from lmckit.perm import (
     axis_index,
     copies_axis_index,
     copies_gains,
+    copies_value,
     group_rows,
     permute_tensor,
     solve_copies,
@@ -124,14 +125,8 @@ def copies_step(
     current one by more than ``rel_tol``, else None. Both weight-matching engines take it
     after each sweep, for each copies group in spec order."""
     gains = copies_gains(spec, params_a, params_b, perm, group, names=names)
-    h, r, _ = gains.shape
     new = solve_copies(gains)
-    rows = torch.arange(h)[:, None]
-
-    def total(index: Tensor) -> float:
-        return float(gains[rows, torch.arange(r)[None, :], index.cpu().view(h, r) % r].sum())
-
-    old_gain, new_gain = total(perm[group]), total(new)
+    old_gain, new_gain = copies_value(gains, perm[group]), copies_value(gains, new)
     if new_gain > old_gain + rel_tol * max(abs(old_gain), abs(new_gain), 1e-30):
         return new
     return None
