@@ -16,7 +16,7 @@ LAP duals between solves (STE-MM Alg. 3); tests hold the two to identical answer
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -34,6 +34,7 @@ from lmckit.match.weight_matcher import (
     WeightMatcher,
     acceptance_tolerance,
     copies_step,
+    held_groups,
     improves_all,
 )
 from lmckit.options import Count, checked
@@ -52,6 +53,7 @@ def weight_matching_reference(
     seed: int = 0,
     max_iter: int = 100,
     include_running_stats: bool = True,
+    hold: Sequence[str] = (),
 ) -> Permutation:
     """Git Re-Basin Alg. 1 as written — the statement of what :func:`weight_matching`
     computes. Every sweep forms every group's cost matrix afresh and solves it with SciPy;
@@ -60,6 +62,7 @@ def weight_matching_reference(
     params_a, params_b = detached(params_a), detached(params_b)
     names = set(matched_names(params_a, include_running_stats))
     active = {g for g in spec.groups if any(k in names for k, _ in spec.group_axes(g))}
+    held = held_groups(spec, hold)
     units = [kept for u in spec.update_units() if (kept := tuple(g for g in u if g in active))]
     perm = init or Permutation.identity(spec)
     rel_tol = acceptance_tolerance(params_a[next(iter(names))].dtype) if names else 0.0
@@ -67,6 +70,8 @@ def weight_matching_reference(
     for _ in range(max_iter):
         improved = False
         for idx in torch.randperm(len(units), generator=generator).tolist():
+            if held.issuperset(units[idx]):
+                continue
             gains = {
                 g: group_cost_matrix(spec, params_a, params_b, perm, g, names=names)
                 .detach()
@@ -85,7 +90,7 @@ def weight_matching_reference(
                 perm = perm.replace(**{g: torch.from_numpy(p) for g, p in new.items()})
                 improved = True
         for c in spec.copies:  # query heads inside their key/value group, after each sweep
-            if any(k in names for k, _ in spec.copies_axes(c)):
+            if c not in held and any(k in names for k, _ in spec.copies_axes(c)):
                 found = copies_step(spec, params_a, params_b, dict(perm.items()), c, names, rel_tol)
                 if found is not None:
                     perm = perm.replace(**{c: found})
@@ -113,6 +118,7 @@ def weight_matching(
     warm_start: bool = True,
     lap_backend: Literal["jv", "lapjv", "scipy"] = "jv",
     max_memory: Count | None = None,
+    hold: Sequence[str] = (),
 ) -> MatchResult:
     """Find π maximising ``⟨θ_A, π(θ_B)⟩`` by coordinate descent over the groups.
 
@@ -150,6 +156,11 @@ def weight_matching(
             kept matrices do not fit, every matrix is formed anew in each solve (the same
             permutations, more products); where not even that fits, the match is refused
             before any work. ``None``: no limit.
+        hold: groups to leave where ``init`` has them (the identity by default) — group
+            names or shell-style patterns (``"*.attn.*"``), for matching over part of the
+            spec, e.g. over the groups a spec had before heads could move. A pattern that
+            names no group is refused, and so is a hold that splits groups tied by a head
+            permutation. The restarts' random starts keep the held groups at ``init`` too.
 
     Returns:
         :class:`MatchResult` of the best restart: ``history`` is its objective after each
@@ -172,6 +183,7 @@ def weight_matching(
     check_int("restarts", restarts)
     check_int("max_iter", max_iter)
     check_duals(duals)
+    held = held_groups(spec, hold)
     delta = _delta_within(MemoryNeed.of(spec, params_a, params_b), max_memory)
     matcher = WeightMatcher(
         spec,
@@ -185,6 +197,9 @@ def weight_matching(
     for restart in range(restarts):
         restart_seed = seed if restart == 0 else _restart_seed(seed, restart)
         start_perm = init if restart == 0 else Permutation.random(spec, restart_seed)
+        if held and restart > 0:
+            kept = init or Permutation.identity(spec)
+            start_perm = start_perm.replace(**{g: kept[g] for g in held})
 
         def report(event, restart=restart, offset=sweeps_done):
             extra = {"restart": restart} if restarts > 1 else {}
@@ -200,6 +215,7 @@ def weight_matching(
             progress=report if progress is not None else None,
             validate=False,
             distances=False,
+            hold=held,
         )
         sweeps_done += result.iterations
         results.append(result)

@@ -44,10 +44,11 @@ algorithm carries no instrumentation.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lmckit.errors import SpecError
 from lmckit.lap import LapDuals, assign_heads, cost_array, solve_lap
 from lmckit.match.result import MatchResult, check_inputs, matched_names
 from lmckit.params import Params, detached
@@ -79,6 +81,7 @@ __all__ = [
     "WeightMatcher",
     "acceptance_tolerance",
     "copies_step",
+    "held_groups",
     "improves_all",
 ]
 
@@ -108,6 +111,36 @@ def improves_all(
     old_gain = sum(_total(c, old[g]) for g, c in gains.items())
     new_gain = sum(_total(c, new[g]) for g, c in gains.items())
     return new_gain > old_gain + rel_tol * max(abs(old_gain), abs(new_gain), 1e-30)
+
+
+def held_groups(spec: PermutationSpec, hold: Sequence[str]) -> frozenset[str]:
+    """The groups of ``spec`` that ``hold`` names — group names or shell-style patterns
+    (``"*.attn.*"``) — for a match that leaves them where ``init`` has them.
+
+    Refuses a pattern that names no group (a typo would otherwise match everything) and a
+    hold that splits the groups tied by a head permutation (one two-level assignment moves
+    them all, so they are held or matched together).
+    """
+    if isinstance(hold, str):
+        raise SpecError(f"hold takes a list of group names or patterns, not the string {hold!r}")
+    held: set[str] = set()
+    for pattern in hold:
+        if not isinstance(pattern, str):
+            raise SpecError(f"hold takes group names or patterns (strings), not {pattern!r}")
+        named = {g for g in spec.groups if fnmatch.fnmatchcase(g, pattern)}
+        if not named:
+            raise SpecError(
+                f"hold: {pattern!r} names no group of the spec (its groups: "
+                f"{', '.join(list(spec.groups)[:6])}{', ...' if len(spec.groups) > 6 else ''})"
+            )
+        held |= named
+    for unit in spec.update_units():
+        if 0 < len(held & set(unit)) < len(unit):
+            raise SpecError(
+                f"hold names {sorted(held & set(unit))} but not {sorted(set(unit) - held)}: "
+                "groups tied by a head permutation are held or matched together"
+            )
+    return frozenset(held)
 
 
 def copies_step(
@@ -619,13 +652,15 @@ class WeightMatcher:
         validate: bool = True,
         distances: bool = True,
         objective: bool = True,
+        hold: frozenset[str] = frozenset(),
     ) -> MatchResult:
         """Match B onto ``params_a``; arguments as in :func:`weight_matching`.
 
         ``validate=False`` skips the input checks, ``distances=False`` the two distance
         passes (``distance_before``/``distance_after`` are then NaN) and ``objective=False``
         the objective's two passes (``history`` is then empty): for callers that re-match
-        every step (STE, STE-MM) and checked their inputs once.
+        every step (STE, STE-MM) and checked their inputs once. ``hold``: groups left at
+        ``init`` (:func:`held_groups`).
 
         The objective after each sweep is the exact one at the start plus the gains of the
         accepted solves (linear in a group's permutation: ``Σ_i C[i, p(i)]``), re-evaluated
@@ -662,6 +697,7 @@ class WeightMatcher:
             sweeps = self._sweep = sweep
             improved = stale = False
             order = [self.units[i] for i in torch.randperm(len(self.units), generator=generator)]
+            order = [unit for unit in order if not hold.issuperset(unit)]
             ahead: dict[tuple[str, ...], dict[str, Tensor]] = {}  # formed before their turn
             for position, unit in enumerate(order):
                 neighbours = tuple(perm[h] for h in self.neighbours[unit])
@@ -720,6 +756,8 @@ class WeightMatcher:
                         stale = True
                 solved_with[unit] = neighbours  # the permutations these were formed with
             for c in self.copies:  # query heads inside their key/value group
+                if c in hold:
+                    continue
                 found = copies_step(spec, params_a, params_b, perm, c, self.names, rel_tol)
                 if found is not None:
                     perm[c] = found.to(device)
