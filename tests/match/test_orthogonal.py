@@ -197,3 +197,31 @@ def test_the_command_line_writes_a_transform_that_aligns_b(tmp_path, capsys):
     assert "weight matching" in capsys.readouterr().err
     assert main([*args, "--max-memory", "1G"]) == 2  # not silently ignored
     assert "--max-memory" in capsys.readouterr().err
+
+
+def test_in_float32_the_descent_stops_where_its_gains_reach_rounding(kinds):
+    """In float32 the maps never settle to the 1e-12 step test (rounding of the moved
+    weights), so the descent ran to max_iter; the default gain_tol (float32's eps) ends it
+    where two sweeps in a row gain less than that, at an objective within a few rounding
+    steps of the capped run's. In float64 the default is off: the same run as gain_tol=0."""
+    model, _, spec64 = kinds
+    a64, b64 = _folded(spec64, model), _folded(spec64, _gpt(1))
+    a = {k: v.float() for k, v in a64.items()}
+    b = {k: v.float() for k, v in b64.items()}
+    init = weight_matching(spec64, a, b).perm
+    capped = orthogonal_weight_matching(spec64, a, b, init=init, max_iter=300, gain_tol=0)
+    assert capped.iterations == 300 and capped.info["stopped"] == "max_iter"
+    early = orthogonal_weight_matching(spec64, a, b, init=init, max_iter=300)
+    eps = torch.finfo(torch.float32).eps
+    assert early.info == {**early.info, "stopped": "gain_tol", "gain_tol": eps}
+    assert early.iterations < 300
+    tail = early.history[-3:]
+    assert tail[1] - tail[0] <= eps * abs(tail[1]) and tail[2] - tail[1] <= eps * abs(tail[2])
+    best = max(capped.history)
+    assert early.history[-1] >= best - 1e-5 * abs(best)
+    wm64 = weight_matching(spec64, a64, b64).perm
+    default = orthogonal_weight_matching(spec64, a64, b64, init=wm64, max_iter=40)
+    off = orthogonal_weight_matching(spec64, a64, b64, init=wm64, max_iter=40, gain_tol=0)
+    assert default.info["gain_tol"] == 0 and default.history == off.history
+    with pytest.raises(PermutationError, match="gain_tol must be a non-negative"):
+        orthogonal_weight_matching(spec64, a64, b64, gain_tol=-1.0)

@@ -30,8 +30,8 @@ _STE_OPTIONS = ("epochs", "lr", "batch_size")
 _UNUSED = {
     ("wm", "orth"): ("n_batches", *_STE_OPTIONS),
     ("wm", "full"): _STE_OPTIONS,  # n_batches: the least squares' activations
-    ("am", "orth"): ("restarts", "max_iter", *_STE_OPTIONS),
-    ("am", "full"): ("restarts", "max_iter", *_STE_OPTIONS),
+    ("am", "orth"): ("restarts", "max_iter", "gain_tol", *_STE_OPTIONS),
+    ("am", "full"): ("restarts", "max_iter", "gain_tol", *_STE_OPTIONS),
     ("ste", "orth"): (),
     ("ste", "full"): (),
 }

@@ -75,6 +75,7 @@ def symmetry_matching(
     n_batches: Count | None = None,
     restarts: Count = 1,
     max_iter: Count = 100,
+    gain_tol: float | None = None,
     epochs: Count = 1,
     lr: Positive = 1e-3,
     batch_size: Count = 256,
@@ -102,6 +103,9 @@ def symmetry_matching(
         max_iter: the orthogonal descent's sweeps at most (``start`` ``"wm"`` or
             ``"ste"``; :func:`~lmckit.match.orthogonal.orthogonal_weight_matching`): each
             sweep raises the objective, so fewer give a valid but less aligned transform.
+        gain_tol: the orthogonal descent stops after two sweeps that each gain less than
+            this share of its objective (default: the models' dtype's resolution; see
+            :func:`~lmckit.match.orthogonal.orthogonal_weight_matching`).
         epochs, lr, batch_size: ``"ste"``'s descent on the midpoint loss
             (:func:`~lmckit.match.transform_ste.transform_ste_matching`).
 
@@ -154,6 +158,7 @@ def symmetry_matching(
         wm = weight_matching(kinds, folded_a, folded_b, seed=seed, restarts=restarts)
         orth = orthogonal_weight_matching(
             kinds, folded_a, folded_b, init=wm.alignment, seed=seed, max_iter=max_iter,
+            gain_tol=gain_tol,
             progress=progress if start == "wm" else None,  # one stream: the long stage's
         )  # fmt: skip
         stages = [wm, orth]
