@@ -979,16 +979,23 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
             inside[name] = f"{pinned_labels[label]}: {PINNED}"
     # grouped-query attention: the query heads sharing a key/value head (the copies of a
     # head repeat) may be permuted among themselves, their query rows and output columns alike
-    copies: dict[str, str] = {}
+    # — where every group of the tie holds the query heads apart: Qwen3's QK-norm gain keeps
+    # its queries' heads whole blocks of r·d (no head repeat on them), and copies that moved
+    # the output columns alone would change the function
+    repeated: dict[str, int] = {}
     for key, counts in head_repeats.items():
         for i, r in enumerate(counts):
             g = axes[key][i]
             if r > 1 and isinstance(g, str) and g in heads:
-                tie, h = heads[g]
-                name = f"{tie}:copies"
-                if name not in copies and name not in groups:
-                    copies[name] = tie
-                    groups[name] = h * r
+                repeated[g] = r
+    copies: dict[str, str] = {}
+    for g, r in repeated.items():
+        tie, h = heads[g]
+        name = f"{tie}:copies"
+        tied = [other for other, (t, _) in heads.items() if t == tie]
+        if all(other in repeated for other in tied) and name not in copies | groups:
+            copies[name] = tie
+            groups[name] = h * r
     try:
         spec = PermutationSpec(
             groups=groups,
