@@ -413,6 +413,46 @@ def test_llama_rotary_query_key_maps_are_found_and_a_planted_one_undone():
     assert start > 1 and left < 1e-8 * start
 
 
+def test_phi_partial_rotary_pairs_its_rotated_dimensions_and_frees_the_rest():
+    """Phi rotates only the first half of each head (``partial_rotary_factor=0.5``: 2 of 4
+    dimensions) and passes the rest: the queries' and keys' heads are one pinned group
+    again (the cat that re-joins the rotated and the passed part is the projection's own
+    axis), laid out as one rotate-half pair of 2 with the other 2 dimensions free (not the
+    two interleaved pairs, which also pass but are a smaller group). A random element of
+    the whole group keeps the function to 1e-10 in float64, and ``wm-orth`` undoes a planted
+    element of its distance-keeping part."""
+    from lmckit.match import METHODS
+    from lmckit.tracing import symmetry_kinds
+    from lmckit.transform import Transform, fold_norms, orthogonal_subgroup
+
+    torch.manual_seed(0)
+    model = T.PhiForCausalLM(T.PhiConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=16, partial_rotary_factor=0.5,
+    )).double().eval()  # fmt: skip
+    x = _ids()
+    traced = trace_report(model, x).spec
+    spec = symmetry_kinds(model, x, traced).spec
+    for layer in range(2):
+        qk = spec.axes[f"model.layers.{layer}.self_attn.k_proj.weight"][0]
+        assert spec.axes[f"model.layers.{layer}.self_attn.q_proj.weight"][0] == qk
+        assert spec.groups[qk] == 16 and qk in spec.pinned and spec.heads[qk][1] == 4
+        assert spec.kind(qk) == "rotary-scaled" and spec.rotary[qk] == ("half", 2)
+    a = fold_norms(spec, {k: v.detach() for k, v in model.state_dict().items()})
+    with torch.no_grad():
+        reference = torch.func.functional_call(model, a, (x,)).logits
+        moved = Transform.random(spec, 5).apply(a)
+        out = torch.func.functional_call(model, moved, (x,)).logits
+    assert (out - reference).abs().max() <= 1e-10 * reference.abs().max()
+    planted = Transform.random(orthogonal_subgroup(spec), 3)
+    b = planted.inverse().apply(a)
+    start = sum(float(((a[k] - b[k]) ** 2).sum()) for k in a) ** 0.5
+    found = METHODS["wm-orth"](spec, a, b, model=model, example_inputs=(x,))
+    aligned = found.alignment.apply(b)
+    left = sum(float(((a[k] - aligned[k]) ** 2).sum()) for k in a) ** 0.5
+    assert start > 1 and left < 1e-8 * start
+
+
 def test_qwen3_qk_norm_gain_restricts_the_rotary_maps_to_sign_flips_of_a_pair():
     """Qwen3 normalises each query/key head (RMSNorm, one gain over the head's dimensions)
     before the rotary embedding. A rotation of a frequency pair written into the projections

@@ -251,10 +251,13 @@ def _slice_bounds(exported) -> set[int]:
 
 
 def _rotary_layouts(head: int, cuts: set[int]) -> list[tuple[str, int]]:
-    """The layouts to try on a head of ``head`` dimensions, the widest first: all of it
-    rotated, or the first ``r`` for each even cut ``r`` the graph slices at; rotate-half
-    pairs before interleaved ones. The check decides which, if any, the model has."""
-    widths = sorted({head, *(c for c in cuts if 2 <= c < head and c % 2 == 0)}, reverse=True)
+    """The layouts to try on a head of ``head`` dimensions, the narrowest first: the first
+    ``r`` rotated for each even cut ``r`` the graph slices at, or all of it; rotate-half
+    pairs before interleaved ones. The check decides which, if any, the model has. Narrow
+    first, for the unrotated rest takes any map of the kind: a narrower layout the check
+    passes is the larger group (Phi's 2 rotated dimensions of 4 also pass as 2 interleaved
+    pairs, whose second pair's scaled rotations are a part of the rest's maps)."""
+    widths = sorted({head, *(c for c in cuts if 2 <= c < head and c % 2 == 0)})
     return [(style, r) for r in widths if r % 2 == 0 for style in ("half", "interleaved")]
 
 

@@ -66,6 +66,8 @@ class Axes:
         self.fixed_blocks: list[tuple[str, int]] = []
         # (whole axis, its consecutive parts with their lengths) of every cat and split
         self.sums: list[tuple[tuple[str, int], list[tuple[tuple[str, int], int]]]] = []
+        # (slice's axis, the axis it cuts, start, end) of every slice that cuts a range
+        self.slices: list[tuple[tuple[str, int], tuple[str, int], int, int]] = []
 
     def unit(self, node: fx.Node, n: int | tuple[int, ...], tag: str = "units") -> Unit:
         """New axes of length ``n`` (or of shape ``n``) belonging to ``node``'s op (see
@@ -835,6 +837,10 @@ def slice_(node: fx.Node, ax: Axes) -> None:
     if not whole:
         ax.freeze(x, d, SLICED)
         ax.freeze(node, d, SLICED)
+        if step == 1:
+            begin = _dim(start or 0, xs[d])
+            stop = xs[d] if end is None else min(_dim(end, xs[d]), xs[d])
+            ax.slices.append(((node.name, d), (x.name, d), begin, stop))
 
 
 def cat(node: fx.Node, ax: Axes) -> None:
@@ -848,7 +854,42 @@ def cat(node: fx.Node, ax: Axes) -> None:
         for i in range(len(out)):
             if i != d:
                 ax.same(p, i, node, i)
-    ax.direct_sum(node, d, [(p, d) for p in parts])
+    source = _rejoined(ax, [(p.name, d) for p in parts], out[d])
+    if source is not None:
+        ax._same((node.name, d), source)
+    else:
+        ax.direct_sum(node, d, [(p, d) for p in parts])
+
+
+def _rejoined(ax: Axes, parts: list[tuple[str, int]], length: int) -> tuple[str, int] | None:
+    """The axis that ``parts`` cut into consecutive ranges covering it in order — each part
+    a slice of it, or joined to one by the ops between (partial rotary embeddings:
+    ``cat(rotate(x[..., :r]), x[..., r:])``) — or None. The cat's axis is then that axis
+    again (frozen, as the slices froze it), not a sum of parts, so what reads it (the
+    query-key product) meets the projection's own axis."""
+    if len(parts) < 2:
+        return None
+    # a part's class may hold slices of several axes (rotary tables join the queries' and
+    # the keys' rotated halves): look for one cut axis that every part is a range of
+    ranges: list[dict[Any, tuple[int, int, tuple[str, int]]]] = []
+    for part in parts:
+        root = ax._find(part)
+        ranges.append(
+            {ax._find(c[1]): (c[2], c[3], c[1]) for c in ax.slices if ax._find(c[0]) == root}
+        )
+    for source, (_, _, key) in ranges[0].items():
+        if not all(source in r for r in ranges):
+            continue
+        position = 0
+        for r in ranges:
+            begin, stop, _ = r[source]
+            if begin != position:
+                break
+            position = stop
+        else:
+            if position == length:
+                return key
+    return None
 
 
 def stack(node: fx.Node, ax: Axes) -> None:
