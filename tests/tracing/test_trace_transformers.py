@@ -413,31 +413,46 @@ def test_llama_rotary_query_key_maps_are_found_and_a_planted_one_undone():
     assert start > 1 and left < 1e-8 * start
 
 
-def test_phi_partial_rotary_pairs_its_rotated_dimensions_and_frees_the_rest():
-    """Phi rotates only the first half of each head (``partial_rotary_factor=0.5``: 2 of 4
-    dimensions) and passes the rest: the queries' and keys' heads are one pinned group
-    again (the cat that re-joins the rotated and the passed part is the projection's own
-    axis), laid out as one rotate-half pair of 2 with the other 2 dimensions free (not the
-    two interleaved pairs, which also pass but are a smaller group). A random element of
-    the whole group keeps the function to 1e-10 in float64, and ``wm-orth`` undoes a planted
-    element of its distance-keeping part."""
+ROTARY_CASES = {  # (factory, query/key projections of layer i, the layout the graph has)
+    "phi-partial": (lambda: T.PhiForCausalLM(T.PhiConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=16, partial_rotary_factor=0.5)),
+        "model.layers.{}.self_attn.{}_proj.weight", ("half", 2)),
+    "gptj-partial": (lambda: T.GPTJForCausalLM(T.GPTJConfig(
+        vocab_size=40, n_embd=32, n_layer=2, n_head=4, n_positions=16, rotary_dim=4,
+        bos_token_id=0, eos_token_id=0)),
+        "transformer.h.{}.attn.{}_proj.weight", ("interleaved", 4)),
+    "gptj-whole-head": (lambda: T.GPTJForCausalLM(T.GPTJConfig(
+        vocab_size=40, n_embd=16, n_layer=2, n_head=4, n_positions=16, rotary_dim=4,
+        bos_token_id=0, eos_token_id=0)),
+        "transformer.h.{}.attn.{}_proj.weight", ("interleaved", 4)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(ROTARY_CASES))
+def test_partial_and_interleaved_rotary_pair_their_rotated_dimensions_and_free_the_rest(name):
+    """Phi rotates the first half of each head (2 of 4 dimensions) rotate-half, GPT-J the
+    first 4 interleaved (of 8, or of all 4), passing the rest: the queries' and keys' heads
+    are one pinned group (the cat that re-joins the rotated and the passed part is the
+    projection's own axis; GPT-J's rotary tables, repeated in place, pin the dimensions
+    rather than freeze the heads), laid out as the graph has it, the unrotated dimensions
+    free (Phi's single pair is not read as two interleaved pairs, which also pass but are
+    a smaller group). A random element of the whole group keeps the function to 1e-10 in
+    float64, and ``wm-orth`` undoes a planted element of its distance-keeping part."""
     from lmckit.match import METHODS
     from lmckit.tracing import symmetry_kinds
     from lmckit.transform import Transform, fold_norms, orthogonal_subgroup
 
+    make, projection, layout = ROTARY_CASES[name]
     torch.manual_seed(0)
-    model = T.PhiForCausalLM(T.PhiConfig(
-        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=16, partial_rotary_factor=0.5,
-    )).double().eval()  # fmt: skip
+    model = make().double().eval()
     x = _ids()
-    traced = trace_report(model, x).spec
-    spec = symmetry_kinds(model, x, traced).spec
+    spec = symmetry_kinds(model, x, trace_report(model, x).spec).spec
     for layer in range(2):
-        qk = spec.axes[f"model.layers.{layer}.self_attn.k_proj.weight"][0]
-        assert spec.axes[f"model.layers.{layer}.self_attn.q_proj.weight"][0] == qk
-        assert spec.groups[qk] == 16 and qk in spec.pinned and spec.heads[qk][1] == 4
-        assert spec.kind(qk) == "rotary-scaled" and spec.rotary[qk] == ("half", 2)
+        qk = spec.axes[projection.format(layer, "k")][0]
+        assert spec.axes[projection.format(layer, "q")][0] == qk
+        assert qk in spec.pinned and spec.heads[qk][1] == 4
+        assert spec.kind(qk) == "rotary-scaled" and spec.rotary[qk] == layout
     a = fold_norms(spec, {k: v.detach() for k, v in model.state_dict().items()})
     with torch.no_grad():
         reference = torch.func.functional_call(model, a, (x,)).logits

@@ -820,6 +820,14 @@ def unbind(node: fx.Node, ax: Axes) -> None:
 SLICED = "sliced"
 """Why a slice freezes the axis it cuts (a rotary embedding's halves, a partial range)."""
 
+REPEATED = "repeated in place (repeat_interleave)"
+"""Why ``repeat_interleave`` freezes its axis (GPT-J's interleaved rotary tables)."""
+
+PINNING = frozenset({SLICED, REPEATED})
+"""Freeze reasons of a head's inner axis under which the heads may still move whole: the
+dimensions are cut apart or multiplied by a table that every head shares (rotary
+embeddings), not indexed by a parameter. The equivalence check confirms each spec."""
+
 
 def slice_(node: fx.Node, ax: Axes) -> None:
     """``slice(x, dim, start, end, step)``: the full range maps through; a part freezes."""
@@ -920,8 +928,8 @@ def repeat_interleave(node: fx.Node, ax: Axes) -> None:
     for i in range(len(xs)):
         if i != d:
             ax.same(x, i, node, i)
-    ax.freeze(x, d, "repeated in place (repeat_interleave)")
-    ax.freeze(node, d, "repeated in place (repeat_interleave)")
+    ax.freeze(x, d, REPEATED)
+    ax.freeze(node, d, REPEATED)
 
 
 def split(node: fx.Node, ax: Axes) -> None:

@@ -63,7 +63,7 @@ from lmckit.functional import logits_of, module_mode
 from lmckit.options import checked
 from lmckit.params import check_finite
 from lmckit.perm import Permutation, PermutationSpec, axis_groups, random_index_vectors
-from lmckit.tracing.rules import IGNORED, SLICED, Axes, rule_for
+from lmckit.tracing.rules import IGNORED, PINNING, Axes, rule_for
 
 __all__ = ["TraceReport", "trace", "trace_report"]
 
@@ -789,7 +789,7 @@ def _inside_blocks(
         node = ("#inside", uf.find(inner))
         inner_nodes.append(node)
         inside.union(merged, node)
-        if (why := found.inner_reasons[inner]) == SLICED:
+        if (why := found.inner_reasons[inner]) in PINNING:
             # rotary embeddings slice and re-join a head's dimensions: they cannot be
             # permuted, but the heads can, and a kind may find maps inside each head
             pinned_nodes[node] = why
