@@ -38,6 +38,10 @@ class Mutation:
 
 
 M = Mutation
+ROTARY_TEST = (
+    "tests/tracing/test_trace_transformers.py::"
+    "test_partial_and_interleaved_rotary_pair_their_rotated_dimensions_and_free_the_rest"
+)
 MUTATIONS = [
     # -- slices of an experiment (--only) --
     M(
@@ -2282,6 +2286,48 @@ MUTATIONS = [
         "    if perm is not None:\n        _check_fits_spec(perm, source)\n",
         "",
         ("tests/test_model_folder_architectures.py",),
+    ),
+    # -- issue 59, third session: partial rotary, Qwen3's copies, hold, wm-orth's stop --
+    M(
+        "partial-rotary-cat-left-a-sum",
+        "the cat that re-joins a partial rotary's rotated and passed parts stays a direct sum",
+        "src/lmckit/tracing/rules.py",
+        "    source = _rejoined(ax, [(p.name, d) for p in parts], out[d])\n",
+        "    source = None\n",
+        (ROTARY_TEST,),
+    ),
+    M(
+        "rotary-layouts-widest-first",
+        "the rotary layouts tried widest first (Phi's pair read as two interleaved pairs)",
+        "src/lmckit/tracing/kinds.py",
+        "    widths = sorted({head, *(c for c in cuts if 2 <= c < head and c % 2 == 0)})",
+        "    widths = sorted({head, *(c for c in cuts if 2 <= c < head and c % 2 == 0)}, "
+        "reverse=True)",
+        (ROTARY_TEST,),
+    ),
+    M(
+        "copies-on-output-columns-alone",
+        "a copies group made where the queries' heads are whole blocks (Qwen3's QK-norm)",
+        "src/lmckit/tracing/trace.py",
+        "        if all(other in repeated for other in tied) and name not in copies | groups:",
+        "        if name not in copies | groups:",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "hold-ignored",
+        "weight matching moves the groups it was told to hold",
+        "src/lmckit/match/weight_matcher.py",
+        "            order = [unit for unit in order if not hold.issuperset(unit)]\n",
+        "",
+        ("tests/match/test_weight.py",),
+    ),
+    M(
+        "wm-orth-gain-test-off",
+        "wm-orth's gain test never stops the descent (float32 runs to max_iter)",
+        "src/lmckit/match/orthogonal.py",
+        "        if small_gains == 2:\n",
+        "        if False:\n",
+        ("tests/match/test_orthogonal.py",),
     ),
 ]
 
