@@ -384,13 +384,27 @@ def test_gpt_neox_fused_per_head_projection_moves_whole_heads_and_says_why():
     assert "failed the equivalence check" not in str(report)
 
 
+def _wm_orth_undoes_a_planted_element(model, spec, a, x) -> None:
+    """``wm-orth`` brings B — the folded model A under a planted element of the spec's
+    distance-keeping group — back onto A, to 1e-8 of the planted distance."""
+    from lmckit.match import METHODS
+    from lmckit.transform import Transform, orthogonal_subgroup
+
+    planted = Transform.random(orthogonal_subgroup(spec), 3)
+    b = planted.inverse().apply(a)
+    start = sum(float(((a[k] - b[k]) ** 2).sum()) for k in a) ** 0.5
+    found = METHODS["wm-orth"](spec, a, b, model=model, example_inputs=(x,))
+    aligned = found.alignment.apply(b)
+    left = sum(float(((a[k] - aligned[k]) ** 2).sum()) for k in a) ** 0.5
+    assert start > 1 and left < 1e-8 * start
+
+
 def test_llama_rotary_query_key_maps_are_found_and_a_planted_one_undone():
     """Llama's query/key heads take a scaled rotation of each rotate-half pair (found by
     the check, layout from the graph's slices); ``wm-orth`` undoes a planted element of the
     whole distance-keeping group — rotations of the pairs, value maps, the stream."""
-    from lmckit.match import METHODS
     from lmckit.tracing import symmetry_kinds
-    from lmckit.transform import Transform, fold_norms, orthogonal_subgroup
+    from lmckit.transform import fold_norms
 
     torch.manual_seed(0)
     config = T.LlamaConfig(
@@ -404,13 +418,7 @@ def test_llama_rotary_query_key_maps_are_found_and_a_planted_one_undone():
     qk = spec.axes["model.layers.0.self_attn.k_proj.weight"][0]
     assert spec.kind(qk) == "rotary-scaled" and spec.rotary[qk] == ("half", 4)
     a = fold_norms(spec, {k: v.detach() for k, v in model.state_dict().items()})
-    planted = Transform.random(orthogonal_subgroup(spec), 3)
-    b = planted.inverse().apply(a)
-    start = sum(float(((a[k] - b[k]) ** 2).sum()) for k in a) ** 0.5
-    found = METHODS["wm-orth"](spec, a, b, model=model, example_inputs=(x,))
-    aligned = found.alignment.apply(b)
-    left = sum(float(((a[k] - aligned[k]) ** 2).sum()) for k in a) ** 0.5
-    assert start > 1 and left < 1e-8 * start
+    _wm_orth_undoes_a_planted_element(model, spec, a, x)
 
 
 ROTARY_CASES = {  # (factory, query/key projections of layer i, the layout the graph has)
@@ -439,9 +447,8 @@ def test_partial_and_interleaved_rotary_pair_their_rotated_dimensions_and_free_t
     free (Phi's single pair is not read as two interleaved pairs, which also pass but are
     a smaller group). A random element of the whole group keeps the function to 1e-10 in
     float64, and ``wm-orth`` undoes a planted element of its distance-keeping part."""
-    from lmckit.match import METHODS
     from lmckit.tracing import symmetry_kinds
-    from lmckit.transform import Transform, fold_norms, orthogonal_subgroup
+    from lmckit.transform import Transform, fold_norms
 
     make, projection, layout = ROTARY_CASES[name]
     torch.manual_seed(0)
@@ -459,13 +466,7 @@ def test_partial_and_interleaved_rotary_pair_their_rotated_dimensions_and_free_t
         moved = Transform.random(spec, 5).apply(a)
         out = torch.func.functional_call(model, moved, (x,)).logits
     assert (out - reference).abs().max() <= 1e-10 * reference.abs().max()
-    planted = Transform.random(orthogonal_subgroup(spec), 3)
-    b = planted.inverse().apply(a)
-    start = sum(float(((a[k] - b[k]) ** 2).sum()) for k in a) ** 0.5
-    found = METHODS["wm-orth"](spec, a, b, model=model, example_inputs=(x,))
-    aligned = found.alignment.apply(b)
-    left = sum(float(((a[k] - aligned[k]) ** 2).sum()) for k in a) ** 0.5
-    assert start > 1 and left < 1e-8 * start
+    _wm_orth_undoes_a_planted_element(model, spec, a, x)
 
 
 def test_qwen3_qk_norm_gain_restricts_the_rotary_maps_to_sign_flips_of_a_pair():
