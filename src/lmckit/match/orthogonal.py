@@ -247,13 +247,13 @@ def orthogonal_weight_matching(
             square of the maps' error, below float64 resolution long before the maps
             converge: the maps' own change is the test that recovers them to 1e-10.)
         gain_tol: the descent also stops after two sweeps in a row that each raise the
-            objective by at most ``gain_tol`` times its magnitude. ``None`` (default): the
-            resolution of the models' dtype — off (0, as any 0) in float64, where the step test
-            ends the descent; ``torch.finfo(dtype).eps`` below it, where rounding of the
-            moved weights keeps the maps from settling to ``step_tol`` and the descent
-            would run to ``max_iter`` (on the study's trained float32 Llamas it made
-            99.99 % of its gain by sweep 28–44 and ran to 100:
-            ``benchmarks/bench_wm_orth.py``).
+            objective by at most ``gain_tol`` times its magnitude; 0 turns the test off.
+            ``None`` (default): the resolution of the models' dtype — off in float64, where
+            the step test ends the descent; ``torch.finfo(dtype).eps`` below it, where
+            rounding of the moved weights keeps the maps from settling to ``step_tol`` and
+            the descent would run to ``max_iter`` (on the study's trained float32 Llamas it
+            made 99.99 % of its gain by sweep 28–44 and ran to 100; with the test it stops
+            at sweep 44–70, 1e-6 short: ``benchmarks/bench_wm_orth.py``).
 
     Returns:
         :class:`MatchResult` whose ``alignment`` is a :class:`~lmckit.transform.Transform`
