@@ -3,12 +3,14 @@
 loss at the midpoint, side by side.
 
 For each pair of lmckit checkpoints (``--pair A B``; the Llama study's, trained on
-``python-stdlib``): the traced spec's kinds (distance-keeping part), both models' norm
-gains folded, permutation weight matching, then the orthogonal descent stopped after each
-of ``--sweeps`` sweeps (0: WM's permutations alone). At each stop: the weight distance
-``‖θ_A − T(θ_B)‖``, and the test loss (nats per token) at λ = 0, ½, 1 on the first
-``--windows`` test windows, with the barrier at ½. Then, for each family of maps alone —
-the residual stream's rotation, the rotary pairs' rotations, the value maps — made
+``python-stdlib``, or ViTs with ``--dataset fashion-mnist``): the traced spec's kinds
+(distance-keeping part), both models' norm gains folded, permutation weight matching,
+then the orthogonal descent stopped after each of ``--sweeps`` sweeps (0: WM's
+permutations alone). At each stop: the weight distance
+``‖θ_A − T(θ_B)‖``, and the test loss (nats per token or per image) at λ = 0, ½, 1 on the
+first ``--windows`` test examples, with the barrier at ½. Then, for each family of maps
+alone — the residual stream's rotation, the rotary pairs' rotations, the other head maps
+(``"value maps"``: a rotary decoder's value maps; a ViT's query/key and value maps) — made
 continuous (every other group permutations only), the same after ``--family-sweeps``
 sweeps: which maps move the barrier. Prints one JSON document.
 
@@ -65,7 +67,7 @@ def at_stop(model, spec, fa, fb, init, sweeps: int, x, y, ends) -> dict:
 
 def families(kinds) -> dict[str, list[str]]:
     """The groups of each family of continuous maps: the stream, the rotary pairs, the
-    value maps."""
+    other head-structured groups (``"value maps"``)."""
     rotary = [g for g in kinds.kinds if kinds.kind(g).startswith("rotary")]
     return {
         "stream": [g for g in kinds.kinds if g not in kinds.heads],
@@ -79,10 +81,13 @@ def main() -> None:
     parser.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"), required=True)
     parser.add_argument("--sweeps", type=int, nargs="+", default=[0, 1, 3, 10, 30, 100])
     parser.add_argument("--family-sweeps", type=int, default=30)
-    parser.add_argument("--windows", type=int, default=512)
+    parser.add_argument("--windows", type=int, default=512, help="test examples evaluated")
+    parser.add_argument(
+        "--dataset", default="python-stdlib", help="the pairs' dataset (default python-stdlib)"
+    )
     args = parser.parse_args()
-    data = load_dataset("python-stdlib")
-    x, y = data.test_x[: args.windows].long(), data.test_y[: args.windows]
+    data = load_dataset(args.dataset)
+    x, y = data.test_x[: args.windows], data.test_y[: args.windows]
     out = []
     for path_a, path_b in args.pair:
         a, b = load_checkpoint(path_a), load_checkpoint(path_b)
