@@ -2329,6 +2329,23 @@ MUTATIONS = [
         "        if False:\n",
         ("tests/match/test_orthogonal.py",),
     ),
+    M(
+        "expert-moved-without-its-router-row",
+        "topk's indices index nothing: the experts move as a group of their own, the "
+        "router's rows stay",
+        "src/lmckit/tracing/rules.py",
+        "    ax.same(values, 0, x, d)\n",
+        "",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "index-values-followed-through-arithmetic",
+        "every op hands index values on, arithmetic on them included",
+        "src/lmckit/tracing/rules.py",
+        "    if node.target in _MOVE_VALUES and only is node.args[0]:\n",
+        "    if only is node.args[0]:\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
 ]
 
 

@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from lmckit.errors import SpecError
 from lmckit.tracing import trace_report
 from tests.zoo import planted_recovery
 
@@ -308,29 +307,88 @@ def test_a_diffusers_unet_traces_through_its_upsampling_and_skip_connections():
     planted_recovery(model, report.spec)
 
 
-def test_mixtral_is_checked_at_float32_where_its_expert_products_take_no_float64():
-    """Mixtral's grouped expert products refuse float64: the check runs at float32 (the
-    report says so) rather than failing; its attention moves as Llama's does. (Its experts
-    and their router rows are not yet groups: the routing ops have no rules.)"""
-    torch.manual_seed(0)
-    model = T.MixtralForCausalLM(T.MixtralConfig(
+def _mixtral(seed: int = 0):
+    torch.manual_seed(seed)
+    return T.MixtralForCausalLM(T.MixtralConfig(
         vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
         num_local_experts=4, num_experts_per_tok=2,
     ))  # fmt: skip
-    report = trace_report(model, _ids())
-    assert report.precision == "float32"
-    assert report.checked_modes == ("eval", "train")
-    spec = report.spec
-    o = "model.layers.0.self_attn.o_proj.weight"
-    assert spec.head_repeats[o] == (1, 2) and spec.axes[o][1] in spec.heads
-    planted_recovery(model, spec)
-    with pytest.raises(SpecError, match="float64 copy"):  # asked for float64: refused
-        trace_report(model, _ids(), precision="float64")
-    from lmckit.tracing import symmetry_kinds  # its kinds are checked at float32 too
 
-    kinds = symmetry_kinds(model, _ids(), spec).spec
-    assert kinds.kind(spec.axes[o][1]) == "invertible"
+
+def test_mixtral_experts_move_with_their_router_rows():
+    """Mixtral's experts are a group: the router's rows and each expert's slice of the fused
+    expert tensors, followed from ``topk``'s indices to ``weight[idx]`` (traced and checked,
+    in float64, in the batched form of its experts — its default grouped form sorts tokens
+    by expert, which no rule follows, and takes no float64). The stream is whole again
+    (100 % of the parameters) and its kinds are found; the grouped form, as the model runs,
+    keeps its function under a random element too; planted experts are recovered."""
+    from lmckit.functional import forward
+    from lmckit.perm import Permutation
+
+    model = _mixtral()
+    report = trace_report(model, _ids())
+    assert model.config._experts_implementation == "grouped_mm"  # restored
+    assert report.precision == "float64" and report.checked_modes == ("eval", "train")
+    assert report.batched_experts == ("model.layers.0.mlp.experts", "model.layers.1.mlp.experts")
+    assert report.permuted_fraction == 1.0, str(report)
+    spec = report.spec
+    for layer in range(2):
+        mlp = f"model.layers.{layer}.mlp"
+        experts = spec.axes[f"{mlp}.gate.weight"][0]
+        assert spec.groups[experts] == 4
+        assert set(spec.group_axes(experts)) == {
+            (f"{mlp}.gate.weight", 0), (f"{mlp}.experts.gate_up_proj", 0),
+            (f"{mlp}.experts.down_proj", 0),
+        }  # fmt: skip
+        hidden = spec.axes[f"{mlp}.experts.down_proj"][2]  # shared by the experts (see docs)
+        assert spec.axes[f"{mlp}.experts.gate_up_proj"][1] == (hidden, hidden)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    x = _ids()
+    moved = Permutation.random(spec, 5).apply(state)
+    with torch.no_grad():
+        before, after = forward(model, state, x), forward(model, moved, x)
+    assert (before - after).abs().max() < 1e-5 * before.abs().max()
+    # the experts moved without their router rows change the outputs: the tie is needed
+    alone = dict(state)
+    for name in ("gate_up_proj", "down_proj"):
+        key = f"model.layers.0.mlp.experts.{name}"
+        alone[key] = state[key][[1, 0, 3, 2]]
+    with torch.no_grad():
+        assert (forward(model, alone, x) - before).abs().max() > 1e-2 * before.abs().max()
+    planted_recovery(model, spec)
+    from lmckit.tracing import symmetry_kinds
+    from lmckit.transform import fold_norms
+
+    kinds = symmetry_kinds(model, x, spec).spec
+    assert kinds.kind(spec.axes["model.embed_tokens.weight"][1]) == "orthogonal"
+    assert kinds.kind(spec.axes["model.layers.0.mlp.gate.weight"][0]) == "permutation"
+    assert kinds.kind(spec.axes["model.layers.0.self_attn.o_proj.weight"][1]) == "invertible"
+    double = _mixtral().double().eval()
+    a = fold_norms(kinds, {k: v.detach() for k, v in double.state_dict().items()})
+    _wm_orth_undoes_a_planted_element(double, kinds, a, x)
+
+
+def test_experts_computing_with_their_router_indices_stay_frozen():
+    """Indices whose values are computed with (here an expert id shifted by one) are no
+    longer followed: the experts freeze, and the check has nothing wrong to refuse."""
+
+    class Shifted(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.router = torch.nn.Linear(6, 4, bias=False)
+            self.experts = torch.nn.Parameter(torch.randn(4, 5, 6))
+
+        def forward(self, x):
+            idx = torch.topk(self.router(x), 1, dim=-1).indices.reshape(-1)
+            w = self.experts[(idx + 1) % 4]
+            return torch.bmm(w, x.unsqueeze(-1)).squeeze(-1)
+
+    torch.manual_seed(0)
+    report = trace_report(Shifted(), torch.randn(8, 6))
+    assert report.spec.axes["experts"][0] is None and report.spec.axes["router.weight"][0] is None
+    assert any("computes with" in (why or "") for why in report.frozen["router.weight"])
+    assert any("does not follow" in (why or "") for why in report.frozen["experts"])
 
 
 def test_data_driven_methods_read_a_hugging_face_models_logits():

@@ -36,6 +36,7 @@ from lmckit.options import checked
 from lmckit.perm import PermutationSpec, axis_groups
 from lmckit.tracing.trace import (
     TwinRunError,
+    batched_experts,
     export_model,
     logits_if_any,
     output_tolerance,
@@ -134,110 +135,112 @@ def symmetry_kinds(
     """
     if not isinstance(model, nn.Module):
         raise SpecError(f"symmetry_kinds() needs a torch.nn.Module, got {type(model).__name__}")
-    start = time.perf_counter()
-    state = {k: v.detach() for k, v in model.state_dict().items()}
-    spec.validate(state, what=f"{type(model).__name__}'s state_dict")
-    exported, args, kwargs = export_model(model, example_inputs, example_kwargs)
-    found = _norms(exported, spec, _aliases(model))
-    uses = _linear_uses(exported)
-    select = outputs if outputs is not None else logits_if_any
-    twin = copy.deepcopy(model).double()
-    args64, kwargs64 = to_double((args, kwargs))
-    params = {k: v.detach() for k, v in twin.state_dict().items()}
-    rtol, dtype = output_tolerance(exported, "float64"), torch.float64
-    try:
-        reference = run_outputs(twin, params, args64, kwargs64, False, select, dtype)
-    except TwinRunError:  # ops that take no float64 (Mixtral's experts): float32, as traced
-        twin, args64, kwargs64 = copy.deepcopy(model).float(), args, kwargs
+    with batched_experts(model):  # their batched form: followed by the tracer, float64
+        start = time.perf_counter()
+        state = {k: v.detach() for k, v in model.state_dict().items()}
+        spec.validate(state, what=f"{type(model).__name__}'s state_dict")
+        exported, args, kwargs = export_model(model, example_inputs, example_kwargs)
+        found = _norms(exported, spec, _aliases(model))
+        uses = _linear_uses(exported)
+        select = outputs if outputs is not None else logits_if_any
+        twin = copy.deepcopy(model).double()
+        args64, kwargs64 = to_double((args, kwargs))
         params = {k: v.detach() for k, v in twin.state_dict().items()}
-        rtol, dtype = output_tolerance(exported, "float32"), torch.float32
-        reference = run_outputs(twin, params, args64, kwargs64, False, select, dtype)
-    generator = torch.Generator().manual_seed(seed)
+        rtol, dtype = output_tolerance(exported, "float64"), torch.float64
+        try:
+            reference = run_outputs(twin, params, args64, kwargs64, False, select, dtype)
+        except TwinRunError:  # ops that take no float64: float32, as traced
+            twin, args64, kwargs64 = copy.deepcopy(model).float(), args, kwargs
+            params = {k: v.detach() for k, v in twin.state_dict().items()}
+            rtol, dtype = output_tolerance(exported, "float32"), torch.float32
+            reference = run_outputs(twin, params, args64, kwargs64, False, select, dtype)
+        generator = torch.Generator().manual_seed(seed)
 
-    kinds: dict[str, str] = {}
-    rotary: dict[str, tuple[str, int]] = {}
-    cuts = _slice_bounds(exported)
-    folds: dict[str, tuple[tuple[str, int], ...]] = {}
-    biases: dict[str, str] = {}
-    duals: set[tuple[str, int, int]] = set()
-    reasons: dict[str, str] = {}
-    norms: dict[str, str] = {}
-    for g, n in spec.groups.items():
-        if n < 2 or g in spec.copies:  # copies groups are permutations only
-            continue
-        gains = {gain: info for gain, info in found.items() if spec.axes[gain][0] == g}
-        blocked = next((info.why for info in gains.values() if info.why), None)
-        if blocked is not None:
-            reasons[g] = blocked
-            continue
-        candidate_folds = {gain: info.readers for gain, info in gains.items()}
-        candidate_biases = {gain: info.bias for gain, info in gains.items() if info.bias}
-        layer_norm = any(info.kind == "layer_norm" for info in gains.values())
-        candidate_duals = None if gains else _duals_of(spec, g, uses)
-        facts = GroupFacts(
-            size=n, heads=g in spec.heads, layer_norm=layer_norm,
-            readers_dual=candidate_duals is not None, pinned=g in spec.pinned,
-        )  # fmt: skip
-        tries = tried_kinds(facts)
-        why, chosen, layout = "no orthogonal map of it keeps the outputs", None, None
-        head = n // spec.heads[g][1] if g in spec.heads else n
-        trials = [
-            (kind, candidate)
-            for kind in tries
-            for candidate in (_rotary_layouts(head, cuts) if KINDS[kind].layout else [None])
-        ]
-        for kind, candidate in trials:
-            trial = replace(
-                spec,
-                kinds={**kinds, g: kind},
-                rotary={**rotary, **({g: candidate} if candidate else {})},
-                folds={**folds, **candidate_folds},
-                norm_biases={**biases, **candidate_biases},
-                duals=duals | (candidate_duals if KINDS[kind].dual else set()),
-            )
-            folded = fold_norms(trial, params)
-            if not outputs_close(
-                reference,
-                run_outputs(twin, folded, args64, kwargs64, False, select, dtype),
-                rtol,
-            ):
-                why = "folding its norm gains changes the outputs"
-                break
-            transform = Transform.identity(trial).replace(
-                **{g: random_group_map(trial, g, kind, generator)}
-            )
-            moved = transform.apply(folded)
-            if outputs_close(
-                reference,
-                run_outputs(twin, moved, args64, kwargs64, False, select, dtype),
-                rtol,
-            ):
-                chosen, layout = kind, candidate
-                break
-            why = (
-                f"a random map of every kind tried ({', '.join(tries[: tries.index(kind) + 1])})"
-                " changes the outputs (an elementwise op acts on it: an activation, a gating "
-                "product, rotary embeddings)"
-            )
-        if chosen is None:
-            reasons[g] = why
-            continue
-        kinds[g] = chosen
-        if layout is not None:
-            rotary[g] = layout
-        if KINDS[chosen].dual:
-            duals |= candidate_duals
-        folds.update(candidate_folds)
-        biases.update(candidate_biases)
-        norms.update({gain: info.kind for gain, info in gains.items()})
-    return SymmetryReport(
-        spec=replace(
-            spec, kinds=kinds, rotary=rotary, folds=folds, norm_biases=biases, duals=duals
-        ),
-        reasons=reasons,
-        norms=norms,
-        seconds=time.perf_counter() - start,
-    )
+        kinds: dict[str, str] = {}
+        rotary: dict[str, tuple[str, int]] = {}
+        cuts = _slice_bounds(exported)
+        folds: dict[str, tuple[tuple[str, int], ...]] = {}
+        biases: dict[str, str] = {}
+        duals: set[tuple[str, int, int]] = set()
+        reasons: dict[str, str] = {}
+        norms: dict[str, str] = {}
+        for g, n in spec.groups.items():
+            if n < 2 or g in spec.copies:  # copies groups are permutations only
+                continue
+            gains = {gain: info for gain, info in found.items() if spec.axes[gain][0] == g}
+            blocked = next((info.why for info in gains.values() if info.why), None)
+            if blocked is not None:
+                reasons[g] = blocked
+                continue
+            candidate_folds = {gain: info.readers for gain, info in gains.items()}
+            candidate_biases = {gain: info.bias for gain, info in gains.items() if info.bias}
+            layer_norm = any(info.kind == "layer_norm" for info in gains.values())
+            candidate_duals = None if gains else _duals_of(spec, g, uses)
+            facts = GroupFacts(
+                size=n, heads=g in spec.heads, layer_norm=layer_norm,
+                readers_dual=candidate_duals is not None, pinned=g in spec.pinned,
+            )  # fmt: skip
+            tries = tried_kinds(facts)
+            why, chosen, layout = "no orthogonal map of it keeps the outputs", None, None
+            head = n // spec.heads[g][1] if g in spec.heads else n
+            trials = [
+                (kind, candidate)
+                for kind in tries
+                for candidate in (_rotary_layouts(head, cuts) if KINDS[kind].layout else [None])
+            ]
+            for kind, candidate in trials:
+                trial = replace(
+                    spec,
+                    kinds={**kinds, g: kind},
+                    rotary={**rotary, **({g: candidate} if candidate else {})},
+                    folds={**folds, **candidate_folds},
+                    norm_biases={**biases, **candidate_biases},
+                    duals=duals | (candidate_duals if KINDS[kind].dual else set()),
+                )
+                folded = fold_norms(trial, params)
+                if not outputs_close(
+                    reference,
+                    run_outputs(twin, folded, args64, kwargs64, False, select, dtype),
+                    rtol,
+                ):
+                    why = "folding its norm gains changes the outputs"
+                    break
+                transform = Transform.identity(trial).replace(
+                    **{g: random_group_map(trial, g, kind, generator)}
+                )
+                moved = transform.apply(folded)
+                if outputs_close(
+                    reference,
+                    run_outputs(twin, moved, args64, kwargs64, False, select, dtype),
+                    rtol,
+                ):
+                    chosen, layout = kind, candidate
+                    break
+                tried = ", ".join(tries[: tries.index(kind) + 1])
+                why = (
+                    f"a random map of every kind tried ({tried})"
+                    " changes the outputs (an elementwise op acts on it: an activation, a gating "
+                    "product, rotary embeddings, a router's top-k)"
+                )
+            if chosen is None:
+                reasons[g] = why
+                continue
+            kinds[g] = chosen
+            if layout is not None:
+                rotary[g] = layout
+            if KINDS[chosen].dual:
+                duals |= candidate_duals
+            folds.update(candidate_folds)
+            biases.update(candidate_biases)
+            norms.update({gain: info.kind for gain, info in gains.items()})
+        return SymmetryReport(
+            spec=replace(
+                spec, kinds=kinds, rotary=rotary, folds=folds, norm_biases=biases, duals=duals
+            ),
+            reasons=reasons,
+            norms=norms,
+            seconds=time.perf_counter() - start,
+        )
 
 
 def _slice_bounds(exported) -> set[int]:
@@ -477,6 +480,9 @@ def _keeps_features(node: fx.Node) -> bool:
     if node.target in (aten.mean.dim, aten.sum.dim_IntList):
         dims = node.args[1] if len(node.args) > 1 else None
         return dims is not None and all(d % len(shape) != last for d in dims)
+    if node.target == aten.repeat_interleave.self_int:  # each token once per expert it picks
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
+        return dim is not None and dim % len(shape) != last
     return False
 
 
@@ -489,7 +495,37 @@ def _reader_of(user: fx.Node, source: fx.Node, names: Mapping[str, str]):
         return _weight(args[2], names, contracted=0)
     if target in (aten.mm.default, aten.matmul.default) and args[0] is source:
         return _weight(args[1], names, contracted=0)
+    if target == aten.unsqueeze.default and args[0] is source and len(user.users) == 1:
+        # a batched product of each token with its experts' weights (``w[idx] @ x[..., None]``
+        # or ``x[:, None] @ w[idx]``): the features are contracted with the gathered weight
+        (product,) = user.users
+        ndim = len(getattr(source.meta.get("val"), "shape", ()))
+        at = args[1] % (ndim + 1)
+        if product.target == aten.bmm.default and ndim == 2:
+            if at == 2 and product.args[1] is user:
+                return _gathered_weight(product.args[0], names, contracted=2)
+            if at == 1 and product.args[0] is user:
+                return _gathered_weight(product.args[1], names, contracted=1)
     return None
+
+
+def _gathered_weight(node: Any, names: Mapping[str, str], contracted: int):
+    """The 3-D parameter behind ``param[idx]`` (one index tensor of one axis, on the first
+    axis: the experts a router picked) and the axis of it a batched product contracts."""
+    if not (isinstance(node, fx.Node) and node.target == aten.index.Tensor):
+        return None
+    param, indices = node.args[0], node.args[1]
+    if len(indices) != 1 or not isinstance(indices[0], fx.Node):
+        return None
+    ids = indices[0].meta.get("val")
+    if not isinstance(ids, Tensor) or ids.ndim != 1:
+        return None
+    if not isinstance(param, fx.Node) or param.op != "placeholder" or param.name not in names:
+        return None
+    meta = param.meta.get("val")
+    if not isinstance(meta, Tensor) or meta.ndim != 3:
+        return None
+    return names[param.name], contracted
 
 
 def _weight(node: Any, names: Mapping[str, str], contracted: int):

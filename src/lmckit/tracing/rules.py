@@ -974,11 +974,123 @@ def getitem(node: fx.Node, ax: Axes) -> None:
         pairs = [(i, j) for i in range(n) if i != d if (j := i if i < d else i - 1) not in own]
         ax.same_all(x, node, pairs)
         return
+    if "lmckit_topk" in source.meta:
+        x, d, values = source.meta["lmckit_topk"]
+        n = len(ax.shape(x) or ())
+        ax.same_all(x, node, [(i, i) for i in range(n) if i != d])
+        ax.freeze(node, d, "topk ranks its entries")
+        if node.args[1] == 1:
+            node.meta["lmckit_values"] = values
+        return
     if source.target in _FIRST_OUTPUT_IS_SAME and node.args[1] == 0:
         x = source.args[0]
         ax.same_all(x, node, [(i, i) for i in range(len(ax.shape(x) or ()))])
         return
     ax.freeze_all(node, f"output {node.args[1]} of {_name(source)} has no rule")
+
+
+# -- index values -----------------------------------------------------------------------------
+# An integer tensor whose *values* index an axis (the experts ``topk`` picks from a router's
+# scores) carries that axis's permutation in its values: ``node.meta["lmckit_values"]`` is a
+# :class:`Unit` whose axis 0 is joined to the indexed axis. Ops that only move the values
+# (reshapes, copies) hand the unit on (:func:`carry_values`); ``index`` reads it; any other op
+# that computes with them freezes it, so that values the tracer does not follow never move.
+VALUES_USED = "indices whose values {} computes with (the tracer follows values only into index)"
+
+
+def topk(node: fx.Node, ax: Axes) -> None:
+    """``topk(x, k, dim)``: the other axes map through to both results; the ``k`` axis ranks
+    the entries (frozen), and the indices' *values* index ``x``'s ``dim`` (a mixture of
+    experts' router: permuting the experts permutes the indices it picks, not their order).
+    :func:`getitem` reads the results."""
+    x = node.args[0]
+    xs = ax.shape(x)
+    assert xs is not None
+    d = _dim(node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", -1), len(xs))
+    values = ax.unit(node, xs[d], "values")
+    ax.same(values, 0, x, d)
+    node.meta["lmckit_topk"] = (x, d, values)
+
+
+def index(node: fx.Node, ax: Axes) -> None:
+    """``x[..., idx, ...]`` (``aten.index.Tensor``) with one integer index tensor: the axes
+    before and after the indexed one map through, ``idx``'s axes become the result's in its
+    place, and the indexed axis moves with ``idx``'s values where they are followed (see
+    :func:`topk`) — else it freezes. Boolean masks and several index tensors freeze all."""
+    x, indices = node.args[0], list(node.args[1])
+    xs, out = ax.shape(x), ax.shape(node)
+    assert xs is not None
+    given = [(k, t) for k, t in enumerate(indices) if t is not None]
+    idx = given[0][1] if len(given) == 1 else None
+    val = idx.meta.get("val") if isinstance(idx, fx.Node) else None
+    ids = ax.shape(idx)
+    if (
+        idx is None
+        or out is None
+        or ids is None
+        or not isinstance(val, torch.Tensor)
+        or val.dtype == torch.bool
+        or len(out) != len(xs) - 1 + len(ids)
+    ):
+        why = "indexed by a mask or several index tensors (aten.index)"
+        for _, t in given:
+            if isinstance(t, fx.Node):
+                freeze_values(t, ax, "aten.index")
+                ax.freeze_all(t, why)
+        ax.freeze_all(x, why)
+        if out is not None:
+            ax.freeze_all(node, why)
+        return
+    k = given[0][0]
+    for i in range(k):
+        ax.same(x, i, node, i)
+    for j in range(len(ids)):
+        ax.same(idx, j, node, k + j)
+    for i in range(k + 1, len(xs)):
+        ax.same(x, i, node, i - 1 + len(ids))
+    values = idx.meta.get("lmckit_values")
+    if values is None:
+        ax.freeze(x, k, "indexed by values the tracer does not follow (aten.index)")
+    else:
+        ax.same(values, 0, x, k)
+
+
+def freeze_values(x: fx.Node, ax: Axes, op: str) -> None:
+    """Freeze the axis ``x``'s values index, if it carries one (see :func:`topk`)."""
+    values = x.meta.get("lmckit_values")
+    if isinstance(values, Unit):
+        ax.freeze(values, 0, VALUES_USED.format(op))
+
+
+def carry_values(node: fx.Node, ax: Axes) -> None:
+    """After ``node``'s rule: an op that only moves its input's values hands their unit on;
+    every other reader of followed values (but ``index``, which reads them) freezes it."""
+    carried = [a for a in _tensor_arg_nodes(node) if "lmckit_values" in a.meta]
+    if not carried:
+        return
+    only = carried[0] if len(carried) == 1 else None
+    if node.target in _MOVE_VALUES and only is node.args[0]:
+        node.meta["lmckit_values"] = carried[0].meta["lmckit_values"]
+        return
+    if node.target in _INDEX:
+        return
+    for a in carried:
+        freeze_values(a, ax, _name(node))
+
+
+def _tensor_arg_nodes(node: fx.Node) -> list[fx.Node]:
+    found: list[fx.Node] = []
+
+    def visit(a: Any) -> None:
+        if isinstance(a, fx.Node):
+            found.append(a)
+        elif isinstance(a, list | tuple):
+            for b in a:
+                visit(b)
+
+    visit(node.args)
+    visit(tuple(node.kwargs.values()))
+    return found
 
 
 def _name(node: fx.Node) -> str:
@@ -1115,9 +1227,19 @@ _TABLE: list[tuple[Rule, tuple[str, ...]]] = [
     (stack, ("stack",)),
     (repeat_interleave, ("repeat_interleave",)),
     (split, ("split", "split_with_sizes", "chunk")),
+    (topk, ("topk",)),
+    (index, ("index.Tensor",)),
 ]
 RULES: dict[Any, Rule] = {op: rule for rule, names in _TABLE for op in _ops(*names)}
 RULES[operator.getitem] = getitem
+_INDEX = frozenset(_ops("index.Tensor"))
+_MOVE_VALUES = frozenset(
+    _ops(
+        "view", "reshape", "_unsafe_view", "unflatten", "flatten", "unsqueeze", "squeeze",
+        "clone", "contiguous", "alias", "detach", "lift_fresh_copy", "expand", "transpose",
+        "permute", "t", "slice", "select", "repeat_interleave",
+    )
+)  # fmt: skip
 
 
 def rule_for(target: Any) -> Rule | None:

@@ -63,7 +63,7 @@ from lmckit.functional import logits_of, module_mode
 from lmckit.options import checked
 from lmckit.params import check_finite
 from lmckit.perm import Permutation, PermutationSpec, axis_groups, random_index_vectors
-from lmckit.tracing.rules import IGNORED, PINNING, Axes, rule_for
+from lmckit.tracing.rules import IGNORED, PINNING, Axes, carry_values, freeze_values, rule_for
 
 __all__ = ["TraceReport", "trace", "trace_report"]
 
@@ -137,8 +137,11 @@ class TraceReport:
         seconds: wall-clock time of export, tracing and verification.
         precision: the dtype the verification computed in: ``"float64"``, or ``"float32"``
             for a model whose float64 copies would not fit in memory or whose ops take no
-            float64 (Mixtral's grouped expert products; the check's tolerance is then
-            float32's rounding, still far below what a wrong rule changes).
+            float64 (the check's tolerance is then float32's rounding, still far below
+            what a wrong rule changes).
+        batched_experts: the mixture-of-experts modules traced and checked in their
+            batched form (:func:`batched_experts`: the same function, in ops the tracer
+            follows); empty for a model without them.
     """
 
     spec: PermutationSpec
@@ -151,6 +154,7 @@ class TraceReport:
     seconds: float
     numels: Mapping[str, int] = field(repr=False)
     precision: str = "float64"
+    batched_experts: tuple[str, ...] = ()
 
     @property
     def permuted_fraction(self) -> float:
@@ -193,6 +197,7 @@ class TraceReport:
             "permuted_fraction": self.permuted_fraction,
             "seconds": self.seconds,
             "precision": self.precision,
+            "batched_experts": list(self.batched_experts),
         }
 
     def _layout(self, name: str, axis: int) -> str:
@@ -248,6 +253,13 @@ class TraceReport:
             for why, where in reasons.items():
                 more = f", … {len(where) - 3} more" if len(where) > 3 else ""
                 lines.append(f"  {why}: {', '.join(where[:3])}{more}")
+        if self.batched_experts:
+            shown = self.batched_experts
+            more = f", … {len(shown) - 3} more" if len(shown) > 3 else ""
+            lines.append(
+                "experts traced and checked in their batched form (the same function): "
+                f"{', '.join(shown[:3])}{more}"
+            )
         if self.unknown_ops:
             lines.append(f"operators without a rule: {', '.join(self.unknown_ops)}")
         return "\n".join(lines)
@@ -329,6 +341,48 @@ def trace_report(
     if precision not in (None, "float64", "float32"):
         raise SpecError(f"precision must be 'float64' or 'float32', got {precision!r}")
     start = time.perf_counter()
+    with batched_experts(model) as experts:
+        return _trace_report(
+            model, example_inputs, example_kwargs, strict, seed, inside_blocks, outputs,
+            precision, start, experts,
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def batched_experts(model: nn.Module) -> Iterator[tuple[str, ...]]:
+    """Mixture-of-experts layers of ``transformers`` (those whose experts forward through its
+    experts interface) switched, for the block, to their ``batched_mm`` form: the same
+    function, each token's experts gathered by the router's indices (``weight[idx]``), which
+    the tracer follows from ``topk`` to the expert weights. Their default grouped form sorts
+    the tokens by expert and multiplies by offsets (``sort``, ``histc``, a grouped product)
+    that no rule follows — and takes no float64. Yields the names of the modules switched
+    (empty: nothing changed); restores each setting on exit."""
+    switched: list[tuple[Any, Any]] = []
+    names: list[str] = []
+    for name, module in model.named_modules():
+        config = getattr(module, "config", None)
+        if not (hasattr(module, "_is_expert_parallel") and hasattr(module, "has_gate")):
+            continue
+        if config is None or not hasattr(config, "_experts_implementation"):
+            continue
+        if getattr(module, "_is_expert_parallel", False):
+            continue  # sharded experts: sentinels clamp the indices; left as they are
+        names.append(name)
+        if all(c is not config for c, _ in switched):
+            switched.append((config, config._experts_implementation))
+    try:
+        for config, _ in switched:
+            config._experts_implementation = "batched_mm"
+        yield tuple(names)
+    finally:
+        for config, before in switched:
+            config._experts_implementation = before
+
+
+def _trace_report(
+    model, example_inputs, example_kwargs, strict, seed, inside_blocks, outputs, precision,
+    start, experts,
+) -> TraceReport:  # fmt: skip
     exported, args, kwargs = export_model(model, example_inputs, example_kwargs)
     select = outputs if outputs is not None else logits_if_any
     uf, unknown, found = _relate(exported, _output_names(exported, select))
@@ -387,6 +441,7 @@ def trace_report(
         seconds=time.perf_counter() - start,
         numels={k: v.numel() for k, v in state.items()},
         precision=precision,
+        batched_experts=experts,
     )
 
 
@@ -569,6 +624,7 @@ def _relate(exported, function_outputs: set[str]) -> tuple[_UnionFind, list[str]
             for out in pytree.tree_leaves(node.args):
                 if isinstance(out, fx.Node) and out.name in function_outputs:
                     ax.freeze_all(out, "model output")
+                    freeze_values(out, ax, "the model's output")
         elif node.op == "call_function":
             if _unread(node):
                 continue
@@ -576,6 +632,7 @@ def _relate(exported, function_outputs: set[str]) -> tuple[_UnionFind, list[str]
             if rule is not None:
                 ax.op = str(node.target)
                 rule(node, ax)
+                carry_values(node, ax)
             elif IGNORED.match(str(node.target)) or (shape is None and not _tensor_inputs(node)):
                 continue
             else:
@@ -585,6 +642,7 @@ def _relate(exported, function_outputs: set[str]) -> tuple[_UnionFind, list[str]
                 why = f"operator {name} has no rule"
                 for x in _tensor_inputs(node):
                     ax.freeze_all(x, why)
+                    freeze_values(x, ax, name)
                 ax.freeze_all(node, why)
                 for user in node.users:  # multi-output ops hand their results to getitem
                     if user.target is operator.getitem:
