@@ -9,7 +9,14 @@ For each model, two cases:
 * **independent** — two random initialisations (seeds 0 and 1);
 * **rebasin** — PyPI ``rebasin`` 0.0.47 on the independent pair, where it is importable
   (``PYTHONPATH=/path/to/rebasin``; it needs ``torchview`` and ``graphviz``), under an
-  address-space limit.
+  address-space limit;
+* **wm-orth** — the independent pair matched over orthogonal maps too
+  (:func:`lmckit.match.symmetry_matching`, ``symmetries="orth"``: the kinds check on A's
+  model in float64, norm gains folded, weight matching, then the orthogonal descent to
+  ``--orth-sweeps`` sweeps or its stopping rule), beside weight matching of the same pair
+  in the same process: seconds of each stage, sweeps, why the descent stopped, the weight
+  distances and peak RSS in models. It has no memory budget yet (``--max-memory`` bounds
+  permutation matching only), so this case reports what it holds.
 
 Each case runs in a fresh process (its peak resident memory is its own): it loads both
 folders (memory-mapped; the spec traced on A), matches with
@@ -41,7 +48,7 @@ import torch
 from _timing import machine  # benchmarks/_timing.py (scripts run from this folder)
 
 MODELS = ("gpt2-124m", "llama-1.1b")
-CASES = ("planted", "independent", "rebasin")
+CASES = ("planted", "independent", "rebasin", "wm-orth")
 
 
 def gemm_rate(n: int = 2048, k: int = 8192, repeats: int = 3) -> float:
@@ -140,6 +147,67 @@ def run_case(root: Path, name: str, case: str, aligned: Path) -> dict:
     return out
 
 
+def run_orthogonal(root: Path, name: str, sweeps: int) -> dict:
+    """The ``wm-orth`` case, in this process (see the module docstring)."""
+    import lmckit.tracing as tracing
+    from lmckit.match import weight_matching
+    from lmckit.match.symmetries import symmetry_matching
+    from lmckit.model_folder import example_inputs, load_model_folder
+
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    start = time.perf_counter()
+    a = load_model_folder(root / f"{name}-seed0")
+    b = load_model_folder(root / f"{name}-seed1", spec=a.spec)
+    loaded = time.perf_counter() - start
+    wm = weight_matching(a.spec, a.params, b.params)
+    x, kwargs = example_inputs(a.model, a.layout.config)
+    checked: list[float] = []
+    check = tracing.symmetry_kinds
+
+    def timed_check(*args, **kw):
+        begin = time.perf_counter()
+        out = check(*args, **kw)
+        checked.append(time.perf_counter() - begin)
+        return out
+
+    tracing.symmetry_kinds = timed_check  # symmetry_matching imports it at call time
+    try:
+        result = symmetry_matching(
+            a.spec, a.params, b.params, model=a.model, example_inputs=x,
+            example_kwargs=kwargs, max_iter=sweeps,
+        )  # fmt: skip
+    finally:
+        tracing.symmetry_kinds = check
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    unique = {k: t for k, t in a.params.items() if k not in a.trace_report.aliases}
+    model_bytes = sum(t.numel() * t.element_size() for t in unique.values())
+    stages = {s["method"]: s for s in result.info["stages"]}
+    orth = stages["wm-orth"]
+    return {
+        "model": name,
+        "case": "wm-orth",
+        "parameters": sum(t.numel() for t in unique.values()),
+        "load_seconds_both": round(loaded, 2),
+        "wm_seconds": round(wm.seconds, 2),
+        "wm_sweeps": wm.iterations,
+        "wm_distance": round(wm.distance_after, 4),
+        "distance_before": round(wm.distance_before, 4),
+        "kinds_check_seconds": round(checked[0], 2) if checked else None,
+        "kinds": result.info.get("kinds"),
+        "orth_seconds": round(orth["seconds"], 2),
+        "orth_sweeps": result.iterations,
+        "orth_sweep_cap": sweeps,
+        "orth_stopped": result.info.get("stopped"),
+        "orth_seconds_per_sweep": round(orth["seconds"] / max(result.iterations, 1), 2),
+        "orth_distance_folded": round(result.distance_after, 4),
+        "total_seconds": round(result.seconds, 2),
+        "model_bytes": model_bytes,
+        "peak_rss_bytes": peak,
+        "baseline_rss_bytes": baseline,
+        "match_rss_models": round((peak - baseline) / model_bytes, 2),
+    }
+
+
 def run_rebasin(root: Path, name: str, memory_gib: float) -> dict:
     """PyPI ``rebasin`` 0.0.47's ``PermutationCoordinateDescent`` on the independent pair,
     in this process under an address-space limit of ``memory_gib`` (so that running out of
@@ -192,6 +260,7 @@ def main() -> None:
         help="the address-space limit rebasin runs under (GiB)",
     )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per case")
+    parser.add_argument("--orth-sweeps", type=int, default=100, help="the wm-orth case's sweep cap")
     parser.add_argument(
         "--report-only", action="store_true", help="print the finished cases, run nothing"
     )
@@ -201,6 +270,9 @@ def main() -> None:
         name, case = args.case
         if case == "rebasin":
             print(json.dumps(run_rebasin(args.root, name, args.rebasin_gib)))
+            return
+        if case == "wm-orth":
+            print(json.dumps(run_orthogonal(args.root, name, args.orth_sweeps)))
             return
         print(json.dumps(run_case(args.root, name, case, args.root / f"{name}-{case}-aligned")))
         return
@@ -217,7 +289,13 @@ def main() -> None:
             command = [sys.executable, __file__, str(args.root), "--case", name, case]
             try:
                 child = subprocess.run(
-                    [*command, "--rebasin-gib", str(args.rebasin_gib)],
+                    [
+                        *command,
+                        "--rebasin-gib",
+                        str(args.rebasin_gib),
+                        "--orth-sweeps",
+                        str(args.orth_sweeps),
+                    ],
                     capture_output=True,
                     text=True,
                     check=False,

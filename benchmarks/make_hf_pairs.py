@@ -4,7 +4,7 @@ shape: hidden 2048, MLP 5632, 22 layers, 32 heads / 4 key-value heads), random-i
 with ``transformers`` and saved in ``save_pretrained``'s sharded safetensors (1 GB shards
 for the Llama, so that the folder is sharded as released checkpoints are).
 
-    python benchmarks/make_hf_pairs.py OUT [--only gpt2|llama]
+    python benchmarks/make_hf_pairs.py OUT [--only gpt2-124m|llama-1.1b]
 
 A folder that already holds ``config.json`` is kept. Prints one JSON line per folder.
 """

@@ -2362,6 +2362,26 @@ MUTATIONS = [
         "        keep = contextlib.nullcontext()\n",
         ("tests/tracing/test_trace_transformers.py",),
     ),
+    M(
+        "probe-decides-alone",
+        "a wide group's kind accepted when its probe (a map of 8 units) keeps the outputs",
+        "src/lmckit/tracing/kinds.py",
+        "                if probe is None or keeps(apply_group_map(trial, folded, g, *probe)):\n",
+        "                if probe is not None and keeps(apply_group_map(trial, folded, g, *probe)):\n"
+        "                    chosen, layout = kind, candidate\n"
+        "                    break\n"
+        "                if probe is None:\n",
+        ("tests/tracing/test_kinds.py",),
+    ),
+    M(
+        "probe-outside-its-kind",
+        "the probe's block a plain rotation whatever the kind (a LayerNorm stream's probe "
+        "moves the mean)",
+        "src/lmckit/tracing/kinds.py",
+        "    block = random_map(kind, PROBE_UNITS, generator)\n",
+        "    block = random_map(\"orthogonal\", PROBE_UNITS, generator)\n",
+        ("tests/tracing/test_kinds.py",),
+    ),
 ]
 
 

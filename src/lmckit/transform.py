@@ -73,6 +73,7 @@ __all__ = [
     "Transform",
     "align",
     "align_pair",
+    "apply_group_map",
     "fold_norms",
     "haar_orthogonal",
     "mean_free_basis",
@@ -530,6 +531,28 @@ def random_group_map(
         blocks = [random_map(kind, n // heads, generator, layout=layout) for _ in range(heads)]
         return head_matrix(torch.arange(heads), blocks)
     return random_map(kind, n, generator)
+
+
+def apply_group_map(
+    spec: PermutationSpec,
+    params: Params,
+    group: str,
+    matrix: Tensor,
+    dual: Tensor | None = None,
+) -> dict[str, Tensor]:
+    """``params`` with one matrix group's ``n × n`` map applied on its axes — by ``dual``
+    (``M⁻ᵀ``, default ``matrix``: an orthogonal map) in the places ``spec.duals`` lists —
+    and every other group at the identity: ``Transform.identity(spec).replace(group=M)
+    .apply(params)`` without the transform's checks of ``M`` (an SVD or a product of
+    ``n × n`` matrices), for probes that draw their maps themselves. Folded gains of the
+    group (ones) are left as they are; other tensors are shared with ``params``."""
+    dual = matrix if dual is None else dual
+    out = dict(params)
+    for name, axis in spec.group_axes(group):
+        if name in spec.folds and spec.gain_group(name) == group:
+            continue
+        out[name] = _move_rows(spec, name, axis, group, out[name], matrix, dual)
+    return out
 
 
 def fold_norms(spec: PermutationSpec, params: Params) -> dict[str, Tensor]:

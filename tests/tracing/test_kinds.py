@@ -348,3 +348,63 @@ def test_matrices_of_the_new_kinds_are_checked():
         PermutationSpec(
             {"q": 4}, {"wq": ("q", None)}, heads={"q": ("q", 2)}, kinds={"q": "scaling"}
         )
+
+
+def test_a_probe_that_keeps_the_outputs_still_leaves_the_kind_to_the_full_map():
+    """Wide groups are first probed with a map of a few units (cheap rejections); a probe
+    that passes decides nothing. Every probe made one that keeps anything (the identity):
+    the full random maps still find the GPT-2 MLP's GELU units a permutation group."""
+    from lmckit.tracing import kinds as kinds_module
+
+    torch.manual_seed(0)
+    config = T.GPT2Config(
+        vocab_size=40, n_embd=64, n_layer=1, n_head=4, n_positions=12, use_cache=False,
+        bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = randomized_norms(T.GPT2LMHeadModel(config).double().eval())
+    x = torch.randint(0, 40, (2, 7))
+    spec = trace(model, x)
+    (hidden,) = [g for g, n in spec.groups.items() if n == 256]
+    probe_map, probed = kinds_module._probe_map, []
+
+    def probe_keeping_everything(spec, group, kind, generator):
+        drawn = probe_map(spec, group, kind, generator)
+        if drawn is None:
+            return None
+        probed.append((group, kind))
+        return tuple(torch.eye(len(m), dtype=m.dtype) for m in drawn)
+
+    kinds_module._probe_map = probe_keeping_everything
+    try:
+        report = symmetry_kinds(model, x, spec)
+    finally:
+        kinds_module._probe_map = probe_map
+    assert any(g == hidden for g, _ in probed)
+    assert report.spec.kind(hidden) == "permutation" and hidden in report.reasons, str(report)
+
+
+def test_probing_wide_groups_finds_the_kinds_the_full_maps_find():
+    """The probe only rejects, with an element of the kind: on a GPT-2 whose stream (256)
+    and MLP (1,024) are probed, the kinds, layouts and reasons equal those of full maps
+    alone — the stream still orthogonal-mean-free, the MLP still permuted."""
+    from lmckit.tracing import kinds as kinds_module
+
+    torch.manual_seed(0)
+    config = T.GPT2Config(
+        vocab_size=40, n_embd=256, n_layer=1, n_head=4, n_positions=12, use_cache=False,
+        bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = randomized_norms(T.GPT2LMHeadModel(config).double().eval())
+    x = torch.randint(0, 40, (2, 7))
+    spec = trace(model, x)
+    probed = symmetry_kinds(model, x, spec)
+    probe_map, kinds_module._probe_map = kinds_module._probe_map, lambda *a: None
+    try:
+        full = symmetry_kinds(model, x, spec)
+    finally:
+        kinds_module._probe_map = probe_map
+    assert probed.spec.kinds == full.spec.kinds and probed.reasons == full.reasons
+    wide = [
+        g for g, n in spec.groups.items() if n >= kinds_module.PROBE_FROM and g not in spec.heads
+    ]
+    assert {probed.spec.kind(g) for g in wide} == {"orthogonal-mean-free", "permutation"}

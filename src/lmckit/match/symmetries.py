@@ -113,7 +113,8 @@ def symmetry_matching(
         the last stage's :class:`MatchResult` (``alignment`` a
         :class:`~lmckit.transform.Transform` of the folded models, distances between folded
         models, ``seconds`` of all stages); ``info["stages"]`` lists each stage's method,
-        distance and seconds.
+        distance and seconds, ``info["kinds"]`` the groups per kind and ``info["stopped"]``
+        why the orthogonal descent ended (``None`` without one).
 
     Raises:
         ParamsError: an unknown ``symmetries`` or ``start``, no model or data, an ``init``,
@@ -201,6 +202,7 @@ def symmetry_matching(
                 for r in stages
             ],
             "kinds": kinds.kind_counts(),
+            "stopped": next((r.info["stopped"] for r in stages if "stopped" in r.info), None),
             "conditions": next(
                 (r.info["conditions"] for r in stages if "conditions" in r.info), {}
             ),

@@ -46,8 +46,10 @@ from lmckit.tracing.trace import (
 )
 from lmckit.transform import (
     Transform,
+    apply_group_map,
     fold_norms,
     random_group_map,
+    random_map,
 )
 
 __all__ = ["SymmetryReport", "symmetry_kinds"]
@@ -155,6 +157,11 @@ def symmetry_kinds(
             rtol, dtype = output_tolerance(exported, "float32"), torch.float32
             reference = run_outputs(twin, params, args64, kwargs64, False, select, dtype)
         generator = torch.Generator().manual_seed(seed)
+        probes = torch.Generator().manual_seed(seed + 1)  # leaves the full maps' draws alone
+
+        def keeps(moved: dict[str, Tensor]) -> bool:
+            out = run_outputs(twin, moved, args64, kwargs64, False, select, dtype)
+            return outputs_close(reference, out, rtol)
 
         kinds: dict[str, str] = {}
         rotary: dict[str, tuple[str, int]] = {}
@@ -205,17 +212,14 @@ def symmetry_kinds(
                 ):
                     why = "folding its norm gains changes the outputs"
                     break
-                transform = Transform.identity(trial).replace(
-                    **{g: random_group_map(trial, g, kind, generator)}
-                )
-                moved = transform.apply(folded)
-                if outputs_close(
-                    reference,
-                    run_outputs(twin, moved, args64, kwargs64, False, select, dtype),
-                    rtol,
-                ):
-                    chosen, layout = kind, candidate
-                    break
+                probe = _probe_map(trial, g, kind, probes)
+                if probe is None or keeps(apply_group_map(trial, folded, g, *probe)):
+                    transform = Transform.identity(trial).replace(
+                        **{g: random_group_map(trial, g, kind, generator)}
+                    )
+                    if keeps(transform.apply(folded)):
+                        chosen, layout = kind, candidate
+                        break
                 tried = ", ".join(tries[: tries.index(kind) + 1])
                 why = (
                     f"a random map of every kind tried ({tried})"
@@ -241,6 +245,36 @@ def symmetry_kinds(
             norms=norms,
             seconds=time.perf_counter() - start,
         )
+
+
+# units a probe mixes: enough that an elementwise op between them shows, few enough that
+# drawing and applying the map costs nothing beside a forward pass; and the narrowest group
+# probed — below it a full map costs less than the probe's extra forward pass
+PROBE_UNITS = 8
+PROBE_FROM = 256
+
+
+def _probe_map(
+    spec: PermutationSpec, group: str, kind: str, generator: torch.Generator
+) -> tuple[Tensor, Tensor] | None:
+    """A cheap element of ``kind`` for a wide group, tried before the full random one: the
+    identity except a random map of the kind on :data:`PROBE_UNITS` random units (and, for
+    the kinds whose readers move by ``M⁻ᵀ``, that dual), as ``(M, M⁻ᵀ)``. It lies in the
+    kind's group (a block fixing the ones vector of its units fixes the whole ones vector),
+    so a probe that changes the outputs rejects the kind as surely as a full map would —
+    without drawing, checking and inverting an ``n × n`` one (on GPT-2 small its MLP's
+    3,072 units cost most of the check). A probe that keeps the outputs proves nothing:
+    the full map still decides. ``None`` for head-structured groups and groups narrower than
+    :data:`PROBE_FROM`, whose maps are small anyway."""
+    n = spec.groups[group]
+    if group in spec.heads or n < PROBE_FROM or KINDS[kind].layout:
+        return None
+    units = torch.randperm(n, generator=generator)[:PROBE_UNITS]
+    block = random_map(kind, PROBE_UNITS, generator)
+    matrix, dual = torch.eye(n, dtype=torch.float64), torch.eye(n, dtype=torch.float64)
+    matrix[units[:, None], units] = block
+    dual[units[:, None], units] = torch.linalg.inv(block).T if KINDS[kind].dual else block
+    return matrix, dual
 
 
 def _slice_bounds(exported) -> set[int]:
