@@ -2367,7 +2367,9 @@ MUTATIONS = [
         "a wide group's kind accepted when its probe (a map of 8 units) keeps the outputs",
         "src/lmckit/tracing/kinds.py",
         "                if probe is None or keeps(apply_group_map(trial, folded, g, *probe)):\n",
-        "                if probe is not None and keeps(apply_group_map(trial, folded, g, *probe)):\n"
+        "                if probe is not None and keeps(\n"
+        "                    apply_group_map(trial, folded, g, *probe)\n"
+        "                ):\n"
         "                    chosen, layout = kind, candidate\n"
         "                    break\n"
         "                if probe is None:\n",
