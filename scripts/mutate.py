@@ -2381,7 +2381,7 @@ MUTATIONS = [
         "moves the mean)",
         "src/lmckit/tracing/kinds.py",
         "    block = random_map(kind, PROBE_UNITS, generator)\n",
-        "    block = random_map(\"orthogonal\", PROBE_UNITS, generator)\n",
+        '    block = random_map("orthogonal", PROBE_UNITS, generator)\n',
         ("tests/tracing/test_kinds.py",),
     ),
 ]
