@@ -350,19 +350,24 @@ def test_matrices_of_the_new_kinds_are_checked():
         )
 
 
+def _one_block_gpt2(width: int):
+    """A float64 GPT-2 of one block, its norms randomized, and a batch of token ids."""
+    torch.manual_seed(0)
+    config = T.GPT2Config(
+        vocab_size=40, n_embd=width, n_layer=1, n_head=4, n_positions=12, use_cache=False,
+        bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = randomized_norms(T.GPT2LMHeadModel(config).double().eval())
+    return model, torch.randint(0, 40, (2, 7))
+
+
 def test_a_probe_that_keeps_the_outputs_still_leaves_the_kind_to_the_full_map():
     """Wide groups are first probed with a map of a few units (cheap rejections); a probe
     that passes decides nothing. Every probe made one that keeps anything (the identity):
     the full random maps still find the GPT-2 MLP's GELU units a permutation group."""
     from lmckit.tracing import kinds as kinds_module
 
-    torch.manual_seed(0)
-    config = T.GPT2Config(
-        vocab_size=40, n_embd=64, n_layer=1, n_head=4, n_positions=12, use_cache=False,
-        bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
-    )  # fmt: skip
-    model = randomized_norms(T.GPT2LMHeadModel(config).double().eval())
-    x = torch.randint(0, 40, (2, 7))
+    model, x = _one_block_gpt2(width=64)
     spec = trace(model, x)
     (hidden,) = [g for g, n in spec.groups.items() if n == 256]
     probe_map, probed = kinds_module._probe_map, []
@@ -389,13 +394,7 @@ def test_probing_wide_groups_finds_the_kinds_the_full_maps_find():
     alone — the stream still orthogonal-mean-free, the MLP still permuted."""
     from lmckit.tracing import kinds as kinds_module
 
-    torch.manual_seed(0)
-    config = T.GPT2Config(
-        vocab_size=40, n_embd=256, n_layer=1, n_head=4, n_positions=12, use_cache=False,
-        bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
-    )  # fmt: skip
-    model = randomized_norms(T.GPT2LMHeadModel(config).double().eval())
-    x = torch.randint(0, 40, (2, 7))
+    model, x = _one_block_gpt2(width=256)
     spec = trace(model, x)
     probed = symmetry_kinds(model, x, spec)
     probe_map, kinds_module._probe_map = kinds_module._probe_map, lambda *a: None
