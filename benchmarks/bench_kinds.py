@@ -26,6 +26,7 @@ import time
 import torch
 
 from _timing import machine  # benchmarks/_timing.py (scripts run from this folder)
+from bench_large import positive
 from lmckit.tracing import kinds as kinds_module
 from lmckit.tracing import symmetry_kinds, trace_report
 
@@ -58,9 +59,9 @@ def check(layers: int, vocab: int, probes: bool) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=2, help="blocks, both variants")
-    parser.add_argument("--full-layers", type=int, default=0, help="blocks, probes only")
-    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--layers", type=positive, default=2, help="blocks, both variants")
+    parser.add_argument("--full-layers", type=positive, help="blocks, probes only")
+    parser.add_argument("--vocab", type=positive, default=50257)
     args = parser.parse_args()
     rows = [check(args.layers, args.vocab, probes) for probes in (True, False)]
     same = rows[0].pop("_found") == rows[1].pop("_found")
