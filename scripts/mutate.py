@@ -150,9 +150,8 @@ MUTATIONS = [
         "fold-forgets-gain",
         "folding sets a norm's gain to ones without multiplying it into the readers",
         "src/lmckit/transform.py",
-        "            out[name] = put_group_rows(spec, name, axis, group, t, rows * g.to(t.dtype)"
-        "[:, None])\n",
-        "            out[name] = put_group_rows(spec, name, axis, group, t, rows)\n",
+        "            out[name] = _gain_on_reader(spec, name, axis, group, out[name], g)\n",
+        "",
         ("tests/tracing/test_kinds.py",),
     ),
     M(
@@ -2379,6 +2378,67 @@ MUTATIONS = [
         "    block = random_map(kind, PROBE_UNITS, generator)\n",
         '    block = random_map("orthogonal", PROBE_UNITS, generator)\n',
         ("tests/tracing/test_kinds.py",),
+    ),
+    # -- issue 59, fifth session: more rotary decoders --
+    M(
+        "constants-not-varied-in-the-trace-check",
+        "the trace's check runs on a fresh model's constant gains (Cohere's per-head QK-norm "
+        "gains let query heads move in the gains alone)",
+        "src/lmckit/tracing/trace.py",
+        "    params = vary_constants(params, seed)\n",
+        "",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "constants-not-varied-in-the-kinds-check",
+        "the kinds' check runs on a fresh model's constant gains (Gemma2's norms after each "
+        "block let the stream rotate)",
+        "src/lmckit/tracing/kinds.py",
+        "        # constant gains and biases (a fresh model's) would hide maps that move them\n"
+        "        params = vary_constants({k: v.detach() for k, v in twin.state_dict().items()}, "
+        "seed)\n",
+        "        params = {k: v.detach() for k, v in twin.state_dict().items()}\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "copies-for-two-head-repeats",
+        "a copies group made for a tie that repeats its heads two ways (Falcon: q q k v rows)",
+        "src/lmckit/tracing/trace.py",
+        "        if len(counts) != 1:\n            continue\n",
+        "",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "gain-folded-by-units-only",
+        "a gain laid out as its reader's head-repeated axis folded one entry per unit (BitNet)",
+        "src/lmckit/transform.py",
+        "    if g.numel() == t.shape[axis]:\n",
+        "    if False:\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "dtype-reads-block-a-fold",
+        "an op that reads a norm's output for its dtype only stops its gain's fold (GraniteMoe)",
+        "src/lmckit/tracing/kinds.py",
+        '            if str(user.target).startswith("aten._assert") or (\n',
+        "            if False and (\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "data-dependent-sizes-unchecked",
+        "a graph with sizes computed from the data reaches torch's own error, not a SpecError",
+        "src/lmckit/tracing/rules.py",
+        "            if not all(isinstance(s, int) for s in val.shape):\n",
+        "            if False:\n",
+        ("tests/tracing/test_trace.py",),
+    ),
+    M(
+        "data-dependent-split-unchecked",
+        "a split by sizes computed from the data reaches torch's own error (JetMoE)",
+        "src/lmckit/tracing/rules.py",
+        "    if not isinstance(sizes, int) and not all(isinstance(k, int) for k in sizes):\n",
+        "    if False:\n",
+        ("tests/tracing/test_trace_transformers.py",),
     ),
 ]
 

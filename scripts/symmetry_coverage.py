@@ -65,6 +65,59 @@ def architectures() -> dict:
                 **common, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2
             )
         ),
+        # beyond the first nine (issue 59's fifth session)
+        "Gemma2 (norms after each block)": lambda: T.Gemma2ForCausalLM(
+            T.Gemma2Config(**common, num_key_value_heads=2, head_dim=4, sliding_window=4)
+        ),
+        "Cohere (interleaved, untied)": lambda: T.CohereForCausalLM(
+            T.CohereConfig(**common, num_key_value_heads=2, tie_word_embeddings=False)
+        ),
+        "Cohere (per-head QK-norm)": lambda: T.CohereForCausalLM(
+            T.CohereConfig(**common, num_key_value_heads=2, use_qk_norm=True)
+        ),
+        "StableLM (partial rotary)": lambda: T.StableLmForCausalLM(
+            T.StableLmConfig(**common, num_key_value_heads=2, partial_rotary_factor=0.5)
+        ),
+        "StableLM (per-head QK LayerNorms)": lambda: T.StableLmForCausalLM(
+            T.StableLmConfig(**common, num_key_value_heads=2, qk_layernorm=True)
+        ),
+        "StarCoder2 (biases, tied)": lambda: T.Starcoder2ForCausalLM(
+            T.Starcoder2Config(**common, num_key_value_heads=2)
+        ),
+        "OLMo2 (QK-norm over the projection)": lambda: T.Olmo2ForCausalLM(
+            T.Olmo2Config(**common, num_key_value_heads=2)
+        ),
+        "GLM (partial rotary)": lambda: T.GlmForCausalLM(
+            T.GlmConfig(**common, num_key_value_heads=2, head_dim=4, pad_token_id=0)
+        ),
+        "GraniteMoe (experts)": lambda: T.GraniteMoeForCausalLM(
+            T.GraniteMoeConfig(
+                **common, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2
+            )
+        ),
+        "BitNet (sub-norms)": lambda: T.BitNetForCausalLM(
+            T.BitNetConfig(**common, num_key_value_heads=2)
+        ),
+        "Falcon (fused GQA projection)": lambda: T.FalconForCausalLM(
+            T.FalconConfig(
+                vocab_size=40,
+                hidden_size=16,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_kv_heads=2,
+                new_decoder_architecture=True,
+                alibi=False,
+            )
+        ),
+        "JetMoE (experts by computed counts)": lambda: T.JetMoeForCausalLM(
+            T.JetMoeConfig(
+                **common,
+                num_key_value_heads=2,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                kv_channels=4,
+            )
+        ),
     }
 
 

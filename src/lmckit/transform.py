@@ -555,6 +555,23 @@ def apply_group_map(
     return out
 
 
+def _gain_on_reader(
+    spec: PermutationSpec, name: str, axis: int, group: str, t: Tensor, g: Tensor
+) -> Tensor:
+    """``t`` (a reader of a norm on ``axis``) times ``diag(g)`` on that axis. A gain with
+    one entry per entry of the axis multiplies it entry by entry — the gain then lies on
+    the axis as the reader does: BitNet's RMSNorm of the attention output, before the
+    output projection, holds each value head once per query head of its group (a head
+    repeat); otherwise each unit's entries (its blocks, its segments) take its gain."""
+    g = g.to(t.dtype)
+    if g.numel() == t.shape[axis]:
+        shape = [1] * t.ndim
+        shape[axis] = -1
+        return t * g.reshape(shape)
+    rows = group_rows(spec, name, axis, group, t)
+    return put_group_rows(spec, name, axis, group, t, rows * g[:, None])
+
+
 def fold_norms(spec: PermutationSpec, params: Params) -> dict[str, Tensor]:
     """``params`` with every gain of ``spec.folds`` multiplied into its readers and set to
     ones: ``W ← W diag(g)`` on each reader's axis and the norm's bias (``spec.norm_biases``)
@@ -580,9 +597,7 @@ def fold_norms(spec: PermutationSpec, params: Params) -> dict[str, Tensor]:
                     f"{name!r} axis {axis} reads both {seen[name, axis]!r} and {gain!r}"
                 )
             seen[name, axis] = gain
-            t = out[name]
-            rows = group_rows(spec, name, axis, group, t)
-            out[name] = put_group_rows(spec, name, axis, group, t, rows * g.to(t.dtype)[:, None])
+            out[name] = _gain_on_reader(spec, name, axis, group, out[name], g)
         bias = spec.norm_biases.get(gain)
         if bias is not None:
             if bool((g == 0).any()):
@@ -620,9 +635,7 @@ def unfold_norms(
             raise PermutationError(f"{gain!r} has zero entries, which cannot be divided out")
         group = spec.gain_group(gain)
         for name, axis in spec.folds[gain]:
-            t = out[name]
-            rows = group_rows(spec, name, axis, group, t)
-            out[name] = put_group_rows(spec, name, axis, group, t, rows / g.to(t.dtype)[:, None])
+            out[name] = _gain_on_reader(spec, name, axis, group, out[name], 1 / g)
         bias = spec.norm_biases.get(gain)
         if bias is not None:
             out[bias] = params[bias] * g.to(params[bias].dtype)

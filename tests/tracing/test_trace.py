@@ -820,3 +820,42 @@ def test_the_check_moves_every_group_even_small_ones():
     for seed in range(20):
         perm = moving(spec, seed)
         assert all(not torch.equal(perm[g], torch.arange(n)) for g, n in spec.groups.items())
+
+
+def test_vary_constants_varies_constant_tensors_only():
+    """Constant floating tensors (a fresh model's gains and biases) are replaced by seeded
+    values near them, signs kept; every other tensor is handed on as it is."""
+    from lmckit.tracing.trace import vary_constants
+
+    weights = torch.randn(4, 3)
+    params = {
+        "gain": torch.ones(6), "bias": torch.zeros(6), "var": torch.full((5,), 2.0),
+        "w": weights, "count": torch.tensor(7), "ids": torch.zeros(4, dtype=torch.long),
+        "one": torch.ones(1),
+    }  # fmt: skip
+    out = vary_constants(params, 0)
+    for name in ("w", "count", "ids", "one"):
+        assert out[name] is params[name]
+    assert len(set(out["gain"].tolist())) == 6 and ((out["gain"] - 1).abs() <= 0.5).all()
+    assert len(set(out["bias"].tolist())) == 6 and (out["bias"].abs() <= 0.1).all()
+    assert ((out["var"] >= 1.0) & (out["var"] <= 3.0)).all()
+    assert torch.equal(vary_constants(params, 0)["gain"], out["gain"])
+    assert not torch.equal(vary_constants(params, 1)["gain"], out["gain"])
+
+
+def test_sizes_computed_from_the_data_are_refused_by_name():
+    """A boolean mask's selection has a size the data decides: the tracer says so instead
+    of failing inside torch's symbolic shapes."""
+
+    class Masked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 6), nn.Linear(6, 3)
+
+        def forward(self, x):
+            h = self.a(x)
+            return self.b(h[h[:, 0] > 0])
+
+    torch.manual_seed(0)
+    with pytest.raises(SpecError, match="sizes computed from the data"):
+        trace_report(Masked(), torch.randn(8, 4))

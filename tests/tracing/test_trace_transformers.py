@@ -627,3 +627,119 @@ def test_qwen3_qk_norm_gain_restricts_the_rotary_maps_to_sign_flips_of_a_pair():
     qk = spec.axes["model.layers.0.self_attn.k_proj.weight"][0]
     assert not spec.kind(qk).startswith("rotary")
     planted_recovery(model, report.spec)
+
+
+def _decoder(config_class: str, model_class: str, **extra):
+    base = dict(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+    )  # fmt: skip
+    return lambda: getattr(T, model_class)(getattr(T, config_class)(**{**base, **extra}))
+
+
+# rotary decoders beyond the nine of the symmetries guide: (factory, the residual stream's
+# kind, the query/key groups' kind and rotary layout as the graph has them, or None where
+# no rotary kind is found). Streams that stay permutations: Gemma2's and OLMo2's norms
+# after each block add their gains to the stream (no linear reader to fold them into; a
+# fresh model's constant gains hid that from the check), StarCoder2's and Falcon's final
+# norm is read by an output tied to the embedding.
+DECODERS = {
+    # soft-capped logits, norms before and after each block, GeGLU
+    "gemma2": (_decoder("Gemma2Config", "Gemma2ForCausalLM", head_dim=4, sliding_window=4),
+               "permutation", ("rotary-scaled", ("half", 4))),
+    # interleaved rotary, attention and MLP in parallel from one LayerNorm (no bias)
+    "cohere-untied": (_decoder("CohereConfig", "CohereForCausalLM", tie_word_embeddings=False),
+                      "orthogonal-mean-free", ("rotary-scaled", ("interleaved", 4))),
+    # partial rotary (2 of 4 dimensions), LayerNorm with biases
+    "stablelm": (_decoder("StableLmConfig", "StableLmForCausalLM", partial_rotary_factor=0.5),
+                 "orthogonal-mean-free", ("rotary-scaled", ("half", 2))),
+    # biases on every projection, GELU MLP, LayerNorm
+    "starcoder2": (_decoder("Starcoder2Config", "Starcoder2ForCausalLM"),
+                   "permutation", ("rotary-scaled", ("half", 4))),
+    # QK-norm over the whole projection (not per head): no rotary maps
+    "olmo2": (_decoder("Olmo2Config", "Olmo2ForCausalLM"), "permutation", None),
+    # partial rotary on half of each head, fused gate/up projection
+    "glm": (_decoder("GlmConfig", "GlmForCausalLM", head_dim=4, pad_token_id=0),
+            "orthogonal", ("rotary-scaled", ("half", 2))),
+    # experts through transformers' interface, use_cache read from **kwargs
+    "granitemoe": (_decoder("GraniteMoeConfig", "GraniteMoeForCausalLM", num_local_experts=4,
+                            num_experts_per_tok=2), "orthogonal", ("rotary-scaled", ("half", 4))),
+    # RMSNorms of the attention output and of the MLP's hidden units (sub-norms)
+    "bitnet": (_decoder("BitNetConfig", "BitNetForCausalLM"), "orthogonal",
+               ("rotary-scaled", ("half", 4))),
+    # grouped-query attention fused into one projection, each key/value head's rows
+    # q q k v (a head repeat of 4 beside the output projection's 2): whole heads, rotations
+    "falcon-new-decoder": (lambda: T.FalconForCausalLM(T.FalconConfig(
+        vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+        num_kv_heads=2, new_decoder_architecture=True, alibi=False)), "permutation",
+        ("rotary", ("half", 4))),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(DECODERS))
+def test_more_rotary_decoders_are_traced_checked_and_recovered(name):
+    """Each decoder traces (verified, no group refused), its kinds are found, a random
+    element of the whole group keeps the function to 1e-10 in float64 (through the
+    model's own float32 casts), WM recovers a planted permutation and ``wm-orth`` undoes a
+    planted element of the distance-keeping group."""
+    from lmckit.tracing import symmetry_kinds
+    from lmckit.tracing.trace import batched_experts, run_outputs
+    from lmckit.transform import Transform, fold_norms
+
+    make, stream, rotary = DECODERS[name]
+    torch.manual_seed(0)
+    model = make().double().eval()
+    x = _ids()
+    report = trace_report(model, x)
+    assert "failed the equivalence check" not in str(report), str(report)
+    assert report.permuted_fraction >= 0.99, str(report)
+    spec = symmetry_kinds(model, x, report.spec).spec
+    assert spec.kind(spec.axes[next(k for k in spec.axes if "embed" in k)][1]) == stream
+    found = {(spec.kind(g), spec.rotary[g]) for g in spec.rotary}
+    assert found == ({rotary} if rotary else set())
+    a = fold_norms(spec, {k: v.detach() for k, v in model.state_dict().items()})
+    with batched_experts(model):
+        reference = run_outputs(model, a, (x,), {}, False)[0]
+        out = run_outputs(model, Transform.random(spec, 5).apply(a), (x,), {}, False)[0]
+    assert (out - reference).abs().max() <= 1e-10 * reference.abs().max()
+    planted_recovery(model, report.spec, restarts=4)
+    _wm_orth_undoes_a_planted_element(model, spec, a, x)
+
+
+def test_a_spec_traced_at_initialisation_holds_for_unequal_norm_gains():
+    """Cohere's per-head QK-norm gains, ``(heads, d)``, are ones at initialisation, so a
+    spec that moves the query heads inside their key/value group in the gains alone kept
+    the fresh model's outputs and passed the check; with trained (unequal) gains it breaks
+    the function. The check varies constant tensors first, so the spec traced from the
+    fresh model holds for any gains."""
+    from lmckit.perm import Permutation
+    from lmckit.tracing.trace import run_outputs
+
+    torch.manual_seed(0)
+    model = _decoder("CohereConfig", "CohereForCausalLM", use_qk_norm=True)().double().eval()
+    x = _ids()
+    spec = trace_report(model, x).spec
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    generator = torch.Generator().manual_seed(1)
+    trained = {
+        k: (1 + 0.5 * torch.randn(v.shape, generator=generator, dtype=v.dtype))
+        if "norm" in k else v
+        for k, v in state.items()
+    }  # fmt: skip
+    reference = run_outputs(model, trained, (x,), {}, False)[0]
+    for seed in range(3):
+        moved = Permutation.random(spec, seed).apply(trained)
+        out = run_outputs(model, moved, (x,), {}, False)[0]
+        assert (out - reference).abs().max() <= 1e-10 * reference.abs().max()
+
+
+def test_a_model_with_sizes_computed_from_the_data_is_refused_by_name():
+    """JetMoE dispatches its tokens to experts by counts it computes: no rule can relate
+    those axes, and the tracer says so (it crashed inside torch)."""
+    from lmckit.errors import SpecError
+
+    torch.manual_seed(0)
+    model = _decoder("JetMoeConfig", "JetMoeForCausalLM", num_local_experts=4,
+                     num_experts_per_tok=2, kv_channels=4)()  # fmt: skip
+    with pytest.raises(SpecError, match="sizes computed from the data"):
+        trace_report(model, _ids())

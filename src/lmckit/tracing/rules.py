@@ -89,7 +89,9 @@ class Axes:
             return None
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
-            return tuple(int(s) for s in val.shape)
+            if not all(isinstance(s, int) for s in val.shape):
+                raise SpecError(data_dependent(node, tuple(val.shape)))
+            return tuple(val.shape)
         return None
 
     def same(self, x: fx.Node, i: int, y: fx.Node, j: int) -> None:
@@ -932,6 +934,18 @@ def repeat_interleave(node: fx.Node, ax: Axes) -> None:
     ax.freeze(node, d, REPEATED)
 
 
+def data_dependent(node: fx.Node, sizes: tuple[Any, ...]) -> str:
+    """Why a graph with sizes computed from the data cannot be traced: the rules relate
+    axes of fixed sizes."""
+    return (
+        f"{node.name} ({node.target}) has sizes computed from the data ({sizes}): the tracer "
+        "relates axes of fixed sizes only, so this model's graph cannot be traced (a boolean "
+        "mask's selection, or a split by computed counts as JetMoE's experts dispatch their "
+        "tokens, makes such sizes; experts through transformers' interface, as Mixtral's, "
+        "trace)"
+    )
+
+
 def split(node: fx.Node, ax: Axes) -> None:
     """``split``/``split_with_sizes``/``chunk``: the split axis is the direct sum of the
     parts (a fused query/key/value projection: each part may move by its own
@@ -943,6 +957,8 @@ def split(node: fx.Node, ax: Axes) -> None:
     d = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
     d = _dim(d, len(xs))
     sizes = node.args[1]
+    if not isinstance(sizes, int) and not all(isinstance(k, int) for k in sizes):
+        raise SpecError(data_dependent(node, tuple(sizes)))
     positions = torch.arange(xs[d])
     if str(node.target).startswith("aten.chunk"):
         pieces = positions.chunk(int(sizes))

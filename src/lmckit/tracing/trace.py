@@ -504,11 +504,16 @@ def _unread(node: fx.Node) -> bool:
 
 
 def _takes_keyword(model: nn.Module, name: str) -> bool:
+    """``model.forward`` names the keyword, or takes ``**kwargs`` beside a config that has
+    that setting (GraniteMoe's forward reads ``use_cache`` from its ``**kwargs``)."""
     try:
         parameters = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return False
-    return name in parameters
+    if name in parameters:
+        return True
+    var_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return var_keyword and hasattr(getattr(model, "config", None), name)
 
 
 def _check_trace_inputs(
@@ -1039,21 +1044,26 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
     # head repeat) may be permuted among themselves, their query rows and output columns alike
     # — where every group of the tie holds the query heads apart: Qwen3's QK-norm gain keeps
     # its queries' heads whole blocks of r·d (no head repeat on them), and copies that moved
-    # the output columns alone would change the function
-    repeated: dict[str, int] = {}
+    # the output columns alone would change the function — and where the tie repeats its
+    # heads one way (Falcon's fused query/key/value rows repeat each head 4 times, q q k v,
+    # beside 2 output copies: no one permutation of r copies acts on both)
+    repeated: dict[str, set[int]] = {}
     for key, counts in head_repeats.items():
         for i, r in enumerate(counts):
             g = axes[key][i]
             if r > 1 and isinstance(g, str) and g in heads:
-                repeated[g] = r
+                repeated.setdefault(g, set()).add(r)
     copies: dict[str, str] = {}
-    for g, r in repeated.items():
+    for g in repeated:
         tie, h = heads[g]
         name = f"{tie}:copies"
         tied = [other for other, (t, _) in heads.items() if t == tie]
+        counts = set().union(*(repeated.get(other, set()) for other in tied))
+        if len(counts) != 1:
+            continue
         if all(other in repeated for other in tied) and name not in copies | groups:
             copies[name] = tie
-            groups[name] = h * r
+            groups[name] = h * counts.pop()
     try:
         spec = PermutationSpec(
             groups=groups,
@@ -1204,6 +1214,7 @@ def _verify(
     else:
         twin, args64, kwargs64 = model, args, kwargs
         params = {k: v.detach() for k, v in model.state_dict().items()}
+    params = vary_constants(params, seed)
     dtype = getattr(torch, precision)
     # float32 sums over thousands of terms leave near-zero outputs with absolute errors of
     # the large ones' rounding: the floor is the tolerance itself there
@@ -1246,6 +1257,33 @@ def _verify(
             "permuted together"
         )
     return tuple(modes)
+
+
+def vary_constants(params: Mapping[str, Tensor], seed: int) -> dict[str, Tensor]:
+    """``params`` with every floating tensor whose entries are all equal (more than one)
+    replaced by a seeded random one near it — ``c·(1 + u/2)`` for ``c ≠ 0`` (signs kept:
+    BatchNorm's variances stay positive), ``u/10`` for ``c = 0``, ``u`` uniform in
+    ``[−1, 1]`` — and the other tensors as they are (not copied).
+
+    A freshly initialised model's norm gains (ones; Gemma's zeros under ``1 + w``) and
+    biases (zeros) are constant, and a map that moves only such a tensor's entries keeps
+    the outputs however wrong it is: Cohere's per-head QK-norm gains, ``(heads, d)``, let a
+    spec permute query heads in the gains alone pass the check at initialisation. The
+    checks run on the varied weights, which a symmetry of the architecture keeps too."""
+    generator = torch.Generator().manual_seed(seed)
+    out: dict[str, Tensor] = {}
+    for name, t in params.items():
+        if not t.is_floating_point() or t.numel() < 2:
+            out[name] = t
+            continue
+        flat = t.reshape(-1)
+        if not bool((flat == flat[0]).all()):
+            out[name] = t
+            continue
+        u = torch.rand(t.shape, generator=generator, dtype=torch.float64).to(t) * 2 - 1
+        c = flat[0]
+        out[name] = c * (1 + u / 2) if bool(c != 0) else u / 10
+    return out
 
 
 def _members(spec: PermutationSpec, group: str) -> tuple[tuple[str, int], ...]:
