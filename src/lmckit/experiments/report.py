@@ -1,4 +1,5 @@
-"""``lmckit report OUT``: one self-contained HTML page for an experiment run.
+"""``lmckit report OUT``: one self-contained HTML page for an experiment run, and its numbers
+as ``OUT/results.json`` (:mod:`lmckit.experiments.results`: what the docs quote).
 
 The page holds the experiment file, its figures (PNG, embedded), a table of every metric
 the ledger records — mean ± standard deviation over the seeds or pairs of each group —,
@@ -25,6 +26,7 @@ matplotlib.use("Agg")
 
 from lmckit.errors import OutputPathError, UsageError
 from lmckit.experiments.ledger import Ledger, LedgerError
+from lmckit.experiments.results import dumps, results_document
 from lmckit.files import atomic_write_bytes, read_head, special_kind
 from lmckit.plots.report import (
     analysis_figures,
@@ -207,7 +209,9 @@ GENERATOR = "<meta name='generator' content='lmckit report'>"
 
 
 def write_report(out: str | Path) -> Path:
-    """Write ``out/report.html`` for the experiment run in ``out``; returns its path.
+    """Write ``out/report.html`` for the experiment run in ``out``, and ``out/results.json``
+    beside it (every row of its metrics table with the values behind it, and the experiment
+    file's ``[[paper]]`` blocks); returns the report's path.
 
     Raises:
         UsageError: ``out`` holds no experiment run (no ledger).
@@ -219,6 +223,9 @@ def write_report(out: str | Path) -> Path:
     special = special_kind(existing)
     if special is not None:
         raise OutputPathError(f"{existing} is {special}, not a regular file; refusing to write it")
+    results = out / "results.json"
+    if (special := special_kind(results)) is not None:
+        raise OutputPathError(f"{results} is {special}, not a regular file; refusing to write it")
     head = read_head(existing)  # never the whole of a large file
     ours = GENERATOR.encode() in head or b"lmckit report</title>" in head  # older reports
     if (existing.exists() or existing.is_symlink()) and not ours:
@@ -346,6 +353,8 @@ def write_report(out: str | Path) -> Path:
         _jobs_table(jobs),
         "</body></html>",
     ]
+    document = results_document(raw.get("name", out.name), rows, raw.get("paper", []))
+    atomic_write_bytes(out / "results.json", dumps(document).encode())
     path = out / "report.html"
     atomic_write_bytes(path, "\n".join(parts).encode())
     return path

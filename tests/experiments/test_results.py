@@ -1,0 +1,162 @@
+"""Results files: what ``lmckit report`` writes beside the report, what the docs quote."""
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from lmckit.experiments.report import write_report
+from lmckit.experiments.results import (
+    TYPED_MARK,
+    ResultsError,
+    format_number,
+    read_results,
+    render_placeholders,
+    results_from_report,
+    select_row,
+    typed_numbers,
+)
+from lmckit.experiments.runner import run_experiment
+from lmckit.experiments.schema import load_experiment
+from tests.experiments.conftest import TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    run_experiment(load_experiment(TINY), out, log=lambda _: None)
+    write_report(out)
+    return out
+
+
+def test_the_results_file_holds_the_ledger_s_values_and_the_report_s_rows(run):
+    """Each row's mean and spread are those of its values (recomputed here), and reading
+    the report's HTML back gives the same rows: the two files cannot disagree."""
+    document = read_results(run / "results.json")
+    assert document["rows"] and document["source"] == "report"
+    for row in document["rows"]:
+        assert row["n"] == len(row["values"])
+        assert row["mean"] == pytest.approx(statistics.fmean(row["values"]), rel=1e-12)
+        if row["n"] > 1:
+            assert row["std"] == pytest.approx(statistics.stdev(row["values"]), rel=1e-12)
+    back = results_from_report((run / "report.html").read_text(), "tiny")
+    assert len(back["rows"]) == len(document["rows"])
+    for a, b in zip(document["rows"], back["rows"], strict=True):
+        assert (a["kind"], a["metric"], a["group"], a["n"]) == (
+            b["kind"], b["metric"], b["group"], b["n"]
+        )  # fmt: skip
+        assert a["mean"] == b["mean"]  # the exact repr of the data attribute
+        assert {k.rsplit(".", 1)[-1]: v for k, v in a["grid"].items()} == {
+            k.rsplit(".", 1)[-1]: v for k, v in b["grid"].items()
+        }
+        if a["std"] is not None:
+            assert b["std"] == pytest.approx(a["std"], rel=1e-3)  # printed at 4 digits
+
+
+def _doc():
+    rows = [
+        {"kind": "curve", "metric": "test.loss.barrier.rebasin", "group": {"method": m},
+         "grid": {"model.width_multiplier": w}, "mean": mean, "std": std, "n": 3}
+        for m, w, mean, std in [
+            ("wm", 0.25, 0.19504, 0.0585), ("wm", 1, 0.0207, 0.0054), ("none", 1, -1.2547, None)
+        ]
+    ]  # fmt: skip
+    return {"rows": rows}
+
+
+def test_a_selector_names_one_row_or_fails_naming_the_candidates():
+    doc = _doc()
+    row = select_row(doc, "curve", "test.loss.barrier.rebasin", {"method": "wm",
+                     "width_multiplier": "0.25"}, "t")  # fmt: skip
+    assert row["mean"] == 0.19504
+    with pytest.raises(ResultsError, match="2 rows match"):
+        select_row(doc, "curve", "test.loss.barrier.rebasin", {"method": "wm"}, "t")
+    with pytest.raises(ResultsError, match="no row match"):
+        select_row(doc, "curve", "test.loss.barrier.rebasin", {"method": "ste"}, "t")
+    with pytest.raises(ResultsError, match="no 'curve' row has the metric"):
+        select_row(doc, "curve", "test.loss.midpoint", {}, "t")
+
+
+def test_numbers_are_formatted_as_the_spec_says():
+    assert format_number(0.19504, 0.0585, 3, ".3f ±", "t") == "0.195 ± 0.059"
+    assert format_number(0.8925, 0.003, 3, ".1f ×100 ±", "t") == "89.2 ± 0.3"
+    assert format_number(-1.2547, None, 3, ".2f", "t") == "\u22121.25"
+    assert format_number(-0.0001, None, 3, ".3f", "t") == "0.000"  # no "−0.000"
+    assert format_number(0.5, None, 7, "n", "t") == "7"
+    with pytest.raises(ResultsError, match="single value"):
+        format_number(0.5, None, 1, ".3f ±", "t")
+    with pytest.raises(ResultsError, match="not a format"):
+        format_number(0.5, None, 1, "3 digits", "t")
+
+
+def _tree(tmp_path, doc):
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "w.json").write_text(json.dumps(doc))
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "w.toml").write_text(
+        '[[paper]]\nstep = "curve"\nmetric = "m"\nvalue = 0.5\nstd = 0.1\nsource = "Fig. 4"\n'
+    )
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "b.json").write_text(
+        json.dumps({"a": {"speedup": 1.786, "t": {"mean": 0.27, "std": 0.06, "runs": [1, 2]}}})
+    )
+    return tmp_path
+
+
+def test_a_page_renders_from_its_files_and_a_changed_file_changes_the_page(tmp_path):
+    root = _tree(tmp_path, _doc())
+    page = (
+        "| x | ours |\n|---|---|\n"
+        "| a | {{ w: curve test.loss.barrier.rebasin method=wm width_multiplier=1 ; .3f }} "
+        "vs {{ paper w: curve m source=Fig ; .2f ± }}, {{ bench b: a.speedup ; .2f }}× "
+        "({{ bench b: a.t ; .2f ± }}) |\n"
+    )
+    text, used = render_placeholders(page, root, "p")
+    assert "| a | 0.021 vs 0.50 ± 0.10, 1.79× (0.27 ± 0.06) |" in text
+    assert len(used) == 3
+    doc = _doc()
+    doc["rows"][1]["mean"] = 0.0333
+    (root / "docs" / "results" / "w.json").write_text(json.dumps(doc))
+    assert "| a | 0.033 vs" in render_placeholders(page, root, "p")[0]
+    with pytest.raises(ResultsError, match=r"p:3 .*no row match"):
+        render_placeholders(page.replace("method=wm", "method=ste"), root, "p")
+    with pytest.raises(ResultsError, match="does not exist"):
+        render_placeholders("{{ gone: curve m ; .3f }}", root, "p")
+
+
+def test_a_number_typed_in_a_result_column_is_found():
+    page = (
+        "| figure | paper | ours | our setting |\n|---|---|---|---|\n"
+        "| Fig. 4 | 0.5 | {{ w: curve m ; .3f }}, R(γ = 0.3), 3×512, `0.1` | 5 epochs, 0.3 lr |\n"
+        "| Fig. 5 | 0.5 | 0.123 and 15 % and 1.8× |\n"
+        f"| Fig. 6 | 0.5 | 0.456 {TYPED_MARK} |\n"
+    )
+    found = typed_numbers(page)
+    assert [(n, lit) for n, _, lit in found] == [(4, "0.123"), (4, "15 %"), (4, "1.8×")]
+
+
+def test_every_reproduction_page_renders_and_types_no_number_outside_marked_rows():
+    """The site's hook does the same at build time; here every placeholder of the pages
+    resolves against the files in the repository, and the rows still typed by hand are
+    counted (the pages say which: ``<!-- typed -->``)."""
+    pages = [ROOT / "docs/reproductions.md", *sorted((ROOT / "docs/reproductions").glob("*.md"))]
+    placeholders = 0
+    for page in pages:
+        text = page.read_text()
+        assert typed_numbers(text) == [], page
+        rendered, _ = render_placeholders(text, ROOT, str(page))
+        assert "{{" not in rendered
+        placeholders += len(re.findall(r"\{\{", text))
+    assert placeholders >= 10
+
+
+def test_editing_a_generated_number_by_hand_fails():
+    page = (ROOT / "docs" / "reproductions.md").read_text()
+    line = next(x for x in page.splitlines() if "{{ width-fmnist:" in x)
+    rendered, _ = render_placeholders(line, ROOT, "reproductions.md")
+    header = "| table / figure | paper | ours | our setting |\n|---|---|---|---|\n"
+    assert typed_numbers(header + rendered)  # the rendered row, pasted back, is caught
