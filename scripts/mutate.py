@@ -2409,6 +2409,14 @@ MUTATIONS = [
         ("tests/tracing/test_trace_transformers.py",),
     ),
     M(
+        "projection-tiles-frozen",
+        "slices that tile a fused projection's units (Phi-3's [q | k | v]) freeze as any slice",
+        "src/lmckit/tracing/rules.py",
+        "    if at != xs[d] or len(ranges) < 2:\n",
+        "    if True:\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
         "gain-folded-by-units-only",
         "a gain laid out as its reader's head-repeated axis folded one entry per unit (BitNet)",
         "src/lmckit/transform.py",

@@ -667,6 +667,10 @@ DECODERS = {
     # RMSNorms of the attention output and of the MLP's hidden units (sub-norms)
     "bitnet": (_decoder("BitNetConfig", "BitNetForCausalLM"), "orthogonal",
                ("rotary-scaled", ("half", 4))),
+    # one fused query/key/value projection cut by slices ([q | k | v], Phi-3-mini's
+    # multi-head layout): the slices tile the projection's units, a direct sum as split's
+    "phi3-sliced-qkv": (_decoder("Phi3Config", "Phi3ForCausalLM", num_key_value_heads=4,
+                                 pad_token_id=0), "orthogonal", ("rotary-scaled", ("half", 4))),
     # grouped-query attention fused into one projection, each key/value head's rows
     # q q k v (a head repeat of 4 beside the output projection's 2): whole heads, rotations
     "falcon-new-decoder": (lambda: T.FalconForCausalLM(T.FalconConfig(

@@ -831,8 +831,55 @@ dimensions are cut apart or multiplied by a table that every head shares (rotary
 embeddings), not indexed by a parameter. The equivalence check confirms each spec."""
 
 
+def _slice_range(node: fx.Node, length: int) -> tuple[int, int, int, int]:
+    """``(dim, begin, stop, step)`` of ``slice(x, dim, start, end, step)`` on an axis of
+    ``length`` (``dim`` as given; ``begin``/``stop`` clipped to the axis)."""
+    d = node.args[1] if len(node.args) > 1 else 0
+    start = node.args[2] if len(node.args) > 2 else None
+    end = node.args[3] if len(node.args) > 3 else None
+    step = node.args[4] if len(node.args) > 4 else 1
+    begin = _dim(start or 0, length) if start is not None else 0
+    stop = length if end is None else min(_dim(end, length), length)
+    return d, begin, stop, step
+
+
+# ops whose last output axis is a linear layer's units: a slice of it is part of a projection
+_PROJECTIONS = frozenset({"linear.default", "addmm.default", "mm.default"})
+
+
+def _projection_tiles(x: fx.Node, d: int, ax: Axes) -> list[fx.Node] | None:
+    """The slices that cut a fused projection into its parts — Phi-3's
+    ``qkv[..., :q], qkv[..., q:q + kv], qkv[..., q + kv:]`` — in order, where every reader
+    of the projection's output ``x`` slices its units axis ``d`` and the slices tile it
+    (consecutive, no gap, no overlap, at least two); else None. Slices that do not tile a
+    projection (a rotary embedding's halves of a head, read beside the whole head) freeze."""
+    xs = ax.shape(x)
+    if xs is None or d != len(xs) - 1 or _name(x) not in _PROJECTIONS:
+        return None
+    ranges = []
+    for user in x.users:
+        if _name(user) != "slice.Tensor" or user.args[0] is not x:
+            return None
+        ud, begin, stop, step = _slice_range(user, xs[d])
+        if _dim(ud, len(xs)) != d or step != 1 or stop <= begin:
+            return None
+        ranges.append((begin, stop, user))
+    ranges.sort(key=lambda r: (r[0], r[1]))
+    at = 0
+    for begin, stop, _ in ranges:
+        if begin != at:
+            return None
+        at = stop
+    if at != xs[d] or len(ranges) < 2:
+        return None
+    return [user for _, _, user in ranges]
+
+
 def slice_(node: fx.Node, ax: Axes) -> None:
-    """``slice(x, dim, start, end, step)``: the full range maps through; a part freezes."""
+    """``slice(x, dim, start, end, step)``: the full range maps through; a part freezes —
+    unless the slices tile a fused projection's units (:func:`_projection_tiles`): then the
+    axis is the direct sum of the slices, each of which may move by its own permutation, as
+    ``split`` makes it."""
     x = node.args[0]
     xs = ax.shape(x)
     assert xs is not None
@@ -841,9 +888,15 @@ def slice_(node: fx.Node, ax: Axes) -> None:
     end = node.args[3] if len(node.args) > 3 else None
     step = node.args[4] if len(node.args) > 4 else 1
     whole = (start in (None, 0)) and (end is None or end >= xs[d]) and step == 1
+    tiles = None if whole else _projection_tiles(x, d, ax)
     for i in range(len(xs)):
         if i != d or whole:
             ax.same(x, i, node, i)
+    if tiles is not None:
+        if not x.meta.get("lmckit_tiled"):  # the first slice declares the sum of them all
+            x.meta["lmckit_tiled"] = True
+            ax.direct_sum(x, d, [(t, d) for t in tiles])
+        return
     if not whole:
         ax.freeze(x, d, SLICED)
         ax.freeze(node, d, SLICED)
