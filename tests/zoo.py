@@ -158,9 +158,14 @@ def tiny_params(seed: int = 0, dtype=torch.float64) -> dict[str, torch.Tensor]:
 
 
 def moving_permutation(spec: PermutationSpec, seed: int) -> Permutation:
-    """A random permutation that moves every group (seeds from ``seed`` up until one does)."""
+    """A random permutation that moves every group that can move (seeds from ``seed`` up
+    until one does; a pinned group of one head — multi-query attention's rotary key/value
+    head — has the identity only)."""
+    fixed = {g for g in spec.pinned if spec.heads[g][1] == 1}
     truth = Permutation.random(spec, seed)
-    while any(torch.equal(truth[g], torch.arange(n)) for g, n in spec.groups.items()):
+    while any(
+        torch.equal(truth[g], torch.arange(n)) for g, n in spec.groups.items() if g not in fixed
+    ):
         seed += 1
         truth = Permutation.random(spec, seed)
     return truth

@@ -417,18 +417,20 @@ def test_experts_computing_with_their_router_indices_stay_frozen():
 
 
 def test_the_kinds_check_computes_in_float64_through_the_models_own_float32_casts():
-    """Mistral with one key/value head: its query heads are a group of whole blocks. Mixing
-    them by an orthogonal map is no symmetry (a softmax per head), but on random weights
-    the scores are small and the outputs moved by only 3e-6 — inside the float32 tolerance
-    the check had while Mistral's RMSNorm and softmax cast to float32. The twin now keeps
-    float64 through those casts, and the check refuses the map."""
+    """Qwen3 with one key/value head (QK-norm keeps that head's dimensions whole): its query
+    heads are a group of whole blocks. Mixing them by an orthogonal map is no symmetry (a
+    softmax per head), but on random weights the scores are small and the outputs move
+    little — a MQA Mistral's by 3e-6, inside the float32 tolerance the check had while the
+    RMSNorm and softmax cast to float32. The twin now keeps float64 through those casts,
+    and the check refuses the map. (A MQA Mistral's query heads are copies of its one
+    key/value head now, which take permutations only.)"""
     from lmckit.tracing import symmetry_kinds
     from lmckit.tracing.trace import output_tolerance
 
     torch.manual_seed(0)
-    model = T.MistralForCausalLM(T.MistralConfig(
+    model = T.Qwen3ForCausalLM(T.Qwen3Config(
         vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=16,
+        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=16, head_dim=4,
     ))  # fmt: skip
     x = _ids()
     spec = trace_report(model, x).spec
@@ -667,6 +669,12 @@ DECODERS = {
     # RMSNorms of the attention output and of the MLP's hidden units (sub-norms)
     "bitnet": (_decoder("BitNetConfig", "BitNetForCausalLM"), "orthogonal",
                ("rotary-scaled", ("half", 4))),
+    # multi-query attention: one key/value head (a reshape (…, d) → (…, 1, d) and a
+    # repeat (…, 1, r, …) → (…, r, …) that look like no reshape), read as one head
+    "llama-multi-query": (_decoder("LlamaConfig", "LlamaForCausalLM", num_key_value_heads=1),
+                          "orthogonal", ("rotary-scaled", ("half", 4))),
+    "gemma-multi-query": (_decoder("GemmaConfig", "GemmaForCausalLM", num_key_value_heads=1,
+                                   head_dim=4), "permutation", ("rotary-scaled", ("half", 4))),
     # one fused query/key/value projection cut by slices ([q | k | v], Phi-3-mini's
     # multi-head layout): the slices tile the projection's units, a direct sum as split's
     "phi3-sliced-qkv": (_decoder("Phi3Config", "Phi3ForCausalLM", num_key_value_heads=4,
@@ -747,3 +755,38 @@ def test_a_model_with_sizes_computed_from_the_data_is_refused_by_name():
                      num_experts_per_tok=2, kv_channels=4)()  # fmt: skip
     with pytest.raises(SpecError, match="sizes computed from the data"):
         trace_report(model, _ids())
+
+
+def test_multi_query_attention_moves_its_one_key_value_head_inside_and_its_query_heads():
+    """With one key/value head the reshapes that make heads have a head axis of length 1
+    and look like none: read as one head, the query heads are copies of it (permuted among
+    themselves), its value dimensions take maps on every query head's output columns alike,
+    and its rotary pairs take scaled rotations — not only whole query heads. Where the
+    graph keeps that head's dimensions whole (Qwen3's QK-norm gain indexes them), the plain
+    reading's query-head group is kept, not lost."""
+    from lmckit.tracing import symmetry_kinds
+
+    torch.manual_seed(0)
+    model = _decoder("MistralConfig", "MistralForCausalLM", num_key_value_heads=1)()
+    model = model.double().eval()
+    x = _ids()
+    spec = symmetry_kinds(model, x, trace_report(model, x).spec).spec
+    layer = "model.layers.0.self_attn"
+    qk, vo = spec.axes[f"{layer}.q_proj.weight"][0], spec.axes[f"{layer}.v_proj.weight"][0]
+    assert spec.axes[f"{layer}.k_proj.weight"][0] == qk
+    assert spec.axes[f"{layer}.o_proj.weight"][1] == vo
+    assert spec.heads[qk] == spec.heads[vo] and spec.heads[qk][1] == 1
+    assert spec.head_repeats[f"{layer}.q_proj.weight"] == (4, 1)
+    assert spec.head_repeats[f"{layer}.o_proj.weight"] == (1, 4)
+    assert [spec.groups[c] for c, t in spec.copies.items() if t == spec.heads[qk][0]] == [4]
+    assert (spec.kind(qk), spec.rotary[qk], spec.kind(vo)) == (
+        "rotary-scaled",
+        ("half", 4),
+        "invertible",
+    )
+
+    qwen3 = _decoder("Qwen3Config", "Qwen3ForCausalLM", num_key_value_heads=1, head_dim=4)()
+    spec = trace_report(qwen3, x).spec
+    heads = spec.axes[f"{layer}.q_proj.weight"][0]
+    assert heads is not None and spec.axes[f"{layer}.o_proj.weight"][1] == heads
+    assert spec.groups[heads] == 4 and spec.blocks[f"{layer}.q_proj.weight"] == (4, 1)

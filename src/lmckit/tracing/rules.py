@@ -68,6 +68,12 @@ class Axes:
         self.sums: list[tuple[tuple[str, int], list[tuple[tuple[str, int], int]]]] = []
         # (slice's axis, the axis it cuts, start, end) of every slice that cuts a range
         self.slices: list[tuple[tuple[str, int], tuple[str, int], int, int]] = []
+        # a projection's units reshaped into one head, (…, n) → (…, 1, n) — multi-query
+        # attention's key or value — as (projection, its axis, reshaped, the 1 axis, the n
+        # axis, whether the heads of a grouped-query repeat met it): see single_head
+        self.one_heads: list[list[Any]] = []
+        self.hold_one_heads = True  # False: those reshapes map through, as any other
+        self.one_heads_nested = 0
 
     def unit(self, node: fx.Node, n: int | tuple[int, ...], tag: str = "units") -> Unit:
         """New axes of length ``n`` (or of shape ``n``) belonging to ``node``'s op (see
@@ -141,6 +147,62 @@ class Axes:
             return
         self._same((split.name, outer), (merged.name, j))
         self.nests.append(((merged.name, j), (split.name, outer), (split.name, inner)))
+
+    def single_head(self, x: fx.Node, xs, i: int, node: fx.Node, out, j: int) -> bool:
+        """The two reshapes of multi-query attention that look like no reshape at all,
+        for their head axis has length 1: a key or value projection's units split into
+        one head, ``(…, n) → (…, 1, n)``, and that head repeated for the query heads,
+        ``(…, 1, r, …) → (…, r, …)`` (axis ``i`` of ``x`` and ``j`` of ``node`` the axes of
+        length ``n`` or ``r``). Grouped-query attention nests both (``kv × d``,
+        ``kv × r``); here the first is held back (its projection would otherwise *be* the
+        head's dimensions, which a parameter may not index) until the second shows that
+        the 1 axis is a head: then both nest as grouped-query attention's do, with one
+        key/value head, and :meth:`settle_single_heads` declares what is left. True where
+        the reshape was taken here."""
+        if not self.hold_one_heads:
+            return False
+        if (
+            len(out) == len(xs) + 1
+            and i == len(xs) - 1
+            and j == len(out) - 1
+            and out[j - 1] == 1
+            and _name(x) in _PROJECTIONS
+        ):
+            self.one_heads.append([x, i, node, j - 1, j, False])
+            return True
+        if len(xs) == len(out) + 1 and i >= 1 and xs[i - 1] == 1 and self.one_heads:
+            # an axis of length 1 joins no class (broadcasting), so the head is found by
+            # the data path: the held reshapes this one reads, back to their projections
+            waiting = {id(h[2]): h for h in self.one_heads}
+            held, seen, stack = [], set(), [x]
+            while stack:
+                at = stack.pop()
+                if id(at) in seen or not isinstance(at, fx.Node):
+                    continue
+                seen.add(id(at))
+                if id(at) in waiting:
+                    held.append(waiting[id(at)])
+                elif _name(at) not in _PROJECTIONS:
+                    stack.extend(tensor_args(at))
+            if held:
+                for h in held:
+                    h[5] = True
+                    self._same((h[2].name, h[3]), (x.name, i - 1))  # the one head
+                self.nest(node, j, x, i - 1, i)
+                return True
+        return False
+
+    def settle_single_heads(self) -> None:
+        """After every rule: a held-back projection reshape (:meth:`single_head`) whose 1
+        axis met a head repeat nests (one head of its units); any other maps through."""
+        for x, i, node, one, inner, is_head in self.one_heads:
+            self.op = f"reshape of {x.name}"
+            if is_head:
+                self.nest(x, i, node, one, inner)
+                self.one_heads_nested += 1
+            else:
+                self.same(x, i, node, inner)
+        self.one_heads = []
 
     def direct_sum(self, whole: fx.Node, i: int, parts: Sequence[tuple[Any, int]]) -> None:
         """Axis ``i`` of ``whole`` is the consecutive ``parts`` (``(node, axis)`` pairs, in
@@ -628,7 +690,8 @@ def _reshape_map(ax: Axes, x: fx.Node, xs, node: fx.Node, out) -> None:
             "inside a block (a reshape merged or split it; inner permutations are not expressed)"
         )
         if len(big_in) == 1 and len(big_out) == 1:
-            ax.same(x, big_in[0], node, big_out[0])
+            if not ax.single_head(x, xs, big_in[0], node, out, big_out[0]):
+                ax.same(x, big_in[0], node, big_out[0])
         elif len(big_in) == 2 and len(big_out) == 1:  # heads × head dims → width
             ax.nest(node, big_out[0], x, big_in[0], big_in[1])
         elif len(big_in) == 1 and _fused_parts(ax, x, big_in[0], node, big_out):

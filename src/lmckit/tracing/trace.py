@@ -396,6 +396,24 @@ def _trace_report(
     spec, frozen, inside, sites = _build_spec(
         exported, state, aliases, placeholder_of, uf, found, inner=inside_blocks
     )
+    if found.one_heads:
+        # multi-query attention read as one key/value head gives its heads' insides — where
+        # the rest of the graph lets them move; where it does not (Qwen3's QK-norm keeps
+        # one head's dimensions whole), the heads of the plain reading are kept instead
+        uf_plain, _, found_plain = _relate(exported, _output_names(exported, select), False)
+        aliases_plain, placeholder_plain = _state_placeholders(exported, state, uf_plain)
+        plain = _build_spec(
+            exported, state, aliases_plain, placeholder_plain, uf_plain, found_plain,
+            inner=inside_blocks,
+        )  # fmt: skip
+        if not _moves_all_of(spec, plain[0]):
+            uf, found, aliases, placeholder_of = (
+                uf_plain,
+                found_plain,
+                aliases_plain,
+                placeholder_plain,
+            )
+            spec, frozen, inside, sites = plain
     chosen = precision is not None
     precision = precision or _precision_that_fits(state)
 
@@ -591,6 +609,17 @@ class _Found:
     fixed_blocks: list[AxisKey]
     inner_reasons: dict[AxisKey, str | None]  # why a nest's inner axis froze, if it did
     sums: list[tuple[AxisKey, list[tuple[AxisKey, int]]]]  # cat and split: whole, parts
+    one_heads: int = 0  # reshapes nested as one key/value head (Axes.single_head)
+
+
+def _moves_all_of(spec: PermutationSpec, other: PermutationSpec) -> bool:
+    """Whether ``spec`` has a group on every parameter axis that ``other`` has one on."""
+    return all(
+        spec.axes[name][i] is not None
+        for name, entries in other.axes.items()
+        for i, entry in enumerate(entries)
+        if entry is not None
+    )
 
 
 def _blocked_groups(spec: PermutationSpec) -> list[str]:
@@ -598,9 +627,12 @@ def _blocked_groups(spec: PermutationSpec) -> list[str]:
     return [g for g in spec.groups if any(spec.block(k, i) > 1 for k, i in spec.group_axes(g))]
 
 
-def _relate(exported, function_outputs: set[str]) -> tuple[_UnionFind, list[str], _Found]:
+def _relate(
+    exported, function_outputs: set[str], one_heads: bool = True
+) -> tuple[_UnionFind, list[str], _Found]:
     """Run every op's rule over the graph; ``function_outputs``: the output nodes that are
-    the model's function (their axes are frozen)."""
+    the model's function (their axes are frozen); ``one_heads``: whether multi-query
+    attention's key/value head is read as one head (:meth:`Axes.single_head`)."""
     uf = _UnionFind()
     unknown: list[str] = []
     joins: list[tuple[AxisKey, AxisKey]] = []
@@ -610,6 +642,7 @@ def _relate(exported, function_outputs: set[str]) -> tuple[_UnionFind, list[str]
         uf.union(x, y)
 
     ax = Axes(join, uf.freeze, lambda key: uf.reason(key) is not None, uf.find)
+    ax.hold_one_heads = one_heads
     graph: fx.Graph = exported.graph
     sig = exported.graph_signature
     constants = set(sig.inputs_to_lifted_tensor_constants) | set(
@@ -654,6 +687,7 @@ def _relate(exported, function_outputs: set[str]) -> tuple[_UnionFind, list[str]
                         ax.freeze_all(user, why)
         elif node.op in ("call_module", "call_method", "get_attr"):
             ax.freeze_all(node, f"{node.op} {node.target} has no rule")
+    ax.settle_single_heads()
     extra = {(u.name, i): n for u in ax.units for i, n in enumerate(u.shape)}
     # An inner axis of a nest cannot carry a permutation of its own (it would move the same
     # positions in every block): as a whole axis it freezes. Whether it may move per block is
@@ -661,7 +695,13 @@ def _relate(exported, function_outputs: set[str]) -> tuple[_UnionFind, list[str]
     inner_reasons = {inner: uf.reason(inner) for _, _, inner in ax.nests}
     for inner in inner_reasons:
         uf.freeze(inner, INSIDE)
-    return uf, unknown, _Found(extra, joins, ax.nests, ax.fixed_blocks, inner_reasons, ax.sums)
+    return (
+        uf,
+        unknown,
+        _Found(
+            extra, joins, ax.nests, ax.fixed_blocks, inner_reasons, ax.sums, ax.one_heads_nested
+        ),
+    )
 
 
 def _tensor_inputs(node: fx.Node) -> list[fx.Node]:
@@ -969,10 +1009,12 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
         why = uf.reason(key)
         root = uf.find(key)
         unit = units.get(root, n)
-        if why is not None or unit == 1:
-            return None, 1, why
         # a part longer than its own axis is blocks of it: whole units of the class
         label = labels.get(key) if n == lengths.get(key, n) else None
+        # one head (multi-query attention's key/value head) is a class of one unit whose
+        # blocks are head-structured: its group permutes inside the head
+        if why is not None or (unit == 1 and label is None):
+            return None, 1, why
         block = layout(key, n)
         repeat = block // inner_length.get(label, block) if label is not None else 1
         if repeat > 1 and in_sum:  # a direct sum's part takes no head repeat: whole blocks
