@@ -109,6 +109,24 @@ def architectures() -> dict:
                 alibi=False,
             )
         ),
+        # issue 59's eighth session: multi-query attention, Phi-3's sliced projection
+        "Llama (MQA, one key/value head)": lambda: T.LlamaForCausalLM(
+            T.LlamaConfig(**common, num_key_value_heads=1)
+        ),
+        "Mixtral (MQA, 4 experts)": lambda: T.MixtralForCausalLM(
+            T.MixtralConfig(
+                **common, num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2
+            )
+        ),
+        "Qwen3 (MQA, QK-norm)": lambda: T.Qwen3ForCausalLM(
+            T.Qwen3Config(**common, num_key_value_heads=1, head_dim=4)
+        ),
+        "Phi-3 (sliced QKV, MHA)": lambda: T.Phi3ForCausalLM(
+            T.Phi3Config(**common, num_key_value_heads=4, pad_token_id=0)
+        ),
+        "Phi-3 (sliced QKV, GQA)": lambda: T.Phi3ForCausalLM(
+            T.Phi3Config(**common, num_key_value_heads=2, pad_token_id=0)
+        ),
         "JetMoE (experts by computed counts)": lambda: T.JetMoeForCausalLM(
             T.JetMoeConfig(
                 **common,
