@@ -1299,14 +1299,6 @@ MUTATIONS = [
         '    if False:\n        return output["logits"]',
         ("tests/tracing/test_trace_transformers.py",),
     ),
-    M(
-        "fused-per-head-sum-inside-unfrozen",
-        "a per-head fused query/key/value projection is permuted inside its heads as one",
-        "src/lmckit/tracing/trace.py",
-        "        elif uf.find(inner) in summed:",
-        "        elif False:",
-        ("tests/tracing/test_trace_transformers.py",),
-    ),
     # -- query heads inside their key/value group (issue 59) --
     M(
         "copies-across-key-value-groups",
@@ -2406,6 +2398,41 @@ MUTATIONS = [
         "src/lmckit/tracing/trace.py",
         "        if len(counts) != 1:\n            continue\n",
         "",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "head-sum-read-segment-by-segment",
+        "a direct sum laid out head by head (GPT-NeoX's [q | k | v] per head) moved as if "
+        "laid out segment by segment",
+        "src/lmckit/perm.py",
+        "    h = spec.head_sum(name, axis)\n    if h == 1:\n",
+        "    h = spec.head_sum(name, axis)\n    if True:\n",
+        ("tests/test_perm_head_sums.py", "tests/tracing/test_trace_transformers.py"),
+    ),
+    M(
+        "head-sum-index-not-reordered-back",
+        "a head-by-head axis's index read through its order one way only",
+        "src/lmckit/perm.py",
+        "    return order[index[torch.argsort(order)]]\n",
+        "    return index[order]\n",
+        ("tests/test_perm_head_sums.py", "tests/tracing/test_trace_transformers.py"),
+    ),
+    M(
+        "fused-per-head-sum-inside-as-one",
+        "a per-head fused query/key/value projection is permuted inside its heads as one "
+        "block, its parts not told apart",
+        "src/lmckit/tracing/trace.py",
+        "        if why is None and uf.find(inner) in summed:\n",
+        "        if False:\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "head-sum-part-reason-taken-whole",
+        "a part of a per-head sum keeps its whole's freeze inside a block (no label)",
+        "src/lmckit/tracing/trace.py",
+        "    if why == INSIDE or (why is not None and why.startswith(_PART_OF) and INSIDE in "
+        "why):\n",
+        "    if False:\n",
         ("tests/tracing/test_trace_transformers.py",),
     ),
     M(

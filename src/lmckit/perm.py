@@ -45,6 +45,7 @@ __all__ = [
     "from_unit_rows",
     "group_cost_matrix",
     "group_rows",
+    "head_sum_order",
     "invert_copies",
     "join_heads",
     "permute_axis",
@@ -104,6 +105,13 @@ class PermutationSpec:
             dimensions on the output projection's columns, its key dimensions on the query
             projection's rows), each copy moved alike. An axis with a count > 1 is a plain
             one (no direct sum, no repeat).
+        head_sums: parameter name -> one count per axis (default 1). A direct-sum axis
+            with a count ``h`` > 1 is laid out head by head: ``h`` blocks, each holding one
+            head of every segment in turn — GPT-NeoX's fused projection, whose rows are
+            ``[q | k | v]`` per head — instead of each segment whole. Every segment is a
+            head-structured group of one tie with ``h`` heads (``heads``); the axis moves
+            as the same direct sum laid out segment by segment would (see
+            :func:`head_sum_order`). Such an axis takes no block and no repeat.
         heads: group name -> ``(head permutation name, number of heads h)``: a
             *head-structured* group. Its ``n = h·d`` units are ``h`` contiguous heads of
             ``d`` (unit-major), and it moves them by one permutation of the heads and one
@@ -175,6 +183,7 @@ class PermutationSpec:
     repeats: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     heads: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     head_repeats: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    head_sums: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     pinned: frozenset[str] = frozenset()
     rotary: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     copies: Mapping[str, str] = field(default_factory=dict)
@@ -248,6 +257,11 @@ class PermutationSpec:
                         f"head_repeats[{name!r}] axis {i}: an axis takes a repeat or a head "
                         "repeat, not both"
                     )
+        head_sums = _per_axis_counts("head_sums", self.head_sums, axes)
+        for name, counts in head_sums.items():
+            for i, h in enumerate(counts):
+                if h > 1:
+                    _check_head_sum(name, i, h, axes[name][i], groups, heads, blocks, repeats)
         pinned = frozenset(self.pinned)
         if not pinned <= set(heads):
             raise SpecError(
@@ -284,6 +298,7 @@ class PermutationSpec:
         object.__setattr__(self, "repeats", MappingProxyType(repeats))
         object.__setattr__(self, "heads", MappingProxyType(heads))
         object.__setattr__(self, "head_repeats", MappingProxyType(head_repeats))
+        object.__setattr__(self, "head_sums", MappingProxyType(head_sums))
         object.__setattr__(self, "pinned", pinned)
         object.__setattr__(self, "rotary", MappingProxyType(rotary))
         object.__setattr__(self, "copies", MappingProxyType(copies))
@@ -323,6 +338,12 @@ class PermutationSpec:
         """The head repeat count of ``name``'s ``axis`` (1 unless declared in
         ``head_repeats``)."""
         per_axis = self.head_repeats.get(name)
+        return per_axis[axis] if per_axis is not None else 1
+
+    def head_sum(self, name: str, axis: int) -> int:
+        """The number of heads a direct-sum axis is laid out by (1 unless declared in
+        ``head_sums``)."""
+        per_axis = self.head_sums.get(name)
         return per_axis[axis] if per_axis is not None else 1
 
     def head_layout(self, name: str, axis: int) -> tuple[int, int]:
@@ -455,6 +476,7 @@ class PermutationSpec:
             repeats={k: v for k, v in self.repeats.items() if k in names},
             heads={g: v for g, v in self.heads.items() if g in used},
             head_repeats=head_repeats,
+            head_sums={k: v for k, v in self.head_sums.items() if k in names},
             pinned=self.pinned & used,
             rotary={g: v for g, v in self.rotary.items() if g in used},
             copies=copies,
@@ -487,6 +509,11 @@ class PermutationSpec:
             **(
                 {"head_repeats": {k: list(v) for k, v in self.head_repeats.items()}}
                 if self.head_repeats
+                else {}
+            ),
+            **(
+                {"head_sums": {k: list(v) for k, v in self.head_sums.items()}}
+                if self.head_sums
                 else {}
             ),
             **({"pinned": sorted(self.pinned)} if self.pinned else {}),
@@ -1188,7 +1215,13 @@ def axis_index(
         else start + block_index(perms[g], block)
         for g, start, length in spec.segments(name, axis)
     ]
-    return torch.cat(pieces)
+    index = torch.cat(pieces)
+    order = head_sum_order(spec, name, axis)
+    if order is None:
+        return index
+    # laid out head by head: the segment-by-segment move, read through the reordering
+    order = order.to(device)
+    return order[index[torch.argsort(order)]]
 
 
 def permute_spec_axis(
@@ -1231,6 +1264,9 @@ def group_rows(
     n = spec.groups[group]
     if not isinstance(spec.axes[name][axis], tuple):
         return unit_rows(t, position, n, spec.repeat(name, axis), *spec.head_layout(name, axis))
+    order = head_sum_order(spec, name, axis)
+    if order is not None:  # laid out head by head: read segment by segment
+        t = t.index_select(position, order.to(t.device))
     parts = [
         unit_rows(t.narrow(position, start, length), position, n)
         for g, start, length in spec.segments(name, axis)
@@ -1249,6 +1285,10 @@ def put_group_rows(
         return from_unit_rows(
             rows, axis, tuple(t.shape), spec.repeat(name, axis), *spec.head_layout(name, axis)
         )
+    order = head_sum_order(spec, name, axis)
+    if order is not None:  # laid out head by head: written segment by segment
+        order = order.to(t.device)
+        t = t.index_select(axis, order)
     pieces, used = [], 0
     for g, start, length in spec.segments(name, axis):
         piece = t.narrow(axis, start, length)
@@ -1257,7 +1297,55 @@ def put_group_rows(
             piece = from_unit_rows(rows[:, used : used + width], axis, tuple(piece.shape))
             used += width
         pieces.append(piece)
-    return torch.cat(pieces, dim=axis)
+    out = torch.cat(pieces, dim=axis)
+    return out if order is None else out.index_select(axis, torch.argsort(order))
+
+
+def head_sum_order(spec: PermutationSpec, name: str, axis: int) -> Tensor | None:
+    """For an axis laid out head by head (``PermutationSpec.head_sums``): the order ``o``
+    with ``t.index_select(axis, o)`` the same entries laid out segment by segment, as a
+    plain direct sum (segment ``k`` of ``n_k`` units: head ``i``'s ``n_k / h`` of them at
+    ``i·W + offset_k`` in the head-by-head layout, ``W`` a head's width); None for any
+    other axis."""
+    h = spec.head_sum(name, axis)
+    if h == 1:
+        return None
+    widths = [spec.groups[g] // h for g in _segment_groups(spec.axes[name][axis])]
+    width = sum(widths)
+    pieces, offset = [], 0
+    for w in widths:
+        heads = torch.arange(h)[:, None] * width
+        pieces.append((heads + offset + torch.arange(w)[None, :]).reshape(-1))
+        offset += w
+    return torch.cat(pieces)
+
+
+def _segment_groups(entry: AxisEntry) -> tuple[str, ...]:
+    """The groups of a direct-sum entry's segments in order, repeats kept (``("qk", "qk",
+    "vo")``); for a plain entry its group."""
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(p for p in entry if isinstance(p, str))
+
+
+def _check_head_sum(name, axis, h, entry, groups, heads, blocks, repeats) -> None:
+    """A head-by-head direct sum: a direct sum of group segments only, each group
+    head-structured with ``h`` heads in one tie, on an axis with no block or repeat."""
+    where = f"head_sums[{name!r}] axis {axis}"
+    if not isinstance(entry, tuple) or not all(isinstance(p, str) for p in entry):
+        raise SpecError(
+            f"{where}: a count > 1 needs a direct sum of groups alone (no fixed segments), "
+            f"got {entry!r}"
+        )
+    found = [heads.get(g) for g in entry]
+    if any(f is None or f[1] != h for f in found) or len({f[0] for f in found}) != 1:
+        raise SpecError(
+            f"{where}: every segment must be a head-structured group of one tie with {h} "
+            f"heads (see heads), got {[(g, heads.get(g)) for g in entry]}"
+        )
+    per_axis = [blocks.get(name), repeats.get(name)]
+    if any(counts is not None and counts[axis] > 1 for counts in per_axis):
+        raise SpecError(f"{where}: an axis laid out head by head takes no block or repeat")
 
 
 def _per_axis_counts(what: str, given, axes) -> dict[str, tuple[int, ...]]:

@@ -479,19 +479,33 @@ def test_data_driven_methods_read_a_hugging_face_models_logits():
         assert result.history and all(math.isfinite(v) for v in result.history), name
 
 
-def test_gpt_neox_fused_per_head_projection_moves_whole_heads_and_says_why():
-    """GPT-NeoX fuses query, key and value per head (each head's rows [q | k | v]): the
-    heads move whole, with the reason — the check is not left to find it."""
+def test_gpt_neox_fused_per_head_projection_moves_inside_its_heads():
+    """GPT-NeoX fuses query, key and value per head (each head's rows ``[q | k | v]``): the
+    projection is a direct sum laid out head by head (``head_sums``), its query/key part
+    one pinned group with the keys (scaled rotations of the rotary pairs), its value part
+    the output projection's group (invertible maps) — no longer whole heads only."""
+    from lmckit.tracing import symmetry_kinds
+
     torch.manual_seed(0)
     model = T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
         vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
         num_attention_heads=4, max_position_embeddings=16, rotary_pct=0.5,
-    ))  # fmt: skip
-    report = trace_report(model, _ids())
-    qkv = "gpt_neox.layers.0.attention.query_key_value.weight"
-    heads = report.spec.axes[qkv][0]
-    assert report.spec.groups[heads] == 4 and report.spec.blocks[qkv] == (12, 1)
-    assert "a direct sum inside each block" in report.whole_blocks[heads]
+    )).double().eval()  # fmt: skip
+    x = _ids()
+    report = trace_report(model, x)
+    layer = "gpt_neox.layers.0.attention"
+    spec = symmetry_kinds(model, x, report.spec).spec
+    qk, also_qk, vo = spec.axes[f"{layer}.query_key_value.weight"][0]
+    assert qk == also_qk != vo and spec.axes[f"{layer}.dense.weight"][1] == vo
+    assert spec.head_sums[f"{layer}.query_key_value.weight"] == (4, 1)
+    assert spec.head_sums[f"{layer}.query_key_value.bias"] == (4,)
+    assert spec.heads[qk] == spec.heads[vo] and spec.heads[qk][1] == 4
+    assert spec.groups[qk] == spec.groups[vo] == 16 and qk in spec.pinned
+    assert (spec.kind(qk), spec.rotary[qk], spec.kind(vo)) == (
+        "rotary-scaled",
+        ("half", 2),
+        "invertible",
+    )
     assert "failed the equivalence check" not in str(report)
 
 
@@ -675,6 +689,12 @@ DECODERS = {
                           "orthogonal", ("rotary-scaled", ("half", 4))),
     "gemma-multi-query": (_decoder("GemmaConfig", "GemmaForCausalLM", num_key_value_heads=1,
                                    head_dim=4), "permutation", ("rotary-scaled", ("half", 4))),
+    # query, key and value fused per head ([q | k | v] rows per head), partial rotary,
+    # attention and MLP in parallel: a direct sum laid out head by head
+    "gpt-neox": (lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=16, rotary_pct=0.25)),
+        "orthogonal-mean-free", ("rotary-scaled", ("half", 2))),
     # one fused query/key/value projection cut by slices ([q | k | v], Phi-3-mini's
     # multi-head layout): the slices tile the projection's units, a direct sum as split's
     "phi3-sliced-qkv": (_decoder("Phi3Config", "Phi3ForCausalLM", num_key_value_heads=4,

@@ -128,7 +128,9 @@ def same_symmetry(traced: PermutationSpec, given: PermutationSpec) -> dict[str, 
     if any(traced.groups[t] != given.groups[g] for t, g in names.items()):
         return None
     if set(traced.axes) != set(given.axes) or any(
-        traced.repeats.get(k) != given.repeats.get(k) for k in traced.axes
+        traced.repeats.get(k) != given.repeats.get(k)
+        or traced.head_sums.get(k) != given.head_sums.get(k)
+        for k in traced.axes
     ):
         return None
     ties = {names[g]: (tie, h) for g, (tie, h) in traced.heads.items()}

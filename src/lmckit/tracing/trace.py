@@ -181,6 +181,7 @@ class TraceReport:
             "repeats": {k: list(v) for k, v in self.spec.repeats.items()},
             "heads": {g: list(v) for g, v in self.spec.heads.items()},
             "head_repeats": {k: list(v) for k, v in self.spec.head_repeats.items()},
+            "head_sums": {k: list(v) for k, v in self.spec.head_sums.items()},
             "pinned": sorted(self.spec.pinned),
             "copies": dict(self.spec.copies),
             "whole_blocks": dict(self.whole_blocks),
@@ -212,6 +213,8 @@ class TraceReport:
         if isinstance(entry, tuple):
             terms = [p if isinstance(p, str) else f"{p} fixed" for p in entry]
             parts.append("direct sum " + " ⊕ ".join(terms))
+            if (h := self.spec.head_sum(name, axis)) > 1:
+                parts.append(f"laid out head by head, {h} heads")
         return f" ({', '.join(parts)})" if parts else ""
 
     def __str__(self) -> str:
@@ -886,22 +889,35 @@ def _inside_blocks(
     inner_nodes = []
     pinned_nodes: dict[AxisKey, str] = {}
     summed = {uf.find(whole): parts for whole, parts in found.sums}
+    # GPT-NeoX: each head's dimensions are [query | key | value], a direct sum inside the
+    # block — merged axis -> the parts' nodes, each part moving inside its heads by its own
+    # label (the axis is laid out head by head: PermutationSpec.head_sums)
+    sum_parts: dict[AxisKey, list[tuple[AxisKey, int]]] = {}
     for merged, _, inner in found.nests:
         if not blocked(merged):
             continue
         node = ("#inside", uf.find(inner))
+        why = found.inner_reasons[inner]
+        if why is None and uf.find(inner) in summed:
+            parts = summed[uf.find(inner)]
+            sum_parts[merged] = [(("#inside", uf.find(part)), n) for part, n in parts]
+            for (part_node, _n), (part, _) in zip(sum_parts[merged], parts, strict=True):
+                inner_nodes.append(part_node)
+                inside.find(part_node)
+                part_why = _own_reason(uf.reason(part))
+                if part_why in PINNING:
+                    pinned_nodes[part_node] = part_why
+                elif part_why is not None:
+                    inside.freeze(part_node, part_why)
+            continue
         inner_nodes.append(node)
         inside.union(merged, node)
-        if (why := found.inner_reasons[inner]) in PINNING:
+        if why in PINNING:
             # rotary embeddings slice and re-join a head's dimensions: they cannot be
             # permuted, but the heads can, and a kind may find maps inside each head
             pinned_nodes[node] = why
         elif why is not None:
             inside.freeze(merged, why)
-        elif uf.find(inner) in summed:  # GPT-NeoX: each head's [query | key | value] dims
-            inside.freeze(merged, INSIDE_SUM)
-            for part, _ in summed[uf.find(inner)]:  # nor may the parts' own heads move inside
-                inside.freeze(("#inside", uf.find(part)), INSIDE_SUM)
     for key in found.fixed_blocks:
         if blocked(key):
             inside.freeze(key, "blocks fixed by a grouped operator")
@@ -919,16 +935,36 @@ def _inside_blocks(
     nested = {inside.find(node) for node in inner_nodes}
     inner_length: dict[AxisKey, int] = {}
     for merged, _, inner in found.nests:
-        if blocked(merged) and merged in inside.parent:
+        if blocked(merged) and merged in inside.parent and merged not in sum_parts:
             known = inner_length.setdefault(inside.find(merged), lengths[inner])
             if known != lengths[inner]:  # pragma: no cover - a reshape rule would disagree
                 inside.freeze(merged, "inner axes of different lengths")
+    for found_parts in sum_parts.values():
+        for part_node, n in found_parts:
+            if inner_length.setdefault(inside.find(part_node), n) != n:
+                inside.freeze(part_node, "inner axes of different lengths")
+    # a parameter axis in the class of a merged axis whose inside is a sum takes one label
+    # per part, where every part may move inside its heads
+    sum_of = {inside.find(merged): found_parts for merged, found_parts in sum_parts.items()}
+    head_sums: dict[AxisKey, tuple[AxisKey, ...]] = {}
     labels, reasons = {}, {}
     extra = set(extra)
     for key in [*param_axes, *parts, *extra]:
         if not blocked(key) or key not in inside.parent:
             continue
         label = inside.find(key)
+        if label in sum_of:
+            found_parts = sum_of[label]
+            why = next(
+                (inside.reason(node) for node, _ in found_parts if inside.reason(node)), None
+            )
+            if why is None and key not in extra and key in param_axes:
+                head_sums[key] = tuple(inside.find(node) for node, _ in found_parts)
+            elif why is None:
+                why = INSIDE_SUM
+            if why is not None and key not in extra:
+                reasons[uf.find(key)] = why
+            continue
         if label not in nested:
             continue
         if (why := inside.reason(key)) is None and layout(key, lengths[key]) % inner_length.get(
@@ -941,10 +977,13 @@ def _inside_blocks(
             reasons[uf.find(key)] = why
     # a pinned class that one projection alone holds (Phi's queries apart from its keys:
     # its partial rotary cuts them apart) could move no map either: its blocks stay whole
-    nests_in: dict[AxisKey, set[AxisKey]] = {}
+    nests_in: dict[AxisKey, set[Any]] = {}
     for merged, _, _ in found.nests:
-        if merged in inside.parent:
+        if merged in inside.parent and merged not in sum_parts:
             nests_in.setdefault(inside.find(merged), set()).add(merged)
+    for merged, found_parts in sum_parts.items():  # each segment of a sum holds its part
+        for k, (node, _) in enumerate(found_parts):
+            nests_in.setdefault(inside.find(node), set()).add((merged, k))
     pinned, alone = {}, {}
     for node, why in pinned_nodes.items():
         root = inside.find(node)
@@ -955,7 +994,19 @@ def _inside_blocks(
             del labels[key]
             if key not in extra:
                 reasons[uf.find(key)] = alone[label]
-    return labels, reasons, inner_length, pinned
+    for key, part_labels in list(head_sums.items()):
+        if lone := [alone[label] for label in part_labels if label in alone]:
+            del head_sums[key]
+            reasons[uf.find(key)] = lone[0]
+    return labels, reasons, inner_length, pinned, head_sums
+
+
+def _own_reason(why: str | None) -> str | None:
+    """A part's freeze reason, None where it is only its whole's freeze inside a block
+    (an inner axis freezes as a whole axis; its parts may still move inside each head)."""
+    if why == INSIDE or (why is not None and why.startswith(_PART_OF) and INSIDE in why):
+        return None
+    return why
 
 
 class _Refreeze(Exception):
@@ -990,10 +1041,10 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
     }
     parts = [key for found_leaves in leaves.values() for key, _ in found_leaves]
     candidates = _site_candidates(exported)
-    labels, inside_reasons, inner_length, pinned_labels = (
+    labels, inside_reasons, inner_length, pinned_labels, sum_labels = (
         _inside_blocks(uf, units, layout, lengths, found, param_axes, parts, candidates)
         if inner
-        else ({}, {}, {}, {})
+        else ({}, {}, {}, {}, {})
     )
     groups: dict[str, int] = {}
     names: dict[tuple[AxisKey, Any], str] = {}
@@ -1032,9 +1083,34 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
 
     head_repeat_of: dict[AxisKey, int] = {}
 
+    def head_sum_of(key: AxisKey, n: int, owner: str, i: int):
+        """``(entry, heads, None)`` for a parameter axis laid out head by head (a fused
+        per-head query/key/value projection): one group per part of each head, in the
+        tie of the axis's heads; ``(None, 1, reason)`` where it cannot be laid out."""
+        why = uf.reason(key)
+        root = uf.find(key)
+        unit = units.get(root, n)
+        part_labels = sum_labels[key]
+        if why is None and n != unit * sum(inner_length[label] for label in part_labels):
+            why = INSIDE_SUM
+        if why is not None:
+            return None, 1, why
+        entry = []
+        for k, label in enumerate(part_labels):
+            if (root, label) not in names:
+                name = f"{owner}[{i}]" + (f"@{k}" if k else "")
+                while name in groups:
+                    name += "'"
+                names[(root, label)] = name
+                groups[name] = unit * inner_length[label]
+                tie.setdefault(root, name)
+            entry.append(names[(root, label)])
+        return tuple(entry), unit, None
+
     axes: dict[str, tuple] = {}
     blocks: dict[str, tuple[int, ...]] = {}
     head_repeats: dict[str, tuple[int, ...]] = {}
+    head_sums: dict[str, tuple[int, ...]] = {}
     frozen: dict[str, tuple[str | None, ...]] = {}
     self_maps: set[str] = set()
     for key, tensor in state.items():
@@ -1043,13 +1119,16 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
         per_axis: list = []
         per_block: list[int] = []
         per_head_repeat: list[int] = []
+        per_head_sum: list[int] = []
         reasons: list[str | None] = []
         for i, n in enumerate(tensor.shape):
-            entry, block, why = None, 1, None
+            entry, block, why, sum_heads = None, 1, None, 1
             if ph is None:
                 why = "not seen by the exported graph"
             elif not tensor.dtype.is_floating_point:
                 why = uf.reason((ph, i))
+            elif (ph, i) in sum_labels:
+                entry, sum_heads, why = head_sum_of((ph, i), int(n), owner, i)
             elif (ph, i) in leaves:
                 entry, block, why = _sum_entry(leaves[(ph, i)], group_of, owner, i)
                 if entry is _REFREEZE:
@@ -1059,6 +1138,7 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
             per_axis.append(entry)
             per_block.append(block)
             per_head_repeat.append(head_repeat_of.get((ph, i), 1) if isinstance(entry, str) else 1)
+            per_head_sum.append(sum_heads if entry is not None else 1)
             reasons.append(why if n > 1 and entry is None else None)
         named = [g for e in per_axis for g in axis_groups(e)]
         if len(set(named)) < sum(e is not None for e in per_axis):
@@ -1068,6 +1148,8 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
             blocks[key] = tuple(per_block)
         if any(r > 1 for r in per_head_repeat):
             head_repeats[key] = tuple(per_head_repeat)
+        if any(h > 1 for h in per_head_sum):
+            head_sums[key] = tuple(per_head_sum)
         frozen[key] = tuple(reasons)
     tied_roots = {root for root, label in names if label is not None}
     heads = {
@@ -1114,6 +1196,7 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
             blocks=blocks,
             heads=heads,
             head_repeats=head_repeats,
+            head_sums=head_sums,
             pinned=frozenset(pinned),
             copies=copies,
         )
