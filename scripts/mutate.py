@@ -2436,6 +2436,22 @@ MUTATIONS = [
         ("tests/tracing/test_trace_transformers.py",),
     ),
     M(
+        "flat-site-dimensions-major",
+        "a heads axis and its dimensions read as one activation dimension-major",
+        "src/lmckit/tracing/taps.py",
+        "(by_name[base], (heads, dims), (-2, -1))",
+        "(by_name[base], (heads, dims), (-1, -2))",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "taps-export-keeps-the-cache",
+        "the activation graph exported with a decoder's cache on (its output a cache object)",
+        "src/lmckit/tracing/taps.py",
+        "                exported, _, kwargs = export_model(self.model, (x,))\n",
+        "                exported, _, kwargs = export_model(self.model, (x,), {'use_cache': 1})\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
         "one-head-not-held",
         "multi-query attention's (…, d) → (…, 1, d) reshape of a projection maps through",
         "src/lmckit/tracing/rules.py",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmckit.tracing import trace_report
-from tests.zoo import planted_recovery
+from tests.zoo import moving_permutation, planted_recovery
 
 T = pytest.importorskip("transformers", reason="a dev dependency: pip install -e '.[dev]'")
 
@@ -444,24 +444,35 @@ def test_the_kinds_check_computes_in_float64_through_the_models_own_float32_cast
     assert output_tolerance(export_model(model, x)[0], "float64") == 1e-7
 
 
-def test_data_driven_methods_read_a_hugging_face_models_logits():
-    """STE, Sinkhorn on the midpoint loss and the midpoint loss over transforms run a
-    Hugging Face model, whose output is a ModelOutput: lmckit reads its logits (they failed
-    on the ModelOutput). Each result is a symmetry of B (its function kept, to the float32
-    of the model's own casts)."""
+ONE_LAYER = dict(
+    vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+    num_attention_heads=4, max_position_embeddings=16, use_cache=False,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: T.LlamaForCausalLM(T.LlamaConfig(**ONE_LAYER, num_key_value_heads=2)),
+        lambda: T.LlamaForCausalLM(T.LlamaConfig(**ONE_LAYER, num_key_value_heads=1)),
+        lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(**ONE_LAYER, rotary_pct=0.5)),
+    ],
+    ids=["llama-gqa", "llama-multi-query", "gpt-neox-head-sums"],
+)
+def test_data_driven_methods_read_a_hugging_face_models_logits(make):
+    """STE, Sinkhorn on the midpoint loss, the midpoint loss over transforms and
+    activation matching over transforms run a Hugging Face model, whose output is a
+    ModelOutput: lmckit reads its logits (they failed on the ModelOutput). Each result is a
+    symmetry of B (its function kept, to the float32 of the model's own casts) — with one
+    key/value head, and with query, key and value fused per head."""
     from lmckit.data import TensorLoader
     from lmckit.functional import forward, logits_of
     from lmckit.match import METHODS
     from lmckit.transform import fold_norms
 
-    config = T.LlamaConfig(
-        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
-        use_cache=False,
-    )  # fmt: skip
     torch.manual_seed(0)
-    model_a = T.LlamaForCausalLM(config).double().eval()
-    model_b = T.LlamaForCausalLM(config).double().eval()
+    model_a = make().double().eval()
+    model_b = make().double().eval()
     x = torch.randint(0, 40, (32, 8))
     data = TensorLoader(x, torch.roll(x, -1, 1), batch_size=16)
     spec = trace_report(model_a, x[:2]).spec
@@ -469,14 +480,16 @@ def test_data_driven_methods_read_a_hugging_face_models_logits():
     b = {k: v.detach() for k, v in model_b.state_dict().items()}
     assert torch.equal(forward(model_b, b, x[:2]), model_b(x[:2]).logits)
     assert logits_of({"logits": x, "other": 1}) is x and logits_of(x) is x
-    for name in ("ste", "sinkhorn-mid", "ste-orth"):
-        result = METHODS[name](spec, a, b, model=model_a, data=data, epochs=1, seed=0)
+    for name in ("ste", "sinkhorn-mid", "ste-orth", "am-orth"):
+        options = {} if name == "am-orth" else {"epochs": 1, "seed": 0}
+        result = METHODS[name](spec, a, b, model=model_a, data=data, **options)
         alignment = result.alignment
-        folded = fold_norms(spec, b) if name == "ste-orth" else b
+        folded = fold_norms(spec, b) if name.endswith("-orth") else b
         moved = alignment.apply(folded)
         same = forward(model_b, moved, x[:4]), forward(model_b, b, x[:4])
         assert (same[0] - same[1]).abs().max() < 1e-5 * same[1].abs().max(), name
-        assert result.history and all(math.isfinite(v) for v in result.history), name
+        if name != "am-orth":
+            assert result.history and all(math.isfinite(v) for v in result.history), name
 
 
 def test_gpt_neox_fused_per_head_projection_moves_inside_its_heads():
@@ -507,6 +520,25 @@ def test_gpt_neox_fused_per_head_projection_moves_inside_its_heads():
         "invertible",
     )
     assert "failed the equivalence check" not in str(report)
+    # no activation carries the query/key group's units on one axis: its queries and keys
+    # hold heads and dimensions on two ([b, h, t, d]), read flattened, head-major
+    assert all("@flat" in node for node, _ in report.activation_sites[qk])
+    from lmckit.data import TensorLoader
+    from lmckit.match import METHODS
+    from lmckit.tracing.taps import GraphTaps
+
+    a = {k: v.detach() for k, v in model.state_dict().items()}
+    truth = moving_permutation(report.spec, 5)
+    b = truth.inverse().apply(a)
+    # each site holds the group's units in its order: B's unit p[u] is A's unit u
+    taps = GraphTaps(model, report.spec, x)
+    acts_a, acts_b = taps(a, x), taps(b, x)
+    for site in taps.taps()[qk]:
+        assert torch.allclose(acts_b[site][:, truth[qk]], acts_a[site], atol=1e-12), site
+    tokens = torch.randint(0, 40, (64, 8), generator=torch.Generator().manual_seed(0))
+    data = TensorLoader(tokens, torch.roll(tokens, -1, 1), batch_size=32)
+    found = METHODS["am"](report.spec, a, b, model=model, data=data)
+    assert found.alignment == truth
 
 
 def _wm_orth_undoes_a_planted_element(model, spec, a, x) -> None:

@@ -18,13 +18,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 
 from lmckit.errors import SpecError
-from lmckit.functional import module_mode
 from lmckit.params import Params
 from lmckit.perm import PermutationSpec
-from lmckit.tracing.trace import trace_report
+from lmckit.tracing.trace import FLAT, export_model, trace_report
 
 __all__ = ["GraphTaps"]
 
@@ -67,7 +67,7 @@ class GraphTaps:
         }
         self._nodes = sorted({node for sites in self.sites.values() for node, _ in sites})
         self._sizes = {site: spec.groups[g] for g, sites in self.sites.items() for site in sites}
-        self._runners: dict[tuple, nn.Module] = {}
+        self._runners: dict[tuple, tuple[nn.Module, dict[str, Any]]] = {}
 
     def taps(self) -> dict[str, list[str]]:
         """``{group: [site names]}``, a site named ``node:axis``."""
@@ -76,11 +76,11 @@ class GraphTaps:
     def __call__(self, params: Params, x: Tensor) -> dict[str, Tensor]:
         """The activations of ``model`` with ``params`` on the batch ``x``: ``{site name:
         tensor (N, units, ...)}`` (the units' axis moved to 1)."""
-        runner = self._runner(x)
+        runner, inputs = self._runner(x)
         names = {n for n, _ in runner.named_parameters(remove_duplicate=False)}
         names |= {n for n, _ in runner.named_buffers(remove_duplicate=False)}
         values = torch.func.functional_call(
-            runner, {k: v for k, v in params.items() if k in names}, (x,), strict=False
+            runner, {k: v for k, v in params.items() if k in names}, inputs, strict=False
         )
         found = dict(zip(self._nodes, values, strict=True))
         return {
@@ -89,20 +89,19 @@ class GraphTaps:
             for node, axis in sites
         }
 
-    def _runner(self, x: Tensor) -> nn.Module:
+    def _runner(self, x: Tensor) -> tuple[nn.Module, tuple[Any, ...]]:
+        """The graph that returns the sites, for inputs like ``x``, and its flat inputs for
+        ``x`` (with the keywords the export added: a decoder's ``use_cache=False``)."""
         key = (tuple(x.shape), x.dtype, x.device)
         if key not in self._runners:
-            with module_mode(self.model, False), torch.no_grad():
-                try:
-                    exported = torch.export.export(self.model, (x,), strict=False)
-                except Exception as exc:  # export raises many types; all mean "cannot"
-                    raise SpecError(
-                        f"torch.export could not trace {type(self.model).__name__} on inputs "
-                        f"of shape {tuple(x.shape)}: {type(exc).__name__}"
-                    ) from exc
+            try:  # as the trace exports it: a Hugging Face decoder without its cache
+                exported, _, kwargs = export_model(self.model, (x,))
+            except SpecError as exc:
+                raise SpecError(f"{exc} (on inputs of shape {tuple(x.shape)})") from exc
             runner = _with_outputs(exported.module(), self._nodes, self._sizes)
-            self._runners[key] = runner.to(x.device)
-        return self._runners[key]
+            self._runners[key] = (runner.to(x.device), kwargs)
+        runner, kwargs = self._runners[key]
+        return runner, tuple(pytree.tree_leaves(((x,), kwargs)))
 
 
 def same_symmetry(traced: PermutationSpec, given: PermutationSpec) -> dict[str, str] | None:
@@ -158,9 +157,18 @@ def _with_outputs(
     by_name = {node.name: env[node] for node in module.graph.nodes if node in env}
     wrong = []
     for (name, axis), size in sizes.items():
-        val = by_name[name].meta.get("val") if name in by_name else None
-        if not isinstance(val, Tensor) or val.ndim <= axis or val.shape[axis] != size:
+        base, flat, pair = name.partition(FLAT)
+        val = by_name[base].meta.get("val") if base in by_name else None
+        heads, dims = (int(k) for k in pair.split(".")) if flat else (axis, axis)
+        if (
+            not isinstance(val, Tensor)
+            or val.ndim <= max(axis, heads, dims)
+            or (val.shape[heads] * val.shape[dims] if flat else val.shape[axis]) != size
+        ):
             wrong.append(f"{name}:{axis}")
+        elif flat and name not in by_name:  # a heads axis and its dimensions as one
+            moved = graph.call_function(torch.movedim, (by_name[base], (heads, dims), (-2, -1)))
+            by_name[name] = graph.call_function(torch.flatten, (moved, -2, -1))
     if wrong:
         raise SpecError(
             f"the graph exported for this input shape lacks the traced activations {wrong} "

@@ -808,6 +808,10 @@ def _direct_sums(uf: _UnionFind, sums, lengths: Mapping[AxisKey, int]) -> dict[A
 
 _PART_OF = "part of a frozen direct sum"
 
+FLAT = "@flat"
+"""An activation site ``f"{node}{FLAT}{i}.{j}"``: node ``node`` with its axes ``i`` (heads)
+and ``j`` (their dimensions) moved last and flattened into one, head-major."""
+
 
 def _cuts(parts: list[tuple[AxisKey, int]]) -> list[int]:
     out, at = [], 0
@@ -998,7 +1002,10 @@ def _inside_blocks(
         if lone := [alone[label] for label in part_labels if label in alone]:
             del head_sums[key]
             reasons[uf.find(key)] = lone[0]
-    return labels, reasons, inner_length, pinned, head_sums
+    # the label of each inner class (a head's dimensions), for activation sites that hold
+    # heads and their dimensions on two axes
+    inner_labels = {node[1]: inside.find(node) for node in inner_nodes}
+    return labels, reasons, inner_length, pinned, head_sums, inner_labels
 
 
 def _own_reason(why: str | None) -> str | None:
@@ -1041,10 +1048,10 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
     }
     parts = [key for found_leaves in leaves.values() for key, _ in found_leaves]
     candidates = _site_candidates(exported)
-    labels, inside_reasons, inner_length, pinned_labels, sum_labels = (
+    labels, inside_reasons, inner_length, pinned_labels, sum_labels, inner_labels = (
         _inside_blocks(uf, units, layout, lengths, found, param_axes, parts, candidates)
         if inner
-        else ({}, {}, {}, {}, {})
+        else ({}, {}, {}, {}, {}, {})
     )
     groups: dict[str, int] = {}
     names: dict[tuple[AxisKey, Any], str] = {}
@@ -1207,6 +1214,30 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
         name = names.get((uf.find((node, i)), labels.get((node, i))))
         if name is not None and uf.reason((node, i)) is None and lengths[(node, i)] == groups[name]:
             found_sites.setdefault(name, []).append((rank, node, i))
+    # a head-structured group that no axis carries whole may be carried by a heads axis
+    # and a dimensions axis of one activation (GPT-NeoX's queries, [b, h, t, d] after the
+    # per-head split of its fused projection): that site is the two axes moved last and
+    # flattened, head-major (see FLAT)
+    ndims: dict[str, int] = {}
+    for node, i in candidates:
+        ndims[node] = max(ndims.get(node, 0), i + 1)
+    for (node, i), rank in candidates.items():
+        root = uf.find((node, i))
+        if uf.reason((node, i)) is not None or lengths[(node, i)] != units.get(root):
+            continue
+        for j in range(ndims[node]):
+            label = inner_labels.get(uf.find((node, j))) if j != i else None
+            name = names.get((root, label)) if label is not None else None
+            if (
+                name is not None
+                and name not in found_sites
+                and (node, j) in candidates
+                and lengths[(node, i)] * lengths[(node, j)] == groups[name]
+            ):
+                site = (rank, f"{node}{FLAT}{i}.{j}", ndims[node] - 2)
+                found_sites.setdefault(f"#{name}", []).append(site)
+    for name in [n for n in found_sites if n.startswith("#")]:
+        found_sites.setdefault(name[1:], found_sites.pop(name))
     sites = {}
     for name, found_at in found_sites.items():
         best = min(rank for rank, _, _ in found_at)
