@@ -38,6 +38,17 @@ ARCHITECTURES = {
     "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(
         vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)),
+    # one key/value head; query, key and value fused per head; a fused projection sliced
+    "llama-multi-query": lambda: T.LlamaForCausalLM(T.LlamaConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=16)),
+    "gpt-neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=16, rotary_pct=0.5)),
+    "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=16,
+        pad_token_id=0)),
     "convnext": lambda: T.ConvNextForImageClassification(T.ConvNextConfig(
         num_channels=3, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], num_labels=5,
         image_size=32)),
