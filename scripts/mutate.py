@@ -2452,6 +2452,14 @@ MUTATIONS = [
         ("tests/tracing/test_trace_transformers.py",),
     ),
     M(
+        "one-head-from-a-batch-of-one",
+        "a reshape merging a batch of one into the sequence read as a repeat of one head",
+        "src/lmckit/tracing/rules.py",
+        "        if len(xs) == len(out) + 1 and i - 1 in dropped and self.one_heads:\n",
+        "        if len(xs) == len(out) + 1 and i >= 1 and xs[i - 1] == 1 and self.one_heads:\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
         "one-head-not-held",
         "multi-query attention's (…, d) → (…, 1, d) reshape of a projection maps through",
         "src/lmckit/tracing/rules.py",

@@ -831,6 +831,10 @@ def test_multi_query_attention_moves_its_one_key_value_head_inside_and_its_query
     assert spec.head_repeats[f"{layer}.q_proj.weight"] == (4, 1)
     assert spec.head_repeats[f"{layer}.o_proj.weight"] == (1, 4)
     assert [spec.groups[c] for c, t in spec.copies.items() if t == spec.heads[qk][0]] == [4]
+    # a batch of one has a length-1 axis before the sequence too: it is no head
+    single = trace_report(model, x[:1]).spec
+    assert single.heads[single.axes[f"{layer}.q_proj.weight"][0]][1] == 1
+    assert len(single.copies) == 2
     assert (spec.kind(qk), spec.rotary[qk], spec.kind(vo)) == (
         "rotary-scaled",
         ("half", 4),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -148,7 +148,9 @@ class Axes:
         self._same((split.name, outer), (merged.name, j))
         self.nests.append(((merged.name, j), (split.name, outer), (split.name, inner)))
 
-    def single_head(self, x: fx.Node, xs, i: int, node: fx.Node, out, j: int) -> bool:
+    def single_head(
+        self, x: fx.Node, xs, i: int, node: fx.Node, out, j: int, dropped: Collection[int] = ()
+    ) -> bool:
         """The two reshapes of multi-query attention that look like no reshape at all,
         for their head axis has length 1: a key or value projection's units split into
         one head, ``(…, n) → (…, 1, n)``, and that head repeated for the query heads,
@@ -157,8 +159,10 @@ class Axes:
         ``kv × r``); here the first is held back (its projection would otherwise *be* the
         head's dimensions, which a parameter may not index) until the second shows that
         the 1 axis is a head: then both nest as grouped-query attention's do, with one
-        key/value head, and :meth:`settle_single_heads` declares what is left. True where
-        the reshape was taken here."""
+        key/value head, and :meth:`settle_single_heads` declares what is left. ``dropped``:
+        the axes of length 1 of ``x`` that the reshape drops — the repeat's 1 axis must be
+        one (a batch of one, kept as the output's first axis, is no head). True where the
+        reshape was taken here."""
         if not self.hold_one_heads:
             return False
         if (
@@ -170,7 +174,7 @@ class Axes:
         ):
             self.one_heads.append([x, i, node, j - 1, j, False])
             return True
-        if len(xs) == len(out) + 1 and i >= 1 and xs[i - 1] == 1 and self.one_heads:
+        if len(xs) == len(out) + 1 and i - 1 in dropped and self.one_heads:
             # an axis of length 1 joins no class (broadcasting), so the head is found by
             # the data path: the held reshapes this one reads, back to their projections
             waiting = {id(h[2]): h for h in self.one_heads}
@@ -655,6 +659,7 @@ def _reshape_map(ax: Axes, x: fx.Node, xs, node: fx.Node, out) -> None:
     whether permutations inside each block can be expressed (heads); with more than two,
     the inner axes are frozen."""
     i = j = 0
+    dropped: set[int] = set()  # input axes of length 1 with no output axis of their own
     while i < len(xs) or j < len(out):
         ins, outs = [], []
         pin = pout = 1
@@ -680,6 +685,7 @@ def _reshape_map(ax: Axes, x: fx.Node, xs, node: fx.Node, out) -> None:
         # trailing size-1 axes join the run they follow
         while i < len(xs) and xs[i] == 1 and (j >= len(out) or out[j] != 1):
             ins.append(i)
+            dropped.add(i)
             i += 1
         while j < len(out) and out[j] == 1 and (i >= len(xs) or xs[i] != 1):
             outs.append(j)
@@ -690,7 +696,7 @@ def _reshape_map(ax: Axes, x: fx.Node, xs, node: fx.Node, out) -> None:
             "inside a block (a reshape merged or split it; inner permutations are not expressed)"
         )
         if len(big_in) == 1 and len(big_out) == 1:
-            if not ax.single_head(x, xs, big_in[0], node, out, big_out[0]):
+            if not ax.single_head(x, xs, big_in[0], node, out, big_out[0], dropped):
                 ax.same(x, big_in[0], node, big_out[0])
         elif len(big_in) == 2 and len(big_out) == 1:  # heads × head dims → width
             ax.nest(node, big_out[0], x, big_in[0], big_in[1])
