@@ -2460,6 +2460,24 @@ MUTATIONS = [
         ("tests/tracing/test_trace_transformers.py",),
     ),
     M(
+        "small-group-swaps-off",
+        "weight matching stops where coordinate descent does (experts coupled to their "
+        "shared hidden units)",
+        "src/lmckit/match/weight.py",
+        "        for _ in range(MAX_SWAP_ROUNDS):\n",
+        "        for _ in range(0):\n",
+        ("tests/match/test_weight.py", "tests/tracing/test_trace_transformers.py"),
+    ),
+    M(
+        "small-group-swap-keeps-coupled-groups",
+        "a swap of experts tried with their shared hidden units left where they were",
+        "src/lmckit/match/weight.py",
+        "                    candidate = candidate.replace(**{h: assign(gains).to(perm[h].device)})"
+        "\n",
+        "                    pass\n",
+        ("tests/match/test_weight.py",),
+    ),
+    M(
         "one-head-not-held",
         "multi-query attention's (…, d) → (…, 1, d) reshape of a projection maps through",
         "src/lmckit/tracing/rules.py",

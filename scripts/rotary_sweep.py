@@ -170,7 +170,7 @@ def main(argv: list[str]) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="configurations to run (default: all)")
-    parser.add_argument("--restarts", type=int, default=4, help="WM starts (default 4)")
+    parser.add_argument("--restarts", type=int, default=1, help="WM starts (default 1)")
     args = parser.parse_args(argv)
     if args.restarts < 1:
         parser.error("--restarts must be at least 1")
