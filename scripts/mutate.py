@@ -2464,8 +2464,8 @@ MUTATIONS = [
         "weight matching stops where coordinate descent does (experts coupled to their "
         "shared hidden units)",
         "src/lmckit/match/weight.py",
-        "        for _ in range(MAX_SWAP_ROUNDS):\n",
-        "        for _ in range(0):\n",
+        "            if swap_round == MAX_SWAP_ROUNDS:\n",
+        "            if True:\n",
         ("tests/match/test_weight.py", "tests/tracing/test_trace_transformers.py"),
     ),
     M(

@@ -209,33 +209,18 @@ def weight_matching(
             kept = init or Permutation.identity(spec)
             start_perm = start_perm.replace(**{g: kept[g] for g in held})
 
-        def report(event, restart=restart, offset=sweeps_done):
-            extra = {"restart": restart} if restarts > 1 else {}
-            notify(progress, offset + event.step, None, **extra, **event.metrics)
+        # descend; where descent stops, a swap in a small group may lead on (then again)
+        start_from, start_duals = start_perm, duals
+        for swap_round in range(MAX_SWAP_ROUNDS + 1):
 
-        result = matcher.match(
-            params_a,
-            init=start_perm,
-            duals=duals,
-            max_iter=max_iter,
-            seed=restart_seed,
-            warm_start=warm_start,
-            progress=report if progress is not None else None,
-            validate=False,
-            distances=False,
-            hold=held,
-        )
-        sweeps_done += result.iterations
-        for _ in range(MAX_SWAP_ROUNDS):
-            swapped = swap_small_groups(
-                spec, params_a, params_b, result.alignment, names=names, hold=held
-            )
-            if swapped is None:
-                break
+            def report(event, restart=restart, offset=sweeps_done):
+                extra = {"restart": restart} if restarts > 1 else {}
+                notify(progress, offset + event.step, None, **extra, **event.metrics)
+
             result = matcher.match(
                 params_a,
-                init=swapped,
-                duals=result.duals,
+                init=start_from,
+                duals=start_duals,
                 max_iter=max_iter,
                 seed=restart_seed,
                 warm_start=warm_start,
@@ -245,6 +230,14 @@ def weight_matching(
                 hold=held,
             )
             sweeps_done += result.iterations
+            if swap_round == MAX_SWAP_ROUNDS:
+                break
+            swapped = swap_small_groups(
+                spec, params_a, params_b, result.alignment, names=names, hold=held
+            )
+            if swapped is None:
+                break
+            start_from, start_duals = swapped, result.duals
         results.append(result)
     objectives = [r.history[-1] for r in results]
     best_index = max(range(restarts), key=lambda i: (objectives[i], -i))
