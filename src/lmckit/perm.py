@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import torch
@@ -112,6 +112,20 @@ class PermutationSpec:
             head-structured group of one tie with ``h`` heads (``heads``); the axis moves
             as the same direct sum laid out segment by segment would (see
             :func:`head_sum_order`). Such an axis takes no block and no repeat.
+        head_axes: parameter name -> ``(a, b)``: the tensor's axis ``b`` holds the
+            dimensions of a head-structured tie whose *heads lie along axis* ``a`` — a
+            mixture's fused expert tensors (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H,
+            I]``), whose experts are the heads and whose hidden units each expert may
+            permute alone. The two axes read as one, ``a``-major (entry ``(e, s)`` of the
+            pair is unit ``e·len_b + s``), and ``axes[name][b]`` describes that joint axis:
+            a head-structured group of ``h = len_a`` heads (``p[e·d + s] = π(e)·d +
+            σ_e(s)``: expert ``π(e)`` of B, its hidden units read through ``σ_e``), or a
+            direct sum of groups of one tie, laid out head by head as in ``head_sums`` (each
+            expert's gate units, then its up units). ``axes[name][a]`` is None: the tie's
+            head permutation moves it. Neither axis takes a block, a repeat, a head repeat
+            or a head sum. :func:`axis_index` gives the joint axis's index vector;
+            :func:`permute_spec_axis`, :func:`group_rows` and :func:`put_group_rows` read
+            and write the pair.
         heads: group name -> ``(head permutation name, number of heads h)``: a
             *head-structured* group. Its ``n = h·d`` units are ``h`` contiguous heads of
             ``d`` (unit-major), and it moves them by one permutation of the heads and one
@@ -184,6 +198,7 @@ class PermutationSpec:
     heads: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     head_repeats: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     head_sums: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    head_axes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     pinned: frozenset[str] = frozenset()
     rotary: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     copies: Mapping[str, str] = field(default_factory=dict)
@@ -262,6 +277,9 @@ class PermutationSpec:
             for i, h in enumerate(counts):
                 if h > 1:
                     _check_head_sum(name, i, h, axes[name][i], groups, heads, blocks, repeats)
+        head_axes = _check_head_axes(
+            self.head_axes, axes, groups, heads, blocks, repeats, head_repeats, head_sums
+        )
         pinned = frozenset(self.pinned)
         if not pinned <= set(heads):
             raise SpecError(
@@ -299,6 +317,7 @@ class PermutationSpec:
         object.__setattr__(self, "heads", MappingProxyType(heads))
         object.__setattr__(self, "head_repeats", MappingProxyType(head_repeats))
         object.__setattr__(self, "head_sums", MappingProxyType(head_sums))
+        object.__setattr__(self, "head_axes", MappingProxyType(head_axes))
         object.__setattr__(self, "pinned", pinned)
         object.__setattr__(self, "rotary", MappingProxyType(rotary))
         object.__setattr__(self, "copies", MappingProxyType(copies))
@@ -345,6 +364,12 @@ class PermutationSpec:
         ``head_sums``)."""
         per_axis = self.head_sums.get(name)
         return per_axis[axis] if per_axis is not None else 1
+
+    def head_axis(self, name: str, axis: int) -> int | None:
+        """The axis holding the heads of the group on ``name``'s ``axis`` where the two read
+        as one (see ``head_axes``), else None."""
+        pair = self.head_axes.get(name)
+        return pair[0] if pair is not None and pair[1] == axis else None
 
     def head_layout(self, name: str, axis: int) -> tuple[int, int]:
         """``(number of heads, head repeat)`` of ``name``'s ``axis`` for
@@ -477,6 +502,7 @@ class PermutationSpec:
             heads={g: v for g, v in self.heads.items() if g in used},
             head_repeats=head_repeats,
             head_sums={k: v for k, v in self.head_sums.items() if k in names},
+            head_axes={k: v for k, v in self.head_axes.items() if k in names},
             pinned=self.pinned & used,
             rotary={g: v for g, v in self.rotary.items() if g in used},
             copies=copies,
@@ -514,6 +540,11 @@ class PermutationSpec:
             **(
                 {"head_sums": {k: list(v) for k, v in self.head_sums.items()}}
                 if self.head_sums
+                else {}
+            ),
+            **(
+                {"head_axes": {k: list(v) for k, v in self.head_axes.items()}}
+                if self.head_axes
                 else {}
             ),
             **({"pinned": sorted(self.pinned)} if self.pinned else {}),
@@ -560,6 +591,18 @@ class PermutationSpec:
                 )
             for i, g in enumerate(ax):
                 if g is None:
+                    continue
+                joint = self.head_axis(name, i)
+                if joint is not None:
+                    heads = self.heads[axis_groups(g)[0]][1]
+                    length = sum(seg[2] for seg in self.segments(name, i))
+                    if t.shape[joint] != heads or heads * t.shape[i] != length:
+                        raise SpecError(
+                            f"{what}[{name!r}] axes {joint} and {i} have lengths "
+                            f"{t.shape[joint]} and {t.shape[i]}, but read as one they hold "
+                            f"{heads} heads (axis {joint}) of {length // heads} entries of "
+                            f"{g!r} (axis {i})"
+                        )
                     continue
                 if isinstance(g, tuple):
                     length = sum(seg[2] for seg in self.segments(name, i))
@@ -1194,7 +1237,9 @@ def axis_index(
     """The index vector that permutes ``name``'s ``axis`` as ``perms`` say
     (``aligned = t.index_select(axis, index)``), or None where no group acts on it. A
     direct sum moves each segment by its group and leaves fixed segments where they are; a
-    head-repeated axis takes its copies group's move first when ``perms`` holds it."""
+    head-repeated axis takes its copies group's move first when ``perms`` holds it. For an
+    axis read with its heads' axis as one (``PermutationSpec.head_axes``) the vector indexes
+    that joint axis (``h·len`` entries): :func:`permute_spec_axis` applies it."""
     entry = spec.axes[name][axis]
     if entry is None:
         return None
@@ -1234,7 +1279,13 @@ def permute_spec_axis(
     """``t`` (the tensor ``name``) with ``axis`` permuted as ``perms`` say; ``t`` itself
     where no group acts on that axis."""
     index = axis_index(spec, name, axis, perms)
-    return t if index is None else t.index_select(axis, index.to(t.device))
+    if index is None:
+        return t
+    joint = spec.head_axis(name, axis)
+    if joint is None:
+        return t.index_select(axis, index.to(t.device))
+    flat = joint_flat(t, joint, axis).index_select(0, index.to(t.device))
+    return joint_unflat(flat, joint, axis, tuple(t.shape))
 
 
 def permute_tensor(
@@ -1262,6 +1313,11 @@ def group_rows(
     tensors compared."""
     position = axis if position is None else position
     n = spec.groups[group]
+    joint = spec.head_axis(name, axis)
+    if joint is not None:  # the heads' axis and this one, read as one (at position 0)
+        order = [i for i in range(t.ndim) if i != axis]
+        order.insert(position, axis)
+        t, position = joint_flat(t, order.index(joint), position), 0
     if not isinstance(spec.axes[name][axis], tuple):
         return unit_rows(t, position, n, spec.repeat(name, axis), *spec.head_layout(name, axis))
     order = head_sum_order(spec, name, axis)
@@ -1281,24 +1337,116 @@ def put_group_rows(
     """Inverse of :func:`group_rows`: ``t`` with the entries of ``group`` on ``axis``
     replaced by ``rows`` (``(n, -1)``, laid out as :func:`group_rows` gives them). Out of
     place and differentiable."""
+    joint = spec.head_axis(name, axis)
+    if joint is not None:  # the heads' axis and this one, written as one
+        flat = joint_flat(t, joint, axis)
+        out = _put_rows(spec, name, axis, group, flat, 0, rows)
+        return joint_unflat(out, joint, axis, tuple(t.shape))
+    return _put_rows(spec, name, axis, group, t, axis, rows)
+
+
+def _put_rows(
+    spec: PermutationSpec, name: str, axis: int, group: str, t: Tensor, dim: int, rows: Tensor
+) -> Tensor:
+    """:func:`put_group_rows` on ``t``, whose dimension ``dim`` is ``name``'s ``axis``."""
     if not isinstance(spec.axes[name][axis], tuple):
         return from_unit_rows(
-            rows, axis, tuple(t.shape), spec.repeat(name, axis), *spec.head_layout(name, axis)
+            rows, dim, tuple(t.shape), spec.repeat(name, axis), *spec.head_layout(name, axis)
         )
     order = head_sum_order(spec, name, axis)
     if order is not None:  # laid out head by head: written segment by segment
         order = order.to(t.device)
-        t = t.index_select(axis, order)
+        t = t.index_select(dim, order)
     pieces, used = [], 0
     for g, start, length in spec.segments(name, axis):
-        piece = t.narrow(axis, start, length)
+        piece = t.narrow(dim, start, length)
         if g == group:
             width = piece.numel() // rows.shape[0]
-            piece = from_unit_rows(rows[:, used : used + width], axis, tuple(piece.shape))
+            piece = from_unit_rows(rows[:, used : used + width], dim, tuple(piece.shape))
             used += width
         pieces.append(piece)
-    out = torch.cat(pieces, dim=axis)
-    return out if order is None else out.index_select(axis, torch.argsort(order))
+    out = torch.cat(pieces, dim=dim)
+    return out if order is None else out.index_select(dim, torch.argsort(order))
+
+
+def shared_inside_heads(spec: PermutationSpec) -> PermutationSpec | None:
+    """The subgroup of ``spec`` in which every group whose heads lie on another axis
+    (``head_axes``: a mixture's hidden units, its experts the heads) moves the units inside
+    every head by one permutation shared by all heads — a plain group of ``d`` units on the
+    dimensions' axis, the heads' axis moved by the tie's head permutation as a plain group
+    of ``h`` units; None where ``spec`` has no such group. A coarse problem: weight
+    matching solves it first (:func:`lift_shared`)."""
+    if not spec.head_axes:
+        return None
+    inner = {g for name, (_, b) in spec.head_axes.items() for g in axis_groups(spec.axes[name][b])}
+    ties = {spec.heads[g][0]: spec.heads[g][1] for g in inner}
+    groups = dict(spec.groups)
+    for g in inner:
+        groups[g] //= spec.heads[g][1]
+    groups.update(ties)
+    axes = dict(spec.axes)
+    for name, (a, b) in spec.head_axes.items():
+        tie = spec.heads[axis_groups(spec.axes[name][b])[0]][0]
+        axes[name] = tuple(tie if i == a else e for i, e in enumerate(axes[name]))
+    heads = {g: v for g, v in spec.heads.items() if g not in inner}
+    for tie in ties:  # a tie left with its head permutation alone is a plain group
+        if [g for g, (t, _) in heads.items() if t == tie] == [tie]:
+            del heads[tie]
+    return replace(
+        spec,
+        groups=groups,
+        axes=axes,
+        heads=heads,
+        head_axes={},
+        kinds={g: k for g, k in spec.kinds.items() if g not in inner and g not in ties},
+    )
+
+
+def lift_shared(
+    spec: PermutationSpec, shared: PermutationSpec, perm: Mapping[str, Tensor]
+) -> Permutation:
+    """An element of ``shared`` (:func:`shared_inside_heads` of ``spec``) as the element of
+    ``spec`` it is: a group inside heads takes ``p[i·d + s] = π(i)·d + σ(s)``, ``π`` its
+    tie's head permutation, ``σ`` its shared one."""
+    out = {g: perm[g] for g in spec.groups if g in shared.groups}
+    for g in spec.groups:
+        if g in spec.heads and shared.groups[g] != spec.groups[g]:
+            tie, _ = spec.heads[g]
+            d = shared.groups[g]
+            out[g] = (perm[tie][:, None] * d + perm[g][None, :].to(perm[tie].device)).reshape(-1)
+    return Permutation(spec, out)
+
+
+def coarsen_shared(
+    spec: PermutationSpec, shared: PermutationSpec, perm: Mapping[str, Tensor]
+) -> Permutation | None:
+    """``perm`` (of ``spec``) as an element of ``shared``, or None where it moves the units
+    of two heads of a group inside heads differently (it is not in the subgroup)."""
+    out = {g: perm[g] for g in shared.groups if g in spec.groups and g not in shared.heads}
+    out.update({g: perm[g] for g in shared.groups if g in shared.heads})
+    for g in spec.groups:
+        if g in spec.heads and shared.groups[g] != spec.groups[g]:
+            tie, h = spec.heads[g]
+            d = shared.groups[g]
+            inside = perm[g].view(h, d) % d
+            if not bool((inside == inside[:1]).all()):
+                return None
+            out[g] = inside[0].clone()
+            out[tie] = torch.div(perm[g].view(h, d)[:, 0], d, rounding_mode="floor")
+    return Permutation(shared, out)
+
+
+def joint_flat(t: Tensor, heads_axis: int, axis: int) -> Tensor:
+    """``t`` with ``heads_axis`` and ``axis`` read as one axis, first, ``heads_axis``-major
+    (``PermutationSpec.head_axes``); the other axes follow in order."""
+    moved = t.movedim((heads_axis, axis), (0, 1))
+    return moved.reshape(moved.shape[0] * moved.shape[1], *moved.shape[2:])
+
+
+def joint_unflat(flat: Tensor, heads_axis: int, axis: int, shape: tuple[int, ...]) -> Tensor:
+    """Inverse of :func:`joint_flat` for a tensor of ``shape``."""
+    pair = flat.unflatten(0, (shape[heads_axis], shape[axis]))
+    return pair.movedim((0, 1), (heads_axis, axis))
 
 
 def head_sum_order(spec: PermutationSpec, name: str, axis: int) -> Tensor | None:
@@ -1308,9 +1456,12 @@ def head_sum_order(spec: PermutationSpec, name: str, axis: int) -> Tensor | None
     ``i·W + offset_k`` in the head-by-head layout, ``W`` a head's width); None for any
     other axis."""
     h = spec.head_sum(name, axis)
+    entry = spec.axes[name][axis]
+    if h == 1 and isinstance(entry, tuple) and spec.head_axis(name, axis) is not None:
+        h = spec.heads[_segment_groups(entry)[0]][1]  # a joint axis: laid out expert by expert
     if h == 1:
         return None
-    widths = [spec.groups[g] // h for g in _segment_groups(spec.axes[name][axis])]
+    widths = [spec.groups[g] // h for g in _segment_groups(entry)]
     width = sum(widths)
     pieces, offset = [], 0
     for w in widths:
@@ -1346,6 +1497,57 @@ def _check_head_sum(name, axis, h, entry, groups, heads, blocks, repeats) -> Non
     per_axis = [blocks.get(name), repeats.get(name)]
     if any(counts is not None and counts[axis] > 1 for counts in per_axis):
         raise SpecError(f"{where}: an axis laid out head by head takes no block or repeat")
+
+
+def _check_head_axes(
+    given, axes, groups, heads, blocks, repeats, head_repeats, head_sums
+) -> dict[str, tuple[int, int]]:
+    """Validate ``head_axes``: two distinct axes of a listed tensor, the heads' axis free,
+    the other a head-structured group (or a direct sum of groups of one tie, nothing
+    fixed), neither with a block, repeat, head repeat or head sum."""
+    out: dict[str, tuple[int, int]] = {}
+    for name, pair in dict(given).items():
+        where = f"head_axes[{name!r}]"
+        if name not in axes:
+            raise SpecError(f"{where}: {name!r} is not in axes")
+        ok = (
+            isinstance(pair, tuple | list)
+            and len(pair) == 2
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in pair)
+        )
+        if not ok or not all(0 <= i < len(axes[name]) for i in pair) or pair[0] == pair[1]:
+            raise SpecError(
+                f"{where} must be (heads' axis, dimensions' axis), two distinct axes of the "
+                f"tensor's {len(axes[name])}, got {pair!r}"
+            )
+        a, b = int(pair[0]), int(pair[1])
+        if axes[name][a] is not None:
+            raise SpecError(
+                f"{where}: axis {a} holds the heads and is moved by their tie; its entry must "
+                f"be None, got {axes[name][a]!r}"
+            )
+        entry = axes[name][b]
+        parts = _segment_groups(entry)
+        found = [heads.get(g) for g in parts]
+        if (
+            not parts
+            or (isinstance(entry, tuple) and len(parts) != len(entry))
+            or any(f is None for f in found)
+            or len({f[0] for f in found if f}) != 1
+        ):
+            raise SpecError(
+                f"{where}: axis {b} must carry a head-structured group, or a direct sum of "
+                f"groups of one tie (see heads), got {entry!r}"
+            )
+        for what, counts in (
+            ("block", blocks), ("repeat", repeats), ("head repeat", head_repeats),
+            ("head sum", head_sums),
+        ):  # fmt: skip
+            per_axis = counts.get(name)
+            if per_axis is not None and (per_axis[a] > 1 or per_axis[b] > 1):
+                raise SpecError(f"{where}: a joint pair of axes takes no {what}")
+        out[name] = (a, b)
+    return out
 
 
 def _per_axis_counts(what: str, given, axes) -> dict[str, tuple[int, ...]]:

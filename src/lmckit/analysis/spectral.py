@@ -143,6 +143,12 @@ def _row_and_column_perms(
         return None, None
     if name not in spec.axes:
         raise SpecError(f"{name!r} is not in the permutation spec")
+    if name in spec.head_axes:
+        raise SpecError(
+            f"{name!r} carries a group permuted apart along another of its axes (a mixture's "
+            "experts, PermutationSpec.head_axes): no row and column permutation of the "
+            "matricised tensor expresses it; leave it out (names=)"
+        )
     axes = spec.axes[name]
     rows = axis_index(spec, name, 0, perm)
     cols = None

@@ -69,6 +69,7 @@ from lmckit.perm import (
     copies_gains,
     copies_value,
     group_rows,
+    permute_spec_axis,
     permute_tensor,
     solve_copies,
 )
@@ -224,8 +225,19 @@ class _Term:
     # the copies group reordering B's query heads on this term's own axis (a head-repeated
     # axis of grouped-query attention), or None; such a term is always formed anew
     own_copies: str | None = None
+    # whether its own axis or another is read with its heads' axis as one (a mixture's
+    # experts: PermutationSpec.head_axes); such a term is always formed anew, since its
+    # columns move with the experts and no per-axis offset reads them
+    joint: bool = False
 
     def __post_init__(self) -> None:
+        self.joint = any(
+            self.spec.head_axis(self.name, i) is not None
+            for i in (self.axis, *(axis for _, axis in self.others))
+        )
+        if self.joint:
+            self.b_rows = None
+            return
         shape = self.b_moved.shape
         columns, strides = [], []
         for pos, _ in self.others:
@@ -248,6 +260,9 @@ class _Term:
         is contiguous, then viewed with this term's axis first."""
         b = self.b_moved.movedim(0, self.axis)
         for _, other_axis in self.others:
+            if self.joint:
+                b = permute_spec_axis(b, self.spec, self.name, other_axis, perm)
+                continue
             index = axis_index(self.spec, self.name, other_axis, perm)
             assert index is not None
             b = b.index_select(other_axis, index)
@@ -334,6 +349,8 @@ def unit_rows_view(
     else the ``(n, -1)`` copy. (Kept for a whole match, such copies of A's and B's output
     projections were 0.74 GB of a 1.1 B Llama's.)"""
     position = axis if position is None else position
+    if spec.head_axis(name, axis) is not None:  # rows across two axes: a copy
+        return group_rows(spec, name, axis, group, t, position)
     plain = not isinstance(spec.axes[name][axis], tuple) and spec.repeat(name, axis) == 1
     heads, head_repeat = spec.head_layout(name, axis)
     if plain and head_repeat > 1:
@@ -586,7 +603,7 @@ class WeightMatcher:
         if (
             kept is not None
             and policy is not None
-            and not any(t.own_copies for t in terms)  # a row reorder: no column update
+            and not any(t.own_copies or t.joint for t in terms)  # no column update
             and self._sweep - self._formed[group] < policy.refresh
             and policy.updates_pay(
                 sum(2 * kept.shape[0] * a2[(group, t.name, t.axis)].numel() for t in terms),
