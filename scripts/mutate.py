@@ -2405,8 +2405,9 @@ MUTATIONS = [
         "a direct sum laid out head by head (GPT-NeoX's [q | k | v] per head) moved as if "
         "laid out segment by segment",
         "src/lmckit/perm.py",
-        "    h = spec.head_sum(name, axis)\n    if h == 1:\n",
-        "    h = spec.head_sum(name, axis)\n    if True:\n",
+        "expert by expert\n    if h == 1:\n        return None\n",
+        "expert by expert\n    if h == 1 or spec.head_axis(name, axis) is None:\n"
+        "        return None\n",
         ("tests/test_perm_head_sums.py", "tests/tracing/test_trace_transformers.py"),
     ),
     M(
@@ -2539,6 +2540,59 @@ MUTATIONS = [
         "src/lmckit/tracing/rules.py",
         "    if not isinstance(sizes, int) and not all(isinstance(k, int) for k in sizes):\n",
         "    if False:\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "joint-axes-read-dimension-major",
+        "a group whose heads lie on another axis (a mixture's experts) read with its units "
+        "outermost: unit s·E + e instead of e·I + s",
+        "src/lmckit/perm.py",
+        "    moved = t.movedim((heads_axis, axis), (0, 1))\n",
+        "    moved = t.movedim((axis, heads_axis), (0, 1))\n",
+        ("tests/test_perm_head_axes.py", "tests/tracing/test_trace_transformers.py"),
+    ),
+    M(
+        "joint-sum-not-expert-by-expert",
+        "a direct sum on a joint axis (each expert's gate rows, then its up rows) read as all "
+        "gates, then all ups",
+        "src/lmckit/perm.py",
+        "    if h == 1 and isinstance(entry, tuple) and spec.head_axis(name, axis) is not None:\n",
+        "    if False:\n",
+        ("tests/test_perm_head_axes.py", "tests/tracing/test_trace_transformers.py"),
+    ),
+    M(
+        "experts-apart-kept-without-the-check",
+        "per-expert hidden units proposed from the spec's structure kept without the "
+        "equivalence check (experts mixed along their hidden units would change the function)",
+        "src/lmckit/tracing/trace.py",
+        "            modes = verify(apart[0])\n",
+        "            modes = modes\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "experts-apart-on-any-other-axis",
+        "per-expert hidden units proposed beside any grouped axis, not only a gathered one "
+        "(a plain MLP's hidden units made heads of the stream)",
+        "src/lmckit/tracing/trace.py",
+        "                if a != b and isinstance(e, str) and e in indexed\n",
+        "                if a != b and isinstance(e, str)\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "wm-experts-apart-from-the-identity",
+        "weight matching over each expert's own hidden units started from the identity, "
+        "not from the optimum of the subgroup sharing one permutation inside the experts",
+        "src/lmckit/match/weight.py",
+        "    shared = shared_inside_heads(spec)\n",
+        "    shared = None\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "expert-sites-read-once",
+        "a mixture's hidden activation read once, not once per expert, for the per-expert group",
+        "src/lmckit/tracing/trace.py",
+        '(f"{node}{EACH}{h}", i) for node, i in sites.get(g, ()))\n',
+        "(node, i) for node, i in sites.get(g, ()))\n",
         ("tests/tracing/test_trace_transformers.py",),
     ),
 ]

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from lmckit.tracing import trace_report
 from tests.zoo import moving_permutation, planted_recovery
@@ -198,9 +199,10 @@ MORE = {
         vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
         num_experts=4, num_experts_per_tok=2)), _ids()), 1.0, 1),
-    # coordinate descent alone stops in a local optimum here (the experts and their shared
-    # hidden permutation are coupled: distance 1.31 of 2.43 left); WM's swaps of the experts
-    # with the hidden units solved anew find it from one start
+    # coordinate descent alone stopped in a local optimum here (the experts and one hidden
+    # permutation shared by them coupled: distance 1.31 of 2.43 left); WM now solves the
+    # subgroup sharing one permutation inside the experts first, where swaps of the experts
+    # with the hidden units solved anew find it, then each expert's own, from one start
     "qwen3-moe": (lambda: (T.Qwen3MoeForCausalLM(T.Qwen3MoeConfig(
         vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
@@ -363,18 +365,43 @@ def test_mixtral_experts_move_with_their_router_rows():
         mlp = f"model.layers.{layer}.mlp"
         experts = spec.axes[f"{mlp}.gate.weight"][0]
         assert spec.groups[experts] == 4
-        assert set(spec.group_axes(experts)) == {
-            (f"{mlp}.gate.weight", 0), (f"{mlp}.experts.gate_up_proj", 0),
-            (f"{mlp}.experts.down_proj", 0),
-        }  # fmt: skip
-        hidden = spec.axes[f"{mlp}.experts.down_proj"][2]  # shared by the experts (see docs)
-        assert spec.axes[f"{mlp}.experts.gate_up_proj"][1] == (hidden, hidden)
+        # the experts are the heads of their hidden units: the router's rows move with them,
+        # the fused tensors' experts axis with the hidden units' tie (head_axes)
+        assert spec.group_axes(experts) == ((f"{mlp}.gate.weight", 0),)
+        hidden = spec.axes[f"{mlp}.experts.down_proj"][2]
+        assert spec.groups[hidden] == 4 * 24 and spec.heads[hidden] == (experts, 4)
+        assert spec.heads[experts] == (experts, 4)
+        assert spec.axes[f"{mlp}.experts.gate_up_proj"][:2] == (None, (hidden, hidden))
+        assert spec.head_axes[f"{mlp}.experts.gate_up_proj"] == (0, 1)
+        assert spec.head_axes[f"{mlp}.experts.down_proj"] == (0, 2)
+        assert report.activation_sites[hidden][0][0].endswith("@each4")
     state = {k: v.detach() for k, v in model.state_dict().items()}
     x = _ids()
     moved = Permutation.random(spec, 5).apply(state)
     with torch.no_grad():
         before, after = forward(model, state, x), forward(model, moved, x)
     assert (before - after).abs().max() < 1e-5 * before.abs().max()
+    # each expert's hidden units permuted alone, by hand (expert 2's units reversed, the
+    # rest in place), keep the function; the same reversal on one expert's gate rows only
+    # (not its up rows and down columns) does not
+    apart = dict(state)
+    experts = "model.layers.0.mlp.experts"
+    gate_up, down = (state[f"{experts}.{n}"] for n in ("gate_up_proj", "down_proj"))
+    reverse = torch.arange(23, -1, -1)
+    apart["model.layers.0.mlp.experts.gate_up_proj"] = gate_up.clone()
+    apart["model.layers.0.mlp.experts.gate_up_proj"][2] = torch.cat(
+        [gate_up[2, :24][reverse], gate_up[2, 24:][reverse]]
+    )
+    apart["model.layers.0.mlp.experts.down_proj"] = down.clone()
+    apart["model.layers.0.mlp.experts.down_proj"][2] = down[2][:, reverse]
+    with torch.no_grad():
+        assert (forward(model, apart, x) - before).abs().max() < 1e-5 * before.abs().max()
+    half = dict(apart, **{"model.layers.0.mlp.experts.down_proj": down})
+    with torch.no_grad():
+        assert (forward(model, half, x) - before).abs().max() > 1e-3 * before.abs().max()
+    hidden = spec.axes["model.layers.0.mlp.experts.down_proj"][2]
+    sigma = Permutation.random(spec, 5)[hidden].view(4, 24) % 24
+    assert len({tuple(row.tolist()) for row in sigma}) == 4  # a different σ per expert
     # the experts moved without their router rows change the outputs: the tie is needed
     alone = dict(state)
     for name in ("gate_up_proj", "down_proj"):
@@ -393,6 +420,104 @@ def test_mixtral_experts_move_with_their_router_rows():
     double = _mixtral().double().eval()
     a = fold_norms(kinds, {k: v.detach() for k, v in double.state_dict().items()})
     _wm_orth_undoes_a_planted_element(double, kinds, a, x)
+
+
+def test_weight_matching_recovers_each_expert_s_own_permutation_from_one_start():
+    """A top-1-of-8 multi-query Mixtral with a planted permutation of each expert's hidden
+    units of its own: from the identity alone the descent stopped with the stream wrong on
+    these seeds (the whole group fits each expert's units to noise); started from the
+    optimum of the subgroup that shares one permutation inside the experts, it recovers
+    every one."""
+    from lmckit.match import weight_matching
+    from lmckit.perm import Permutation
+
+    torch.manual_seed(0)
+    model = T.MixtralForCausalLM(T.MixtralConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=32,
+        num_local_experts=8, num_experts_per_tok=1,
+    )).double()  # fmt: skip
+    spec = trace_report(model, torch.randint(0, 40, (2, 9))).spec
+    assert len(spec.head_axes) == 4
+    a = {k: v.detach() for k, v in model.state_dict().items()}
+    for seed in (1, 3, 4):
+        truth = Permutation.random(spec, seed)
+        found = weight_matching(spec, a, truth.inverse().apply(a)).alignment
+        assert found == truth, seed
+
+
+def test_activation_matching_reads_each_expert_through_the_activation_of_its_tokens():
+    """Activation matching on Mixtral (its experts in their default grouped form, as the
+    model runs): the hidden activation holds whichever expert each token chose, so it is
+    read once per expert (``@each`` sites) and AM chooses one permutation of the hidden
+    units for all experts, the experts by the router's scores. A planted element of that
+    subgroup is recovered exactly."""
+    from lmckit.match import activation_matching
+    from lmckit.perm import Permutation
+
+    model = _mixtral().eval()
+    spec = trace_report(model, _ids()).spec
+    a = {k: v.detach() for k, v in model.state_dict().items()}
+    truth = dict(Permutation.random(spec, 9).items())
+    for layer in range(2):  # one σ for every expert, the experts still permuted
+        hidden = spec.axes[f"model.layers.{layer}.mlp.experts.down_proj"][2]
+        experts = spec.heads[hidden][0]
+        sigma = torch.randperm(24, generator=torch.Generator().manual_seed(layer))
+        truth[hidden] = (truth[experts][:, None] * 24 + sigma).reshape(-1)
+    for c in spec.copies:  # query heads inside their key/value group: AM leaves them
+        truth[c] = torch.arange(spec.groups[c])
+    truth = Permutation(spec, truth)
+    b = truth.inverse().apply(a)
+    data = [(torch.randint(0, 40, (8, 7), generator=torch.Generator().manual_seed(i)), None)
+            for i in range(4)]  # fmt: skip
+    found = activation_matching(spec, a, b, model=model, data=data).alignment
+    wrong = [g for g in spec.groups if not torch.equal(found[g], truth[g])]
+    assert not wrong, wrong
+
+
+def test_experts_mixed_along_their_hidden_units_keep_one_hidden_permutation():
+    """Each token's two experts' hidden activations summed before the down projections: a
+    permutation of each expert's hidden units of its own would change the function, one
+    shared by the experts does not. The structure alone proposes the per-expert reading;
+    the equivalence check refuses it, and the report says why."""
+
+    class Mixed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.router = torch.nn.Linear(6, 4, bias=False)
+            self.up = torch.nn.Parameter(torch.randn(4, 5, 6))
+            self.down = torch.nn.Parameter(torch.randn(4, 6, 5))
+
+        def forward(self, x):
+            idx = torch.topk(self.router(x), 2, dim=-1).indices
+            hidden = F.silu(torch.matmul(self.up[idx], x[:, None, :, None]).squeeze(-1))
+            hidden = hidden.sum(1, keepdim=True).expand(-1, 2, -1)  # the experts mixed
+            return torch.matmul(self.down[idx], hidden[..., None]).squeeze(-1).sum(1)
+
+    torch.manual_seed(0)
+    report = trace_report(Mixed(), torch.randn(8, 6))
+    spec = report.spec
+    hidden = spec.axes["down"][2]
+    assert hidden is not None and spec.groups[hidden] == 5 and not spec.head_axes
+    assert spec.axes["up"][0] == spec.axes["router.weight"][0]  # the experts still move
+    assert "failed the equivalence check" in report.whole_blocks[hidden]
+
+
+def test_a_plain_mlp_s_hidden_units_are_not_read_per_stream_unit():
+    """Only an axis gathered by index values (a mixture's experts) makes heads of the
+    units beside it: a Llama's bias-free MLP carries its hidden units beside the stream on
+    every tensor, and stays as it was."""
+    report = trace_report(_mixtral_free_llama(), _ids())
+    assert not report.spec.head_axes
+    assert not any("apart" in why for why in report.whole_blocks.values())
+
+
+def _mixtral_free_llama():
+    torch.manual_seed(0)
+    return T.LlamaForCausalLM(T.LlamaConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+    ))  # fmt: skip
 
 
 def test_experts_computing_with_their_router_indices_stay_frozen():
@@ -451,21 +576,36 @@ ONE_LAYER = dict(
 )  # fmt: skip
 
 
+def _batched(model):
+    """A mixture run in its experts' batched form: the default grouped form takes no
+    float64."""
+    model.config._experts_implementation = "batched_mm"
+    return model
+
+
 @pytest.mark.parametrize(
     "make",
     [
         lambda: T.LlamaForCausalLM(T.LlamaConfig(**ONE_LAYER, num_key_value_heads=2)),
         lambda: T.LlamaForCausalLM(T.LlamaConfig(**ONE_LAYER, num_key_value_heads=1)),
         lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(**ONE_LAYER, rotary_pct=0.5)),
+        lambda: _batched(
+            T.MixtralForCausalLM(
+                T.MixtralConfig(
+                    **ONE_LAYER, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2
+                )
+            )
+        ),
     ],
-    ids=["llama-gqa", "llama-multi-query", "gpt-neox-head-sums"],
+    ids=["llama-gqa", "llama-multi-query", "gpt-neox-head-sums", "mixtral-experts-apart"],
 )
 def test_data_driven_methods_read_a_hugging_face_models_logits(make):
     """STE, Sinkhorn on the midpoint loss, the midpoint loss over transforms and
     activation matching over transforms run a Hugging Face model, whose output is a
     ModelOutput: lmckit reads its logits (they failed on the ModelOutput). Each result is a
     symmetry of B (its function kept, to the float32 of the model's own casts) — with one
-    key/value head, and with query, key and value fused per head."""
+    key/value head, with query, key and value fused per head, and with each expert's hidden
+    units permuted apart."""
     from lmckit.data import TensorLoader
     from lmckit.functional import forward, logits_of
     from lmckit.match import METHODS

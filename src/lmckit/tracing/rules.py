@@ -74,6 +74,8 @@ class Axes:
         self.one_heads: list[list[Any]] = []
         self.hold_one_heads = True  # False: those reshapes map through, as any other
         self.one_heads_nested = 0
+        # (node, axis) of every axis indexed by followed values: a mixture's experts
+        self.indexed: list[tuple[str, int]] = []
 
     def unit(self, node: fx.Node, n: int | tuple[int, ...], tag: str = "units") -> Unit:
         """New axes of length ``n`` (or of shape ``n``) belonging to ``node``'s op (see
@@ -1191,6 +1193,7 @@ def index(node: fx.Node, ax: Axes) -> None:
         ax.freeze(x, k, "indexed by values the tracer does not follow (aten.index)")
     else:
         ax.same(values, 0, x, k)
+        ax.indexed.append((x.name, k))
 
 
 def freeze_values(x: fx.Node, ax: Axes, op: str) -> None:

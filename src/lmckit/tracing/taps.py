@@ -24,7 +24,7 @@ from torch import Tensor, fx, nn
 from lmckit.errors import SpecError
 from lmckit.params import Params
 from lmckit.perm import PermutationSpec
-from lmckit.tracing.trace import FLAT, export_model, trace_report
+from lmckit.tracing.trace import EACH, FLAT, batched_experts, export_model, trace_report
 
 __all__ = ["GraphTaps"]
 
@@ -94,8 +94,10 @@ class GraphTaps:
         ``x`` (with the keywords the export added: a decoder's ``use_cache=False``)."""
         key = (tuple(x.shape), x.dtype, x.device)
         if key not in self._runners:
-            try:  # as the trace exports it: a Hugging Face decoder without its cache
-                exported, _, kwargs = export_model(self.model, (x,))
+            try:  # as the trace exports it: a Hugging Face decoder without its cache, a
+                # mixture's experts in their batched form
+                with batched_experts(self.model):
+                    exported, _, kwargs = export_model(self.model, (x,))
             except SpecError as exc:
                 raise SpecError(f"{exc} (on inputs of shape {tuple(x.shape)})") from exc
             runner = _with_outputs(exported.module(), self._nodes, self._sizes)
@@ -129,6 +131,7 @@ def same_symmetry(traced: PermutationSpec, given: PermutationSpec) -> dict[str, 
     if set(traced.axes) != set(given.axes) or any(
         traced.repeats.get(k) != given.repeats.get(k)
         or traced.head_sums.get(k) != given.head_sums.get(k)
+        or traced.head_axes.get(k) != given.head_axes.get(k)
         for k in traced.axes
     ):
         return None
@@ -157,18 +160,24 @@ def _with_outputs(
     by_name = {node.name: env[node] for node in module.graph.nodes if node in env}
     wrong = []
     for (name, axis), size in sizes.items():
-        base, flat, pair = name.partition(FLAT)
+        base, each, copies = name.partition(EACH)
+        base, flat, pair = base.partition(FLAT)
         val = by_name[base].meta.get("val") if base in by_name else None
         heads, dims = (int(k) for k in pair.split(".")) if flat else (axis, axis)
+        size //= int(copies) if each else 1
         if (
             not isinstance(val, Tensor)
             or val.ndim <= max(axis, heads, dims)
             or (val.shape[heads] * val.shape[dims] if flat else val.shape[axis]) != size
         ):
             wrong.append(f"{name}:{axis}")
-        elif flat and name not in by_name:  # a heads axis and its dimensions as one
+            continue
+        if flat and base + flat + pair not in by_name:  # a heads axis and its dimensions as one
             moved = graph.call_function(torch.movedim, (by_name[base], (heads, dims), (-2, -1)))
-            by_name[name] = graph.call_function(torch.flatten, (moved, -2, -1))
+            by_name[base + flat + pair] = graph.call_function(torch.flatten, (moved, -2, -1))
+        if each and name not in by_name:  # one copy of the units per head (see EACH)
+            one = by_name[base + flat + pair]
+            by_name[name] = graph.call_function(torch.cat, ([one] * int(copies), axis))
     if wrong:
         raise SpecError(
             f"the graph exported for this input shape lacks the traced activations {wrong} "

@@ -48,8 +48,8 @@ import logging
 import operator
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -451,6 +451,33 @@ def _trace_report(
         modes = verify(spec)
         why = f"permutations inside its blocks failed the equivalence check ({exc})"
         inside = dict.fromkeys(_blocked_groups(spec), why)
+    gathered = {uf.find(key) for key in found.indexed}
+    indexed = {
+        entry
+        for key, entries in spec.axes.items()
+        if (ph := placeholder_of.get(key)) is not None
+        for i, entry in enumerate(entries)
+        if isinstance(entry, str) and uf.find((ph, i)) in gathered
+    }
+    apart = experts_apart(spec, indexed)
+    if apart is not None:
+        try:
+            modes = verify(apart[0])
+        except SpecError as exc:
+            for g in apart[1]:
+                inside[g] = (
+                    "a permutation of its units per unit of the gathered axis beside it "
+                    f"(each expert's own) failed the equivalence check ({exc}): one "
+                    "permutation moves them in every expert alike"
+                )
+        else:
+            spec = apart[0]
+            sites = {g: s for g, s in sites.items() if g in spec.groups}
+            for g in apart[1]:
+                # an activation carries the units of whichever expert each token chose:
+                # read once per expert (see EACH)
+                h = spec.heads[g][1]
+                sites[g] = tuple((f"{node}{EACH}{h}", i) for node, i in sites.get(g, ()))
     return TraceReport(
         spec=spec,
         frozen=frozen,
@@ -613,6 +640,7 @@ class _Found:
     inner_reasons: dict[AxisKey, str | None]  # why a nest's inner axis froze, if it did
     sums: list[tuple[AxisKey, list[tuple[AxisKey, int]]]]  # cat and split: whole, parts
     one_heads: int = 0  # reshapes nested as one key/value head (Axes.single_head)
+    indexed: tuple[AxisKey, ...] = ()  # axes indexed by followed values (experts)
 
 
 def _moves_all_of(spec: PermutationSpec, other: PermutationSpec) -> bool:
@@ -702,7 +730,14 @@ def _relate(
         uf,
         unknown,
         _Found(
-            extra, joins, ax.nests, ax.fixed_blocks, inner_reasons, ax.sums, ax.one_heads_nested
+            extra,
+            joins,
+            ax.nests,
+            ax.fixed_blocks,
+            inner_reasons,
+            ax.sums,
+            ax.one_heads_nested,
+            tuple(ax.indexed),
         ),
     )
 
@@ -811,6 +846,14 @@ _PART_OF = "part of a frozen direct sum"
 FLAT = "@flat"
 """An activation site ``f"{node}{FLAT}{i}.{j}"``: node ``node`` with its axes ``i`` (heads)
 and ``j`` (their dimensions) moved last and flattened into one, head-major."""
+
+EACH = "@each"
+"""An activation site ``f"{node}{EACH}{h}"``: node ``node``'s units, one copy per head of
+a group whose heads lie on another axis of its tensors (``PermutationSpec.head_axes``): a
+mixture's hidden units, in an activation that holds whichever expert each token chose —
+each expert's unit ``s`` read as that activation's unit ``s``, which makes activation
+matching choose one permutation of the hidden units for all experts (the experts then
+match by their own sites)."""
 
 
 def _cuts(parts: list[tuple[AxisKey, int]]) -> list[int]:
@@ -1346,6 +1389,79 @@ def output_tolerance(exported, precision: str = "float64") -> float:
             if isinstance(a, torch.dtype) and a.is_floating_point:
                 lowest = max(lowest, torch.finfo(a).eps)
     return max(1e-7, 1000 * lowest) if lowest > torch.finfo(torch.float64).eps else 1e-7
+
+
+def experts_apart(
+    spec: PermutationSpec, indexed: Collection[str]
+) -> tuple[PermutationSpec, tuple[str, ...]] | None:
+    """The spec with each group ``Y`` whose every tensor also carries one group ``X`` of
+    ``indexed`` — groups whose axes a model gathers by index values, as a mixture gathers
+    its experts' slices of the fused expert tensors (``[E, 2I, H]``, ``[E, H, I]``) by the
+    router's picks — made head-structured with ``X``'s units as its heads: ``Y`` permuted
+    apart in every expert, ``X`` the tie's head permutation (``PermutationSpec.head_axes``);
+    and the groups so changed. None where no group qualifies. A structural candidate only:
+    the caller checks it numerically (experts mixed along the hidden units before their
+    down projection would fail)."""
+    pairs: dict[str, tuple[str, dict[str, tuple[int, int]]]] = {}
+    for y in spec.groups:
+        if y in spec.heads or y in spec.copies or y in spec.kinds:
+            continue
+        found: dict[str, tuple[int, int]] = {}
+        outer: set[str] = set()
+        for name, b in spec.group_axes(y):
+            entry = spec.axes[name][b]
+            others = [
+                (a, e)
+                for a, e in enumerate(spec.axes[name])
+                if a != b and isinstance(e, str) and e in indexed
+            ]
+            counts = [
+                c.get(name) for c in (spec.blocks, spec.repeats, spec.head_repeats, spec.head_sums)
+            ]
+            if (
+                name in spec.self_maps
+                or name in found
+                or set(_segment_groups_of(entry)) != {y}
+                or len(others) != 1
+                or others[0][1] in spec.heads
+                or any(c is not None and (c[b] > 1 or c[others[0][0]] > 1) for c in counts)
+            ):
+                break
+            found[name] = (others[0][0], b)
+            outer.add(others[0][1])
+        else:
+            if len(outer) == 1 and found:
+                pairs[y] = (outer.pop(), found)
+    used = {name for _, found in pairs.values() for name in found}
+    if not pairs or len(used) != sum(len(found) for _, found in pairs.values()):
+        return None  # a tensor with two such pairs: left as it is
+    groups, axes, heads = dict(spec.groups), dict(spec.axes), dict(spec.heads)
+    head_axes = dict(spec.head_axes)
+    for y, (x, found) in pairs.items():
+        h = spec.groups[x]
+        groups[y] = h * spec.groups[y]
+        heads[y] = (x, h)
+        heads.setdefault(x, (x, h))
+        for name, (a, b) in found.items():
+            axes[name] = tuple(None if i == a else e for i, e in enumerate(axes[name]))
+            head_axes[name] = (a, b)
+    carried = {g for ax in axes.values() for e in ax for g in axis_groups(e)}
+    for x, _ in pairs.values():
+        if x not in carried:  # the experts move only as the heads of their hidden units
+            groups.pop(x, None)
+            heads.pop(x, None)
+    try:
+        apart = replace(spec, groups=groups, axes=axes, heads=heads, head_axes=head_axes)
+    except SpecError:
+        return None
+    return apart, tuple(pairs)
+
+
+def _segment_groups_of(entry) -> tuple[str, ...]:
+    """The groups of an ``axes`` entry's segments (a fixed segment as None)."""
+    if entry is None or isinstance(entry, str):
+        return (entry,)
+    return tuple(p if isinstance(p, str) else None for p in entry)
 
 
 def _verify(
