@@ -2588,6 +2588,24 @@ MUTATIONS = [
         ("tests/tracing/test_trace_transformers.py",),
     ),
     M(
+        "wm-experts-apart-at-any-size",
+        "weight matching forms a mixture's whole per-expert cost matrix at any size (52 GB "
+        "for a full-size Mixtral) instead of staying in the shared subgroup",
+        "src/lmckit/match/weight.py",
+        "    too_large = _joint_too_large(spec, params_a) if shared is not None else []\n",
+        "    too_large = []\n",
+        ("tests/test_perm_head_axes.py",),
+    ),
+    M(
+        "am-each-site-taken-as-the-whole-group",
+        "activation matching takes a mixture's hidden activation, read once per expert, as "
+        "statistics of the whole per-expert group",
+        "src/lmckit/match/activation.py",
+        "        if any(_each_copies(name) > 1 for name in names):\n",
+        "        if False:\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
         "expert-sites-read-once",
         "a mixture's hidden activation read once, not once per expert, for the per-expert group",
         "src/lmckit/tracing/trace.py",

@@ -262,3 +262,26 @@ def test_the_shared_subgroup_lifts_into_the_group_and_back():
     assert coarsen_shared(spec, shared, lifted) == small
     assert coarsen_shared(spec, shared, Permutation.random(spec, 4)) is None
     assert shared_inside_heads(shared) is None
+
+
+def test_weight_matching_stays_in_the_shared_subgroup_where_the_whole_one_is_too_large(
+    monkeypatch,
+):
+    """Above JOINT_COST_BYTES (a full-size Mixtral's experts) WM matches in the subgroup
+    sharing one permutation inside the experts and says so: a planted element of that
+    subgroup is recovered, and the result is in it."""
+    import lmckit.match.weight as weight
+
+    spec, a = moe_spec(bias=True), moe_params(8, bias=True)
+    shared = shared_inside_heads(spec)
+    truth = lift_shared(spec, shared, Permutation.random(shared, 3))
+    b = truth.inverse().apply(a)
+    monkeypatch.setattr(weight, "JOINT_COST_BYTES", (E * N_HIDDEN) ** 2 * 8 - 1)
+    result = weight_matching(spec, a, b)
+    assert result.info["shared_inside_heads"] == ["hidden"]
+    assert result.alignment == truth
+    assert coarsen_shared(spec, shared, result.alignment) is not None
+    with pytest.raises(Exception, match="pass an init in that subgroup"):
+        weight_matching(spec, a, b, init=Permutation.random(spec, 1))
+    monkeypatch.setattr(weight, "JOINT_COST_BYTES", (E * N_HIDDEN) ** 2 * 8)
+    assert "shared_inside_heads" not in weight_matching(spec, a, b).info

@@ -88,6 +88,25 @@ def test_assign_heads_is_the_brute_force_optimum():
         assert value(gains, free) > best + 1e-9
 
 
+def test_a_shared_block_gives_what_its_tiled_matrix_gives():
+    """``shared``: one ``(d, d)`` block for every pair of heads (a mixture's hidden units
+    read once per expert) solves as the ``(h·d, h·d)`` matrix tiled from it would, beside
+    a head permutation group whose own gains decide the heads."""
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        block = rng.normal(size=(3, 3))
+        experts = rng.normal(size=(H, H))
+        tiled = {"hidden": np.tile(block, (H, H)), "experts": experts}
+        got = assign_heads({"hidden": block, "experts": experts}, H, shared={"hidden"})
+        want = assign_heads(tiled, H)
+        assert torch.equal(got["hidden"], want["hidden"])
+        assert torch.equal(got["experts"], want["experts"])
+        best = max(value(tiled, p) for p in structured({"hidden": 3, "experts": 1}, H))
+        assert value(tiled, {g: p.numpy() for g, p in got.items()}) == pytest.approx(best)
+    with pytest.raises(Exception, match="square"):
+        assign_heads({"hidden": rng.normal(size=(3, 4))}, H, shared={"hidden"})
+
+
 def test_assign_groups_solves_ties_together_and_the_rest_alone():
     rng = np.random.default_rng(1)
     gains = {"x": rng.normal(size=(4, 4)), "qk": rng.normal(size=(6, 6)),

@@ -433,7 +433,10 @@ def _certified(reduced: np.ndarray, perm: np.ndarray, du, dv, quantum: float) ->
 
 
 def assign_heads(
-    gains: Mapping[str, Tensor | np.ndarray], heads: int, pinned: Collection[str] = ()
+    gains: Mapping[str, Tensor | np.ndarray],
+    heads: int,
+    pinned: Collection[str] = (),
+    shared: Collection[str] = (),
 ) -> dict[str, Tensor]:
     """The best head-structured assignment of groups that share one permutation of heads
     (Verma & Elbayad 2024, "Merging Text Transformer Models from Different Initializations").
@@ -451,6 +454,10 @@ def assign_heads(
         gains: group -> ``(h·d_g, h·d_g)`` gain matrix (rows: A's units, columns: B's).
         heads: ``h``, the number of heads (dividing every group's size).
         pinned: the groups whose heads move whole (``PermutationSpec.pinned``).
+        shared: groups whose gains are one ``(d_g, d_g)`` block, the same for every pair of
+            heads (a mixture's hidden units read from an activation that holds whichever
+            expert each token chose): one LAP gives every pair's ``σ``, and no
+            ``(h·d_g)²`` matrix is formed.
 
     Returns:
         group -> CPU ``LongTensor`` index vector.
@@ -462,6 +469,13 @@ def assign_heads(
     inner: dict[str, np.ndarray] = {}
     for g, cost in gains.items():
         c = _as_cost(cost)
+        if g in shared:  # one block for every pair of heads
+            if c.ndim != 2 or c.shape[0] != c.shape[1]:
+                raise LapError(f"group {g!r}: a shared block must be square, got {c.shape}")
+            rows, cols = linear_sum_assignment(c, maximize=True)
+            inner[g] = np.broadcast_to(cols, (heads, heads, len(cols)))
+            totals += c[rows, cols].sum()
+            continue
         n = c.shape[0]
         if n % heads:
             raise LapError(f"group {g!r}: {n} units do not split into {heads} heads")
@@ -492,13 +506,15 @@ def assign_groups(
     gains: Mapping[str, Tensor | np.ndarray],
     heads: Mapping[str, tuple[str, int]] | None = None,
     pinned: Collection[str] = (),
+    shared: Collection[str] = (),
 ) -> dict[str, Tensor]:
     """One cold assignment per group (:func:`assign`, maximising), except that groups tied
     by a head permutation (``heads`` as in :class:`~lmckit.perm.PermutationSpec`) are
     solved together by :func:`assign_heads` — the projection every method that rounds
     per-group scores to a permutation needs. Only the tie members present in ``gains``
     are solved (a tie split across two calls would not share its heads: pass whole ties);
-    ``pinned`` groups move whole heads (:func:`assign_heads`)."""
+    ``pinned`` groups move whole heads and ``shared`` ones give one block for every pair
+    of heads (:func:`assign_heads`)."""
     heads = heads or {}
     ties: dict[str, list[str]] = {}
     out: dict[str, Tensor] = {}
@@ -508,5 +524,7 @@ def assign_groups(
         else:
             out[g] = assign(cost, maximize=True)
     for members in ties.values():
-        out.update(assign_heads({g: gains[g] for g in members}, heads[members[0]][1], pinned))
+        out.update(
+            assign_heads({g: gains[g] for g in members}, heads[members[0]][1], pinned, shared)
+        )
     return {g: out[g] for g in gains}

@@ -36,6 +36,7 @@ from lmckit.params import Params, params_distance
 from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback, notify
 from lmckit.tracing import GraphTaps
+from lmckit.tracing.trace import EACH
 
 ActivationStatistic = Literal["correlation", "cross_moment"]
 STATISTICS: tuple[str, ...] = get_args(ActivationStatistic)
@@ -118,6 +119,13 @@ class _ModuleTaps:
                 "the model's forward pass"
             )
         return captured
+
+
+def _each_copies(site: str) -> int:
+    """How many heads read a traced site's units as their own (``f"{node}{EACH}{h}:{axis}"``,
+    a mixture's hidden activation read once per expert); 1 for any other site."""
+    _, each, rest = site.partition(EACH)
+    return int(rest.split(":")[0]) if each else 1
 
 
 def taps_for(model: nn.Module, spec: PermutationSpec, taps, x: Tensor):
@@ -204,31 +212,43 @@ def activation_matching(
             acts_a = reader(params_a, x)
             acts_b = reader(params_b, x)
             for name, act_a in acts_a.items():
+                act_b = acts_b[name]
+                copies = _each_copies(name)
+                if copies > 1:  # one expert's copy is every expert's (see EACH)
+                    act_a = act_a.narrow(1, 0, act_a.shape[1] // copies)
+                    act_b = act_b.narrow(1, 0, act_b.shape[1] // copies)
                 if name not in moments:
                     moments[name] = _Moments(act_a.shape[1], device)
-                moments[name].add(act_a, acts_b[name])
+                moments[name].add(act_a, act_b)
             used += 1
             examples += len(x)
             notify(progress, used, total)
     if used == 0:
         raise ParamsError("activation_matching got no batches")
     all_gains = {}
+    shared = set()  # groups whose gains are one block for every pair of heads
     assert reader is not None
     for g, names in reader.taps().items():
         gains = sum(moments[name].gains(statistic) for name in names)
-        if gains.shape != (spec.groups[g],) * 2:
+        n = spec.groups[g]
+        if any(_each_copies(name) > 1 for name in names):
+            shared.add(g)
+            n //= _each_copies(names[0])
+        if gains.shape != (n, n):
             raise ParamsError(
-                f"taps of group {g!r} produce {gains.shape[0]} channels, the group has "
-                f"{spec.groups[g]}"
+                f"taps of group {g!r} produce {gains.shape[0]} channels, the group has {n}"
             )
         all_gains[g] = gains
-    perms = assign_groups(all_gains, spec.heads, spec.pinned)
+    perms = assign_groups(all_gains, spec.heads, spec.pinned, shared)
     # query heads inside their key/value group are not matched by activations: identity
     perms.update({c: torch.arange(spec.groups[c]) for c in spec.copies})
-    gain = sum(
-        float(c[torch.arange(len(perms[g])), perms[g].to(c.device)].sum())
-        for g, c in all_gains.items()
-    )
+    gain = 0.0
+    for g, c in all_gains.items():
+        p = perms[g].to(c.device)
+        rows = torch.arange(len(p), device=c.device)
+        if g in shared:  # every head's block is the one block
+            rows, p = rows % len(c), p % len(c)
+        gain += float(c[rows, p].sum())
     perm = Permutation(spec, perms)
     return MatchResult(
         alignment=perm,

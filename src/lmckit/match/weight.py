@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
@@ -42,6 +43,7 @@ from lmckit.params import Params, detached
 from lmckit.perm import (
     Permutation,
     PermutationSpec,
+    axis_groups,
     coarsen_shared,
     group_cost_matrix,
     lift_shared,
@@ -191,7 +193,9 @@ def weight_matching(
     Where each expert permutes its hidden units apart (``spec.head_axes``), every start
     is first refined in the subgroup that shares one permutation inside all experts
     (:func:`~lmckit.perm.shared_inside_heads`, where the swaps above reach the experts)
-    and the descent over the whole group starts from that optimum.
+    and the descent over the whole group starts from that optimum — unless that group's
+    cost matrix would exceed :data:`JOINT_COST_BYTES`: then the match stays in the
+    subgroup (``info["shared_inside_heads"]``).
     """
     start = time.perf_counter()
     if data is not None:
@@ -204,6 +208,31 @@ def weight_matching(
     check_int("max_iter", max_iter)
     check_duals(duals)
     held = held_groups(spec, hold)
+    shared = shared_inside_heads(spec)
+    too_large = _joint_too_large(spec, params_a) if shared is not None else []
+    if shared is not None and too_large:
+        coarse = None if init is None else coarsen_shared(spec, shared, init)
+        if init is not None and coarse is None:
+            raise ParamsError(
+                f"init moves the units of {too_large} apart inside their heads, but their "
+                f"cost matrices exceed {JOINT_COST_BYTES} bytes, so weight matching matches "
+                "them in the subgroup sharing one permutation inside the heads: pass an "
+                "init in that subgroup"
+            )
+        found = weight_matching(
+            shared, params_a, params_b, init=coarse, seed=seed, progress=progress,
+            duals=duals, max_iter=max_iter, restarts=restarts,
+            include_running_stats=include_running_stats, warm_start=warm_start,
+            lap_backend=lap_backend, max_memory=max_memory,
+            hold=sorted(held & set(shared.groups)),
+        )  # fmt: skip
+        alignment = lift_shared(spec, shared, found.alignment)
+        return replace(
+            found,
+            alignment=alignment,
+            seconds=time.perf_counter() - start,
+            info={**found.info, "shared_inside_heads": too_large},
+        )
     names = set(matched_names(params_a, include_running_stats))
     delta = _delta_within(MemoryNeed.of(spec, params_a, params_b), max_memory)
     matcher = WeightMatcher(
@@ -215,7 +244,6 @@ def weight_matching(
     )
     results: list[MatchResult] = []
     sweeps_done = 0
-    shared = shared_inside_heads(spec)
     for restart in range(restarts):
         restart_seed = seed if restart == 0 else _restart_seed(seed, restart)
         start_perm = init if restart == 0 else Permutation.random(spec, restart_seed)
@@ -276,6 +304,29 @@ def weight_matching(
         distance_after=best.alignment.distance(params_a, params_b),
         duals=best.duals,
         info=info,
+    )
+
+
+JOINT_COST_BYTES = 2**31
+"""The largest cost matrix of a group whose heads lie on another axis (a mixture's hidden
+units, ``(E·I)²`` entries: each expert's own permutation) that :func:`weight_matching`
+forms. Beyond it — a full-size Mixtral's 8 × 14,336 hidden units would take 52 GB in
+float32, against 0.8 GB for one permutation shared by the experts — it matches in the
+subgroup sharing one permutation inside the heads and lifts the result
+(``info["shared_inside_heads"]`` names the groups)."""
+
+
+def _joint_too_large(spec: PermutationSpec, params: Params) -> list[str]:
+    """The groups inside heads on another axis whose cost matrix exceeds
+    :data:`JOINT_COST_BYTES` in the parameters' dtype."""
+    itemsize = next((t.element_size() for t in params.values() if t.dtype.is_floating_point), 4)
+    return sorted(
+        {
+            g
+            for name, (_, b) in spec.head_axes.items()
+            for g in axis_groups(spec.axes[name][b])
+            if spec.groups[g] ** 2 * itemsize > JOINT_COST_BYTES
+        }
     )
 
 
