@@ -2606,6 +2606,15 @@ MUTATIONS = [
         ("tests/tracing/test_trace_transformers.py",),
     ),
     M(
+        "report-accuracy-spreads-always-percent",
+        "a report's accuracy spreads read back as percent whatever unit it printed (the "
+        "earlier reports printed fractions: their spreads came back 100 times too small)",
+        "src/lmckit/experiments/results.py",
+        "    return found.pop() if found else 100.0\n",
+        "    return 100.0\n",
+        ("tests/experiments/test_results.py",),
+    ),
+    M(
         "expert-sites-read-once",
         "a mixture's hidden activation read once, not once per expert, for the per-expert group",
         "src/lmckit/tracing/trace.py",

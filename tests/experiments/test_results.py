@@ -57,6 +57,38 @@ def test_the_results_file_holds_the_ledger_s_values_and_the_report_s_rows(run):
             assert b["std"] == pytest.approx(a["std"], rel=1e-3)  # printed at 4 digits
 
 
+def _report_row(metric: str, mean: float, shown: str) -> str:
+    group = "{&quot;method&quot;: &quot;none&quot;}"
+    return (
+        f"<tr data-kind='curve' data-metric='{metric}' data-group='{group}' "
+        f"data-mean='{mean}' data-count='3'><td>curve</td><td>method=none</td><td>w=1</td>"
+        f"<td>{metric}</td><td class='num'>{shown}</td><td class='num'>3</td><td></td></tr>"
+    )
+
+
+@pytest.mark.parametrize(
+    "shown, std",
+    [("0.1786 ± 0.1045", 0.1045), ("17.86 ± 10.45", 0.1045)],
+    ids=["fractions", "percent"],
+)
+def test_a_report_s_accuracy_spreads_are_read_in_the_unit_it_printed(shown, std):
+    """Earlier reports printed accuracies as fractions (0.1786 ± 0.1045), later ones in %
+    (17.86 ± 10.45): the spread read back is the same fraction either way, the unit told
+    by the printed mean against the exact data mean (the fraction reports' spreads were
+    divided by 100 before). A report printing both ways is refused."""
+    rows = _report_row("test.accuracy.barrier", 0.178625, shown) + _report_row(
+        "test.loss.barrier", 0.5, "0.5 ± 0.25"
+    )
+    back = results_from_report(f"<table>{rows}</table>", "old")
+    by_metric = {r["metric"]: r["std"] for r in back["rows"]}
+    assert by_metric["test.accuracy.barrier"] == pytest.approx(std)
+    assert by_metric["test.loss.barrier"] == 0.25
+    mixed = rows + _report_row("test.accuracy.midpoint", 0.6716, "67.16 ± 10.27" if
+                               shown.startswith("0.") else "0.6716 ± 0.1027")  # fmt: skip
+    with pytest.raises(ResultsError, match="both as fractions and in %"):
+        results_from_report(f"<table>{mixed}</table>", "mixed")
+
+
 def _doc():
     rows = [
         {"kind": "curve", "metric": "test.loss.barrier.rebasin", "group": {"method": m},

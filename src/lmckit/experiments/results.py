@@ -403,6 +403,33 @@ def _grid_from_label(label: str) -> dict[str, Any]:
     return grid
 
 
+def _is_accuracy(metric: str) -> bool:
+    return "accuracy" in metric and "ratio" not in metric
+
+
+def _accuracy_scale(rows: list[tuple[dict[str, str], list[str]]], name: str) -> float:
+    """How a report printed its accuracies: 100 where in percent (reports since the
+    percent columns), 1 where as fractions (earlier ones) — read from the rows whose
+    printed mean can be told from their exact data mean. A report that prints both ways
+    is refused: its spreads could not be read back."""
+    found: set[float] = set()
+    for attrs, cells in rows:
+        if not _is_accuracy(attrs.get("data-metric", "")) or "data-mean" not in attrs:
+            continue
+        mean = float(attrs["data-mean"])
+        shown = re.match(NUMBER, cells[4].strip()) if len(cells) > 4 else None
+        if shown is None or abs(mean) < 1e-4:
+            continue
+        printed = float(shown.group(0))
+        for scale in (1.0, 100.0):
+            if abs(printed - scale * mean) <= 5e-4 * abs(scale * mean):
+                found.add(scale)
+                break
+    if len(found) > 1:
+        raise ResultsError(f"{name}: the report prints accuracies both as fractions and in %")
+    return found.pop() if found else 100.0
+
+
 def results_from_report(text: str, name: str) -> dict[str, Any]:
     """A results document read back from a report's HTML (for reports written before
     ``results.json``): exact means and counts from the rows' data attributes, standard
@@ -417,11 +444,12 @@ def results_from_report(text: str, name: str) -> dict[str, Any]:
     if not parser.rows:
         raise ResultsError(f"{name}: no metrics rows with data attributes (not a report?)")
     rows = []
+    accuracy_scale = _accuracy_scale(parser.rows, name)
     for attrs, cells in parser.rows:
         if len(cells) < 6:
             raise ResultsError(f"{name}: a metrics row has {len(cells)} cells, not 7")
         metric = attrs["data-metric"]
-        scale = 100.0 if ("accuracy" in metric and "ratio" not in metric) else 1.0
+        scale = accuracy_scale if _is_accuracy(metric) else 1.0
         shown = cells[4]
         std = None
         if " ± " in shown:
