@@ -2615,6 +2615,22 @@ MUTATIONS = [
         ("tests/experiments/test_results.py",),
     ),
     M(
+        "gpu-rows-replace-a-cpu-run",
+        "the GPU rows script writes over a CPU run's results file instead of beside it",
+        "scripts/gpu_rows.py",
+        "    if target.exists():\n",
+        "    if False:\n",
+        ("tests/test_gpu_rows.py",),
+    ),
+    M(
+        "gpu-rows-rerun-complete-rows",
+        "the GPU rows script runs a complete row again (and writes a second results file)",
+        "scripts/gpu_rows.py",
+        "        if complete(args.store / row.name):\n",
+        "        if False:\n",
+        ("tests/test_gpu_rows.py",),
+    ),
+    M(
         "expert-sites-read-once",
         "a mixture's hidden activation read once, not once per expert, for the per-expert group",
         "src/lmckit/tracing/trace.py",

@@ -36,11 +36,17 @@ def test_every_row_is_an_experiment_file_and_says_what_it_needs(gpu_rows, capsys
     assert "CIFAR-100 on the machine" in printed and "not started" in printed
 
 
-def test_a_row_runs_at_tiny_settings_and_writes_the_results_file_the_pages_read(gpu_rows, tmp_path):
+def test_a_row_runs_at_tiny_settings_and_writes_the_results_file_the_pages_read(
+    gpu_rows, tmp_path, capsys
+):
     store, results = tmp_path / "store", tmp_path / "results"
+    results.mkdir()
+    cpu_run = results / "lewc-width-fmnist-full.json"
+    cpu_run.write_text("a CPU run's results")  # beside a CPU run's file: never replaced
     common = ["--store", str(store), "--device", "cpu", "--tiny", "--results-dir", str(results)]
     assert gpu_rows.main(["run", "lewc-width-fmnist-full", *common, "--minutes", "5"]) == 0
-    document = read_results(results / "lewc-width-fmnist-full.json")
+    assert cpu_run.read_text() == "a CPU run's results"
+    document = read_results(results / "lewc-width-fmnist-full-gpu.json")
     for width in (0.25, 0.5):
         row = select_row(
             document, "analysis", "none.calibrated_loss_barrier",
@@ -48,11 +54,12 @@ def test_a_row_runs_at_tiny_settings_and_writes_the_results_file_the_pages_read(
         )  # fmt: skip
         assert row["n"] == 3  # the three pairs of seeds 0–2
     assert gpu_rows.complete(store / "lewc-width-fmnist-full") is True
-    # complete rows are not run again; a second results file never overwrites the first
-    before = (results / "lewc-width-fmnist-full.json").read_bytes()
+    # complete rows are not run again
+    before = (results / "lewc-width-fmnist-full-gpu.json").read_bytes()
+    capsys.readouterr()
     assert gpu_rows.main(["run", "lewc-width-fmnist-full", *common]) == 0
-    assert (results / "lewc-width-fmnist-full.json").read_bytes() == before
-    assert not (results / "lewc-width-fmnist-full-gpu.json").exists()
+    assert "running" not in capsys.readouterr().out
+    assert (results / "lewc-width-fmnist-full-gpu.json").read_bytes() == before
 
 
 def test_a_row_stopped_at_its_deadline_goes_on_when_run_again(gpu_rows, tmp_path):
