@@ -1212,8 +1212,8 @@ MUTATIONS = [
         "sum-index-without-offset",
         "a direct sum's segments are indexed from 0 instead of from their start",
         "src/lmckit/perm.py",
-        "        else start + block_index(perms[g], block)",
-        "        else block_index(perms[g], block)",
+        "        else start + block_index(perms[g], block, 1, *spec.segment_layout(",
+        "        else block_index(perms[g], block, 1, *spec.segment_layout(",
         ("tests/test_perm_sums.py",),
     ),
     M(
@@ -2629,6 +2629,33 @@ MUTATIONS = [
         "        if complete(args.store / row.name):\n",
         "        if False:\n",
         ("tests/test_gpu_rows.py",),
+    ),
+    M(
+        "segment-head-repeat-ignored",
+        "a direct sum's head-repeated segment (Phi-3's grouped-query rows) laid out plainly",
+        "src/lmckit/perm.py",
+        "        r = counts[segment] if counts is not None else 1\n",
+        "        r = 1\n",
+        ("tests/test_perm_head_repeats.py", "tests/tracing/test_trace_transformers.py"),
+    ),
+    M(
+        "fused-segments-read-equally-wide",
+        "a fused projection's query and key segments split as equally wide when their maps "
+        "differ (a head-repeated query segment is r times the key segment)",
+        "src/lmckit/transform.py",
+        "        widths = [length // spec.groups[group] * rest for _, length in found]\n",
+        "        widths = [rows.shape[1] // len(found)] * len(found)\n",
+        ("tests/test_perm_head_repeats.py",),
+    ),
+    M(
+        "sum-part-head-repeat-refrozen",
+        "a direct sum's head-repeated part read as whole blocks again (Phi-3 under "
+        "grouped-query attention loses its attention groups)",
+        "src/lmckit/tracing/trace.py",
+        "                if isinstance(entry, tuple) and any(r > 1 for r in counts):\n",
+        "                if isinstance(entry, tuple) and any(r > 1 for r in counts):\n"
+        "                    raise _Refreeze(uf.find((ph, i)))\n",
+        ("tests/tracing/test_trace_transformers.py",),
     ),
     M(
         "expert-sites-read-once",

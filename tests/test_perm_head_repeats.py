@@ -126,3 +126,105 @@ def test_bad_head_repeats_are_named():
         p = gqa_params()
         p["o"] = p["o"][:, : KV * D]
         gqa_spec().validate(p)
+
+
+def fused_gqa_spec(**extra) -> PermutationSpec:
+    """The same attention with query, key and value fused into one projection ``qkv``, rows
+    ``[q | k | v]`` (Phi-3 under grouped-query attention): a direct sum whose query segment
+    is head-repeated (``segment_head_repeats``), the stream a group too."""
+    return PermutationSpec(
+        groups={"qk": KV * D, "vo": KV * D, "w": W},
+        axes={"qkv": (("qk", "qk", "vo"), "w"), "o": ("w", "vo")},
+        heads={"qk": ("kv", KV), "vo": ("kv", KV)},
+        head_repeats={"o": (1, R)},
+        segment_head_repeats={"qkv": {0: (R, 1, 1)}},
+        **extra,
+    )
+
+
+def fuse(p: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {"qkv": torch.cat([p["q"], p["k"], p["v"]]), "o": p["o"]}
+
+
+def unfuse(p: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    q, k, v = p["qkv"].split([KV * R * D, KV * D, KV * D])
+    return {"q": q, "k": k, "v": v, "o": p["o"]}
+
+
+def test_a_head_repeated_segment_moves_as_the_separate_query_projection_does():
+    """A fused projection whose query segment is head-repeated moves, segment by segment,
+    exactly as the separate projections of ``gqa_spec`` do — checked on every axis and
+    through the function — and its rows read back."""
+    fused, separate = fused_gqa_spec(), gqa_spec()
+    p = gqa_params(3)
+    x = torch.randn(6, W, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    assert [length for _, _, length in fused.segments("qkv", 0)] == [KV * R * D, KV * D, KV * D]
+    fused.validate(fuse(p))
+    for seed in range(4):
+        perm = Permutation.random(fused, seed)
+        moved = unfuse(perm.apply(fuse(p)))
+        stream = perm["w"]
+        alone = Permutation(separate, {"qk": perm["qk"], "vo": perm["vo"]}).apply(p)
+        for name in ("q", "k", "v"):
+            assert torch.equal(moved[name], alone[name][:, stream]), name
+        assert torch.equal(moved["o"], alone["o"][stream])
+        assert torch.allclose(attention(moved, x[:, stream]), attention(p, x)[:, stream],
+                              rtol=1e-12, atol=1e-12)  # fmt: skip
+    t = fuse(p)["qkv"]
+    rows = group_rows(fused, "qkv", 0, "qk", t)
+    assert rows.shape == (KV * D, (R + 1) * W)
+    q_rows = group_rows(separate, "q", 0, "qk", p["q"])
+    assert torch.equal(rows[:, : R * W], q_rows)
+    assert torch.equal(put_group_rows(fused, "qkv", 0, "qk", torch.zeros_like(t), rows)[: -KV * D],
+                       t[: -KV * D])  # fmt: skip
+
+
+def test_a_fused_projection_with_a_head_repeated_segment_is_matched_exactly():
+    """With the stream held where it was planted (a five-unit stream of random weights
+    couples with the heads into local optima of its own), WM recovers the heads, the
+    query/key and the value dimensions exactly through the head-repeated segment."""
+    spec, a = fused_gqa_spec(), fuse(gqa_params(4))
+    for seed in range(4):
+        truth = Permutation.random(spec, 10 + seed)
+        init = Permutation.identity(spec).replace(w=truth["w"])
+        found = weight_matching(spec, a, truth.inverse().apply(a), init=init, hold=["w"])
+        assert found.alignment == truth
+
+
+def test_a_scaled_query_key_map_moves_the_key_segment_by_its_inverse_transpose():
+    """An invertible map of the query/key group on the fused projection: the repeated
+    query segment (``R`` times the key segment's columns) by ``M``, the key segment by
+    ``M⁻ᵀ`` — the scores ``q·k`` unchanged. Reading the segments as equally wide (as the
+    code did before) mixes query columns into the key's map."""
+    from lmckit.transform import Transform
+
+    spec = fused_gqa_spec(kinds={"qk": "invertible"}, duals=frozenset({("qkv", 0, 1)}))
+    p = fuse(gqa_params(5))
+    x = torch.randn(6, W, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    moved = Transform.random(spec, 2).replace(w=torch.arange(W)).apply(p)
+    assert not torch.allclose(moved["qkv"], p["qkv"])
+    scores = [
+        (x @ unfuse(t)["q"][:D].T) @ (x @ unfuse(t)["k"][:D].T).T for t in (moved, p)
+    ]  # query head 0 and its key/value head
+    assert torch.allclose(*scores, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "counts, why",
+    [((R, 1), "one count per segment"), ((1, 1, R), "head-structured"), ((0, 1, 1), "positive")],
+)
+def test_segment_head_repeats_that_cannot_be_laid_out_are_refused(counts, why):
+    with pytest.raises(SpecError, match=why):
+        PermutationSpec(
+            groups={"qk": KV * D, "vo": KV * D, "w": W},
+            axes={"qkv": (("qk", "qk", "vo"), "w"), "o": ("w", "vo")},
+            heads={"qk": ("kv", KV)} if counts == (1, 1, R) else
+                  {"qk": ("kv", KV), "vo": ("kv", KV)},
+            segment_head_repeats={"qkv": {0: counts}},
+        )  # fmt: skip
+
+
+def test_segment_head_repeats_survive_to_dict_and_restrict():
+    spec = fused_gqa_spec()
+    assert spec.to_dict()["segment_head_repeats"] == {"qkv": {"0": [R, 1, 1]}}
+    assert spec.restrict(["qkv", "o"]).segment_head_repeats == {"qkv": {0: (R, 1, 1)}}

@@ -105,6 +105,13 @@ class PermutationSpec:
             dimensions on the output projection's columns, its key dimensions on the query
             projection's rows), each copy moved alike. An axis with a count > 1 is a plain
             one (no direct sum, no repeat).
+        segment_head_repeats: parameter name -> ``{axis: one count per segment}`` of a
+            direct-sum axis: a segment of a head-structured group with a count ``r`` > 1 is
+            laid out as a head-repeated axis is (see ``head_repeats``: ``h`` heads of ``r·d``
+            entries) — Phi-3's fused ``[q | k | v]`` rows under grouped-query attention,
+            whose query segment holds each key/value head's dimensions once per query head
+            of its group. The segment is ``r`` times the group's entries long. (Such a
+            segment takes no copies group: the query heads inside a group stay in place.)
         head_sums: parameter name -> one count per axis (default 1). A direct-sum axis
             with a count ``h`` > 1 is laid out head by head: ``h`` blocks, each holding one
             head of every segment in turn — GPT-NeoX's fused projection, whose rows are
@@ -199,6 +206,7 @@ class PermutationSpec:
     head_repeats: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     head_sums: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     head_axes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    segment_head_repeats: Mapping[str, Mapping[int, tuple[int, ...]]] = field(default_factory=dict)
     pinned: frozenset[str] = frozenset()
     rotary: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     copies: Mapping[str, str] = field(default_factory=dict)
@@ -280,6 +288,9 @@ class PermutationSpec:
         head_axes = _check_head_axes(
             self.head_axes, axes, groups, heads, blocks, repeats, head_repeats, head_sums
         )
+        segment_head_repeats = _check_segment_head_repeats(
+            self.segment_head_repeats, axes, heads, head_sums, head_axes
+        )
         pinned = frozenset(self.pinned)
         if not pinned <= set(heads):
             raise SpecError(
@@ -318,6 +329,7 @@ class PermutationSpec:
         object.__setattr__(self, "head_repeats", MappingProxyType(head_repeats))
         object.__setattr__(self, "head_sums", MappingProxyType(head_sums))
         object.__setattr__(self, "head_axes", MappingProxyType(head_axes))
+        object.__setattr__(self, "segment_head_repeats", MappingProxyType(segment_head_repeats))
         object.__setattr__(self, "pinned", pinned)
         object.__setattr__(self, "rotary", MappingProxyType(rotary))
         object.__setattr__(self, "copies", MappingProxyType(copies))
@@ -365,6 +377,17 @@ class PermutationSpec:
         per_axis = self.head_sums.get(name)
         return per_axis[axis] if per_axis is not None else 1
 
+    def segment_layout(self, name: str, axis: int, segment: int) -> tuple[int, int]:
+        """``(heads, head repeat)`` of segment ``segment`` of a direct-sum axis, for
+        :func:`unit_rows` and :func:`block_index`: ``(1, 1)`` unless it is head-repeated
+        (``segment_head_repeats``)."""
+        counts = self.segment_head_repeats.get(name, {}).get(axis)
+        r = counts[segment] if counts is not None else 1
+        if r == 1:
+            return 1, 1
+        part = self.axes[name][axis][segment]  # type: ignore[index]
+        return self.heads[part][1], r
+
     def head_axis(self, name: str, axis: int) -> int | None:
         """The axis holding the heads of the group on ``name``'s ``axis`` where the two read
         as one (see ``head_axes``), else None."""
@@ -397,8 +420,11 @@ class PermutationSpec:
             )  # fmt: skip
             return ((entry, 0, n),)
         out, start = [], 0
-        for part in entry:
-            length = self.groups[part] * block if isinstance(part, str) else part
+        for k, part in enumerate(entry):
+            if isinstance(part, str):
+                length = self.groups[part] * block * self.segment_layout(name, axis, k)[1]
+            else:
+                length = part
             out.append((part if isinstance(part, str) else None, start, length))
             start += length
         return tuple(out)
@@ -503,6 +529,7 @@ class PermutationSpec:
             head_repeats=head_repeats,
             head_sums={k: v for k, v in self.head_sums.items() if k in names},
             head_axes={k: v for k, v in self.head_axes.items() if k in names},
+            segment_head_repeats={k: v for k, v in self.segment_head_repeats.items() if k in names},
             pinned=self.pinned & used,
             rotary={g: v for g, v in self.rotary.items() if g in used},
             copies=copies,
@@ -545,6 +572,16 @@ class PermutationSpec:
             **(
                 {"head_axes": {k: list(v) for k, v in self.head_axes.items()}}
                 if self.head_axes
+                else {}
+            ),
+            **(
+                {
+                    "segment_head_repeats": {
+                        k: {str(a): list(c) for a, c in v.items()}
+                        for k, v in self.segment_head_repeats.items()
+                    }
+                }
+                if self.segment_head_repeats
                 else {}
             ),
             **({"pinned": sorted(self.pinned)} if self.pinned else {}),
@@ -1257,8 +1294,8 @@ def axis_index(
     pieces = [
         torch.arange(start, start + length, device=device)
         if g is None
-        else start + block_index(perms[g], block)
-        for g, start, length in spec.segments(name, axis)
+        else start + block_index(perms[g], block, 1, *spec.segment_layout(name, axis, k))
+        for k, (g, start, length) in enumerate(spec.segments(name, axis))
     ]
     index = torch.cat(pieces)
     order = head_sum_order(spec, name, axis)
@@ -1324,8 +1361,14 @@ def group_rows(
     if order is not None:  # laid out head by head: read segment by segment
         t = t.index_select(position, order.to(t.device))
     parts = [
-        unit_rows(t.narrow(position, start, length), position, n)
-        for g, start, length in spec.segments(name, axis)
+        unit_rows(
+            t.narrow(position, start, length),
+            position,
+            n,
+            1,
+            *spec.segment_layout(name, axis, k),
+        )
+        for k, (g, start, length) in enumerate(spec.segments(name, axis))
         if g == group
     ]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
@@ -1358,11 +1401,14 @@ def _put_rows(
         order = order.to(t.device)
         t = t.index_select(dim, order)
     pieces, used = [], 0
-    for g, start, length in spec.segments(name, axis):
+    for k, (g, start, length) in enumerate(spec.segments(name, axis)):
         piece = t.narrow(dim, start, length)
         if g == group:
             width = piece.numel() // rows.shape[0]
-            piece = from_unit_rows(rows[:, used : used + width], dim, tuple(piece.shape))
+            layout = spec.segment_layout(name, axis, k)
+            piece = from_unit_rows(
+                rows[:, used : used + width], dim, tuple(piece.shape), 1, *layout
+            )
             used += width
         pieces.append(piece)
     out = torch.cat(pieces, dim=dim)
@@ -1547,6 +1593,44 @@ def _check_head_axes(
             if per_axis is not None and (per_axis[a] > 1 or per_axis[b] > 1):
                 raise SpecError(f"{where}: a joint pair of axes takes no {what}")
         out[name] = (a, b)
+    return out
+
+
+def _check_segment_head_repeats(
+    given, axes, heads, head_sums, head_axes
+) -> dict[str, dict[int, tuple[int, ...]]]:
+    """Validate ``segment_head_repeats``: a direct-sum axis, one positive count per segment,
+    > 1 only on a head-structured group's segment, on an axis not laid out head by head or
+    read with another (those have their own layouts)."""
+    out: dict[str, dict[int, tuple[int, ...]]] = {}
+    for name, per_axis in dict(given).items():
+        if name not in axes:
+            raise SpecError(f"segment_head_repeats names {name!r}, which is not in axes")
+        kept: dict[int, tuple[int, ...]] = {}
+        for axis, counts in dict(per_axis).items():
+            where = f"segment_head_repeats[{name!r}][{axis!r}]"
+            axis = int(axis)
+            entry = axes[name][axis] if 0 <= axis < len(axes[name]) else None
+            counts = tuple(counts)
+            if not isinstance(entry, tuple) or len(counts) != len(entry):
+                raise SpecError(
+                    f"{where}: needs a direct-sum axis and one count per segment, got "
+                    f"{counts!r} for {entry!r}"
+                )
+            for part, r in zip(entry, counts, strict=True):
+                if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+                    raise SpecError(f"{where}: counts must be positive integers, got {r!r}")
+                if r > 1 and (not isinstance(part, str) or part not in heads):
+                    raise SpecError(
+                        f"{where}: a count > 1 needs a head-structured group's segment "
+                        f"(see heads), got {part!r}"
+                    )
+            if (head_sums.get(name) or (1,) * len(axes[name]))[axis] > 1 or name in head_axes:
+                raise SpecError(f"{where}: an axis laid out by heads takes no segment repeats")
+            if any(r > 1 for r in counts):
+                kept[axis] = counts
+        if kept:
+            out[name] = kept
     return out
 
 

@@ -429,18 +429,22 @@ def _move_rows(
     """``t`` with ``group``'s rows on ``axis`` multiplied by ``m`` — by ``dual`` in the
     segments ``spec.duals`` lists."""
     rows = group_rows(spec, name, axis, group, t)
-    segments = [i for i, (g, _, _) in enumerate(spec.segments(name, axis)) if g == group]
-    flags = [spec.is_dual(name, axis, i) for i in segments]
+    found = [(i, n) for i, (g, _, n) in enumerate(spec.segments(name, axis)) if g == group]
+    flags = [spec.is_dual(name, axis, i) for i, _ in found]
     if dual is m or not any(flags):
         moved = m.to(t.device, t.dtype) @ rows
     elif all(flags):
         moved = dual.to(t.device, t.dtype) @ rows
     else:  # a fused projection: query and key segments of one axis move differently
-        width = rows.shape[1] // len(segments)
+        # each segment's columns: its entries per unit (a head-repeated query segment has
+        # r times a key segment's) times the other axes' entries
+        rest = t.numel() // t.shape[axis]
+        widths = [length // spec.groups[group] * rest for _, length in found]
+        starts = [sum(widths[:k]) for k in range(len(widths))]
         moved = torch.cat(
             [
-                (dual if flag else m).to(t.device, t.dtype) @ rows[:, i * width : (i + 1) * width]
-                for i, flag in enumerate(flags)
+                (dual if flag else m).to(t.device, t.dtype) @ rows[:, at : at + width]
+                for at, width, flag in zip(starts, widths, flags, strict=True)
             ],
             dim=1,
         )

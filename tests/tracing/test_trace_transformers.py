@@ -872,6 +872,11 @@ DECODERS = {
     # multi-head layout): the slices tile the projection's units, a direct sum as split's
     "phi3-sliced-qkv": (_decoder("Phi3Config", "Phi3ForCausalLM", num_key_value_heads=4,
                                  pad_token_id=0), "orthogonal", ("rotary-scaled", ("half", 4))),
+    # the same under grouped-query attention (Phi-3-medium, Phi-4): the query slice holds
+    # each key/value head's dimensions once per query head of its group, a head-repeated
+    # segment of the direct sum
+    "phi3-grouped-query": (_decoder("Phi3Config", "Phi3ForCausalLM", pad_token_id=0),
+                           "orthogonal", ("rotary-scaled", ("half", 4))),
     # grouped-query attention fused into one projection, each key/value head's rows
     # q q k v (a head repeat of 4 beside the output projection's 2): whole heads, rotations
     "falcon-new-decoder": (lambda: T.FalconForCausalLM(T.FalconConfig(
@@ -909,6 +914,25 @@ def test_more_rotary_decoders_are_traced_checked_and_recovered(name):
     assert (out - reference).abs().max() <= 1e-10 * reference.abs().max()
     planted_recovery(model, report.spec, restarts=4)
     _wm_orth_undoes_a_planted_element(model, spec, a, x)
+
+
+def test_phi3_grouped_query_projection_is_a_sum_with_a_head_repeated_query_segment():
+    """Phi-3 under grouped-query attention slices one fused projection into ``[q | k | v]``
+    with twice as many query heads as key/value heads: the query slice is the query/key
+    group laid out once per query head of each key/value head (``segment_head_repeats``),
+    the value slice the output projection's group — the attention moved no head before."""
+    torch.manual_seed(0)
+    model = _decoder("Phi3Config", "Phi3ForCausalLM", pad_token_id=0)().double().eval()
+    spec = trace_report(model, _ids()).spec
+    for layer in range(2):
+        attn = f"model.layers.{layer}.self_attn"
+        qk, also_qk, vo = spec.axes[f"{attn}.qkv_proj.weight"][0]
+        assert qk == also_qk != vo and spec.axes[f"{attn}.o_proj.weight"][1] == vo
+        assert spec.segment_head_repeats[f"{attn}.qkv_proj.weight"] == {0: (2, 1, 1)}
+        assert spec.head_repeats[f"{attn}.o_proj.weight"] == (1, 2)
+        assert spec.heads[qk] == spec.heads[vo] and spec.heads[qk][1] == 2
+        assert spec.groups[qk] == spec.groups[vo] == 8 and qk in spec.pinned
+    assert not spec.copies  # the query heads inside a key/value group stay in place
 
 
 def test_a_spec_traced_at_initialisation_holds_for_unequal_norm_gains():

@@ -132,6 +132,7 @@ def same_symmetry(traced: PermutationSpec, given: PermutationSpec) -> dict[str, 
         traced.repeats.get(k) != given.repeats.get(k)
         or traced.head_sums.get(k) != given.head_sums.get(k)
         or traced.head_axes.get(k) != given.head_axes.get(k)
+        or traced.segment_head_repeats.get(k) != given.segment_head_repeats.get(k)
         for k in traced.axes
     ):
         return None

@@ -1118,8 +1118,6 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
             return None, 1, why
         block = layout(key, n)
         repeat = block // inner_length.get(label, block) if label is not None else 1
-        if repeat > 1 and in_sum:  # a direct sum's part takes no head repeat: whole blocks
-            label, repeat = None, 1
         if (root, label) not in names:
             name = f"{owner}[{i}]" + (f"@{start}" if start else "")
             while name in groups:
@@ -1161,6 +1159,7 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
     blocks: dict[str, tuple[int, ...]] = {}
     head_repeats: dict[str, tuple[int, ...]] = {}
     head_sums: dict[str, tuple[int, ...]] = {}
+    segment_head_repeats: dict[str, dict[int, tuple[int, ...]]] = {}
     frozen: dict[str, tuple[str | None, ...]] = {}
     self_maps: set[str] = set()
     for key, tensor in state.items():
@@ -1180,9 +1179,16 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
             elif (ph, i) in sum_labels:
                 entry, sum_heads, why = head_sum_of((ph, i), int(n), owner, i)
             elif (ph, i) in leaves:
-                entry, block, why = _sum_entry(leaves[(ph, i)], group_of, owner, i)
+                counts: list[int] = []
+                entry, block, why = _sum_entry(
+                    leaves[(ph, i)], group_of, owner, i, lambda k: head_repeat_of.get(k, 1), counts
+                )
                 if entry is _REFREEZE:
                     raise _Refreeze(uf.find((ph, i)))
+                if isinstance(entry, tuple) and any(r > 1 for r in counts):
+                    segment_head_repeats.setdefault(key, {})[i] = tuple(counts)
+                elif isinstance(entry, str) and counts and counts[0] > 1:
+                    head_repeat_of[(ph, i)] = counts[0]  # one part: a plain head-repeated axis
             else:
                 entry, block, why = group_of((ph, i), int(n), owner, i)
             per_axis.append(entry)
@@ -1247,6 +1253,7 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
             heads=heads,
             head_repeats=head_repeats,
             head_sums=head_sums,
+            segment_head_repeats=segment_head_repeats,
             pinned=frozenset(pinned),
             copies=copies,
         )
@@ -1328,13 +1335,15 @@ def _site_candidates(exported) -> dict[AxisKey, int]:
 _REFREEZE = object()
 
 
-def _sum_entry(leaves, group_of, owner: str, i: int):
+def _sum_entry(leaves, group_of, owner: str, i: int, repeat_of=None, repeats=None):
     """The ``axes`` entry of a parameter axis made of ``leaves``: a direct sum of its
     parts' groups with fixed lengths between them — or a single group, None when every
-    part is frozen, ``_REFREEZE`` when the groups would need different blocks."""
+    part is frozen, ``_REFREEZE`` when the groups would need different blocks. ``repeats``
+    (a list) receives each segment's head repeat (``repeat_of(leaf)`` for a group's)."""
     entry: list[str | int] = []
     block_of: set[int] = set()
     reasons = []
+    counts: list[int] = []
     start = 0
     for key, n in leaves:
         group, block, why = group_of(key, n, owner, i, start, in_sum=True)
@@ -1345,9 +1354,13 @@ def _sum_entry(leaves, group_of, owner: str, i: int):
                 entry[-1] += n
             else:
                 entry.append(n)
+                counts.append(1)
         else:
             entry.append(group)
+            counts.append(repeat_of(key) if repeat_of is not None else 1)
             block_of.add(block)
+    if repeats is not None:
+        repeats[:] = counts
     if not block_of:
         return None, 1, next((r for r in reasons if r), "every part of its direct sum is frozen")
     if len(block_of) > 1:
