@@ -2658,6 +2658,23 @@ MUTATIONS = [
         ("tests/tracing/test_trace_transformers.py",),
     ),
     M(
+        "segment-copies-not-created",
+        "no copies group for a tie whose query heads sit in a direct sum's segment (Phi-3 "
+        "under grouped-query attention keeps its query heads inside a group in place)",
+        "src/lmckit/tracing/trace.py",
+        "    for key, per_axis in segment_head_repeats.items():  # a direct sum's query segment\n",
+        "    for key, per_axis in {}.items():\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "segment-copies-not-applied",
+        "a copies group moves the output columns but not the fused projection's query segment",
+        "src/lmckit/perm.py",
+        "    index = torch.cat(pieces)\n    copies = spec.copies_group(name, axis)\n",
+        "    index = torch.cat(pieces)\n    copies = None\n",
+        ("tests/test_perm_head_repeats.py", "tests/tracing/test_trace_transformers.py"),
+    ),
+    M(
         "expert-sites-read-once",
         "a mixture's hidden activation read once, not once per expert, for the per-expert group",
         "src/lmckit/tracing/trace.py",

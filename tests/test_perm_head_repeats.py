@@ -128,12 +128,12 @@ def test_bad_head_repeats_are_named():
         gqa_spec().validate(p)
 
 
-def fused_gqa_spec(**extra) -> PermutationSpec:
+def fused_gqa_spec(groups_extra=None, **extra) -> PermutationSpec:
     """The same attention with query, key and value fused into one projection ``qkv``, rows
     ``[q | k | v]`` (Phi-3 under grouped-query attention): a direct sum whose query segment
     is head-repeated (``segment_head_repeats``), the stream a group too."""
     return PermutationSpec(
-        groups={"qk": KV * D, "vo": KV * D, "w": W},
+        groups={"qk": KV * D, "vo": KV * D, "w": W, **(groups_extra or {})},
         axes={"qkv": (("qk", "qk", "vo"), "w"), "o": ("w", "vo")},
         heads={"qk": ("kv", KV), "vo": ("kv", KV)},
         head_repeats={"o": (1, R)},
@@ -177,6 +177,39 @@ def test_a_head_repeated_segment_moves_as_the_separate_query_projection_does():
     assert torch.equal(rows[:, : R * W], q_rows)
     assert torch.equal(put_group_rows(fused, "qkv", 0, "qk", torch.zeros_like(t), rows)[: -KV * D],
                        t[: -KV * D])  # fmt: skip
+
+
+def test_a_copies_group_moves_the_head_repeated_segment_as_the_query_projection():
+    """With a copies group, the query heads inside a key/value group move on the fused
+    projection's query segment exactly as on the separate query projection, the key and
+    value segments untouched by them."""
+    copies = {"kv:copies": "kv"}
+    fused = fused_gqa_spec(groups_extra={"kv:copies": KV * R}, copies=copies)
+    separate = PermutationSpec(
+        groups={"qk": KV * D, "vo": KV * D, "kv:copies": KV * R},
+        axes={"q": ("qk", None), "k": ("qk", None), "v": ("vo", None), "o": (None, "vo")},
+        heads={"qk": ("kv", KV), "vo": ("kv", KV)},
+        head_repeats={"q": (R, 1), "o": (1, R)},
+        copies=copies,
+    )
+    p = gqa_params(6)
+    x = torch.randn(6, W, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    assert fused.copies_axes("kv:copies") == (("o", 1), ("qkv", 0))
+    for seed in range(4):
+        perm = Permutation.random(fused, seed)
+        moved = unfuse(perm.apply(fuse(p)))
+        stream = perm["w"]
+        alone = Permutation(separate, {g: perm[g] for g in separate.groups}).apply(p)
+        for name in ("q", "k", "v"):
+            assert torch.equal(moved[name], alone[name][:, stream]), name
+        assert torch.equal(moved["o"], alone["o"][stream])
+        assert torch.allclose(attention(moved, x[:, stream]), attention(p, x)[:, stream],
+                              rtol=1e-12, atol=1e-12)  # fmt: skip
+    a = fuse(p)
+    truth = Permutation.random(fused, 3)
+    init = Permutation.identity(fused).replace(w=truth["w"])
+    found = weight_matching(fused, a, truth.inverse().apply(a), init=init, hold=["w"])
+    assert found.alignment == truth
 
 
 def test_a_fused_projection_with_a_head_repeated_segment_is_matched_exactly():

@@ -110,8 +110,8 @@ class PermutationSpec:
             laid out as a head-repeated axis is (see ``head_repeats``: ``h`` heads of ``r·d``
             entries) — Phi-3's fused ``[q | k | v]`` rows under grouped-query attention,
             whose query segment holds each key/value head's dimensions once per query head
-            of its group. The segment is ``r`` times the group's entries long. (Such a
-            segment takes no copies group: the query heads inside a group stay in place.)
+            of its group. The segment is ``r`` times the group's entries long; the tie's
+            copies group (``copies``) moves its copies as on a head-repeated axis.
         head_sums: parameter name -> one count per axis (default 1). A direct-sum axis
             with a count ``h`` > 1 is laid out head by head: ``h`` blocks, each holding one
             head of every segment in turn — GPT-NeoX's fused projection, whose rows are
@@ -310,7 +310,9 @@ class PermutationSpec:
                     f"group {g!r} is {kind}: its maps follow a rotary layout, which rotary "
                     "does not give for it"
                 )
-        copies = _check_copies(self.copies, groups, heads, group_axes, head_repeats, axes)
+        copies = _check_copies(
+            self.copies, groups, heads, group_axes, head_repeats, axes, segment_head_repeats
+        )
         for g in copies:
             if g in self.kinds and self.kinds[g] != DEFAULT_KIND:
                 raise SpecError(
@@ -431,12 +433,22 @@ class PermutationSpec:
 
     def copies_group(self, name: str, axis: int) -> str | None:
         """The copies group acting on ``name``'s ``axis`` (a head-repeated axis of a tie
-        that has one; see ``copies``), else None."""
-        if self.head_repeat(name, axis) == 1 or not self.copies:
+        that has one, or a direct sum with such a segment; see ``copies``), else None."""
+        if not self.copies:
             return None
         entry = self.axes[name][axis]
-        assert isinstance(entry, str)
-        tie = self.heads[entry][0]
+        if isinstance(entry, tuple):
+            repeated = [
+                part for k, part in enumerate(entry) if self.segment_layout(name, axis, k)[1] > 1
+            ]
+            if not repeated:
+                return None
+            tie = self.heads[repeated[0]][0]  # type: ignore[index]
+        elif self.head_repeat(name, axis) == 1:
+            return None
+        else:
+            assert isinstance(entry, str)
+            tie = self.heads[entry][0]
         return next((c for c, t in self.copies.items() if t == tie), None)
 
     def copies_layout(self, group: str) -> tuple[int, int]:
@@ -447,12 +459,29 @@ class PermutationSpec:
     def copies_axes(self, group: str) -> tuple[tuple[str, int], ...]:
         """The ``(parameter name, axis)`` pairs a copies group moves: the head-repeated axes
         of its tie's groups."""
-        return tuple(
+        plain = [
             (name, i)
             for name, counts in self.head_repeats.items()
             for i, r in enumerate(counts)
             if r > 1 and self.copies_group(name, i) == group
-        )
+        ]
+        summed = [
+            (name, i)
+            for name, per_axis in self.segment_head_repeats.items()
+            for i in per_axis
+            if self.copies_group(name, i) == group
+        ]
+        return tuple(plain + summed)
+
+    def copies_span(self, name: str, axis: int) -> tuple[int, int] | None:
+        """``(start, length)`` of the entries a copies group moves on ``name``'s ``axis``:
+        the head-repeated segment of a direct sum; None for a plain axis (all of it)."""
+        if not isinstance(self.axes[name][axis], tuple):
+            return None
+        for k, (_, start, length) in enumerate(self.segments(name, axis)):
+            if self.segment_layout(name, axis, k)[1] > 1:
+                return start, length
+        raise SpecError(f"{name!r} axis {axis} has no head-repeated segment")
 
     def kind(self, group: str) -> str:
         """The symmetry kind of ``group`` (``"permutation"`` unless declared in ``kinds``)."""
@@ -936,7 +965,9 @@ def random_index_vectors(
     return out
 
 
-def _check_copies(given, groups, heads, group_axes, head_repeats, axes) -> dict[str, str]:
+def _check_copies(
+    given, groups, heads, group_axes, head_repeats, axes, segment_head_repeats=None
+) -> dict[str, str]:
     """Validate ``copies``: a declared group per head tie with head repeats, acting on no
     axis, of ``h·r`` units for the tie's ``h`` heads and its one head repeat ``r``."""
     if not isinstance(given, Mapping):
@@ -971,6 +1002,12 @@ def _check_copies(given, groups, heads, group_axes, head_repeats, axes) -> dict[
             for name, per_axis in head_repeats.items()
             for i, r in enumerate(per_axis)
             if r > 1 and heads[axes[name][i]][0] == tie
+        } | {
+            r
+            for name, per_axis in (segment_head_repeats or {}).items()
+            for i, per_segment in per_axis.items()
+            for part, r in zip(axes[name][i], per_segment, strict=True)
+            if r > 1 and heads[part][0] == tie
         }
         if len(counts) != 1:
             raise SpecError(
@@ -1036,14 +1073,28 @@ def compose_copies(
 
 def copies_axis_index(spec: PermutationSpec, name: str, axis: int, copies: Tensor) -> Tensor:
     """The index along ``name``'s head-repeated ``axis`` that moves its copies as the copies
-    vector says and nothing else: ``(j, t, s) ← (j, ρ_j(t), s)``, blocks expanded."""
+    vector says and nothing else: ``(j, t, s) ← (j, ρ_j(t), s)``, blocks expanded; on a
+    direct sum, its head-repeated segment so and every other entry in place."""
     entry = spec.axes[name][axis]
+    if isinstance(entry, tuple):
+        segments = spec.segments(name, axis)
+        index = torch.arange(sum(length for *_, length in segments), device=copies.device)
+        for k, (g, start, length) in enumerate(segments):
+            h, r = spec.segment_layout(name, axis, k)
+            if r > 1 and g is not None:
+                moved = _copies_index(copies, spec.groups[g], h, r, spec.block(name, axis))
+                index[start : start + length] = start + moved
+        return index
     assert isinstance(entry, str)
-    n = spec.groups[entry]
     h, r = spec.head_layout(name, axis)
+    return _copies_index(copies, spec.groups[entry], h, r, spec.block(name, axis))
+
+
+def _copies_index(copies: Tensor, n: int, h: int, r: int, block: int) -> Tensor:
+    """The copies vector's move of ``h`` heads of ``n / h`` units laid out ``r`` times."""
     d = n // h
     index = (copies.view(h * r, 1) * d + torch.arange(d, device=copies.device)).reshape(-1)
-    return block_index(index, spec.block(name, axis))
+    return block_index(index, block)
 
 
 def copies_gains(
@@ -1076,8 +1127,12 @@ def copies_gains(
         if names is not None and name not in names:
             continue
         b = permute_tensor(params_b[name], spec, name, others) if moved_b is None else moved_b(name)
+        a = params_a[name]
+        span = spec.copies_span(name, axis)
+        if span is not None:  # a direct sum: its head-repeated segment
+            a, b = a.narrow(axis, *span), b.narrow(axis, *span)
         shape = (h, r, -1)  # a head-repeated axis: (head, copy, dimension) unit-major
-        a3 = params_a[name].movedim(axis, 0).reshape(shape).to(torch.float64)
+        a3 = a.movedim(axis, 0).reshape(shape).to(torch.float64)
         b3 = b.movedim(axis, 0).reshape(shape).to(torch.float64)
         gains += torch.einsum("htx,hux->htu", a3, b3).cpu()
     out = torch.empty_like(gains)
@@ -1298,6 +1353,9 @@ def axis_index(
         for k, (g, start, length) in enumerate(spec.segments(name, axis))
     ]
     index = torch.cat(pieces)
+    copies = spec.copies_group(name, axis)
+    if copies is not None and copies in perms:  # the copies move first, on B's heads
+        index = copies_axis_index(spec, name, axis, perms[copies].to(index.device))[index]
     order = head_sum_order(spec, name, axis)
     if order is None:
         return index

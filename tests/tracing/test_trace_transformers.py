@@ -920,7 +920,11 @@ def test_phi3_grouped_query_projection_is_a_sum_with_a_head_repeated_query_segme
     """Phi-3 under grouped-query attention slices one fused projection into ``[q | k | v]``
     with twice as many query heads as key/value heads: the query slice is the query/key
     group laid out once per query head of each key/value head (``segment_head_repeats``),
-    the value slice the output projection's group — the attention moved no head before."""
+    the value slice the output projection's group, and a copies group moves the query heads
+    inside a key/value group on the query slice and the output columns alike — the
+    attention moved no head before."""
+    from lmckit.perm import Permutation
+
     torch.manual_seed(0)
     model = _decoder("Phi3Config", "Phi3ForCausalLM", pad_token_id=0)().double().eval()
     spec = trace_report(model, _ids()).spec
@@ -932,7 +936,30 @@ def test_phi3_grouped_query_projection_is_a_sum_with_a_head_repeated_query_segme
         assert spec.head_repeats[f"{attn}.o_proj.weight"] == (1, 2)
         assert spec.heads[qk] == spec.heads[vo] and spec.heads[qk][1] == 2
         assert spec.groups[qk] == spec.groups[vo] == 8 and qk in spec.pinned
-    assert not spec.copies  # the query heads inside a key/value group stay in place
+        copies = spec.copies_group(f"{attn}.qkv_proj.weight", 0)
+        assert copies is not None and spec.copies[copies] == spec.heads[qk][0]
+        assert spec.copies_group(f"{attn}.o_proj.weight", 1) == copies
+    # the two query heads of key/value head 0 swapped — rows 0–3 with 4–7 of the query
+    # slice and the output projection's columns alike — keep the function; in the query
+    # rows alone they do not
+    from lmckit.functional import forward
+
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    x = _ids()
+    swap = torch.cat([torch.arange(4, 8), torch.arange(0, 4)])
+    qkv, o = "model.layers.0.self_attn.qkv_proj.weight", "model.layers.0.self_attn.o_proj.weight"
+    rows = torch.cat([swap, torch.arange(8, state[qkv].shape[0])])
+    cols = torch.cat([swap, torch.arange(8, state[o].shape[1])])
+    both = dict(state, **{qkv: state[qkv][rows], o: state[o][:, cols]})
+    alone = dict(state, **{qkv: state[qkv][rows]})
+    with torch.no_grad():
+        before = forward(model, state, x)
+        assert (forward(model, both, x) - before).abs().max() < 1e-10 * before.abs().max()
+        assert (forward(model, alone, x) - before).abs().max() > 1e-3 * before.abs().max()
+    # the copies group's move on the fused axis is that swap
+    copies = spec.copies_group(qkv, 0)
+    moved = Permutation.identity(spec).replace(**{copies: torch.tensor([1, 0, 2, 3])})
+    assert torch.equal(moved.apply(state)[qkv], state[qkv][rows])
 
 
 def test_a_spec_traced_at_initialisation_holds_for_unequal_norm_gains():

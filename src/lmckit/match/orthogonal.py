@@ -398,9 +398,18 @@ def _copies_step(
     invariant = torch.zeros(h, r, r, dtype=torch.float64)
     for name, axis in spec.copies_axes(group):
         if name in moved:
-            d = spec.groups[spec.axes[name][axis]] // h  # type: ignore[index]
-            a4 = params_a[name].movedim(axis, 0).reshape(h, r, d, -1).to(torch.float64)
-            b4 = moved[name].movedim(axis, 0).reshape(a4.shape).to(torch.float64)
+            a, b = params_a[name], moved[name]
+            span = spec.copies_span(name, axis)
+            if span is not None:  # a direct sum: its head-repeated segment
+                a, b = a.narrow(axis, *span), b.narrow(axis, *span)
+            entry = spec.axes[name][axis]
+            if isinstance(entry, tuple):  # the group of the head-repeated segment
+                entry = next(
+                    p for k, p in enumerate(entry) if spec.segment_layout(name, axis, k)[1] > 1
+                )
+            d = spec.groups[entry] // h  # type: ignore[index]
+            a4 = a.movedim(axis, 0).reshape(h, r, d, -1).to(torch.float64)
+            b4 = b.movedim(axis, 0).reshape(a4.shape).to(torch.float64)
             cross = torch.einsum("htdx,huex->htude", a4, b4)
             invariant += torch.linalg.matrix_norm(cross, ord="nuc").cpu()
     invariant_b = torch.empty_like(invariant)

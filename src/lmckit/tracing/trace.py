@@ -1233,6 +1233,11 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
             g = axes[key][i]
             if r > 1 and isinstance(g, str) and g in heads:
                 repeated.setdefault(g, set()).add(r)
+    for key, per_axis in segment_head_repeats.items():  # a direct sum's query segment
+        for i, per_segment in per_axis.items():
+            for g, r in zip(axes[key][i], per_segment, strict=True):
+                if r > 1 and isinstance(g, str) and g in heads:
+                    repeated.setdefault(g, set()).add(r)
     copies: dict[str, str] = {}
     for g in repeated:
         tie, h = heads[g]
