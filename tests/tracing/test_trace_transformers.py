@@ -589,6 +589,7 @@ def _batched(model):
         lambda: T.LlamaForCausalLM(T.LlamaConfig(**ONE_LAYER, num_key_value_heads=2)),
         lambda: T.LlamaForCausalLM(T.LlamaConfig(**ONE_LAYER, num_key_value_heads=1)),
         lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(**ONE_LAYER, rotary_pct=0.5)),
+        lambda: T.Phi3ForCausalLM(T.Phi3Config(**ONE_LAYER, num_key_value_heads=2, pad_token_id=0)),
         lambda: _batched(
             T.MixtralForCausalLM(
                 T.MixtralConfig(
@@ -597,14 +598,21 @@ def _batched(model):
             )
         ),
     ],
-    ids=["llama-gqa", "llama-multi-query", "gpt-neox-head-sums", "mixtral-experts-apart"],
+    ids=[
+        "llama-gqa",
+        "llama-multi-query",
+        "gpt-neox-head-sums",
+        "phi3-grouped-query-sum",
+        "mixtral-experts-apart",
+    ],
 )
 def test_data_driven_methods_read_a_hugging_face_models_logits(make):
     """STE, Sinkhorn on the midpoint loss, the midpoint loss over transforms and
     activation matching over transforms run a Hugging Face model, whose output is a
     ModelOutput: lmckit reads its logits (they failed on the ModelOutput). Each result is a
     symmetry of B (its function kept, to the float32 of the model's own casts) — with one
-    key/value head, with query, key and value fused per head, and with each expert's hidden
+    key/value head, with query, key and value fused per head, fused under grouped-query
+    attention (a head-repeated segment with its copies), and with each expert's hidden
     units permuted apart."""
     from lmckit.data import TensorLoader
     from lmckit.functional import forward, logits_of
