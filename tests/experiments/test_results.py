@@ -160,6 +160,24 @@ def test_a_page_renders_from_its_files_and_a_changed_file_changes_the_page(tmp_p
         render_placeholders("{{ gone: curve m ; .3f }}", root, "p")
 
 
+def test_a_ratio_of_two_runs_renders_from_their_means_and_a_relative_change(tmp_path):
+    """``A / B``: the ratio of two rows' means (0.0207 / 0.19504 here), with ``change``
+    its relative change (``×100``: in %), as the pages' "L2 −15 %" — computed by hand."""
+    root = _tree(tmp_path, _doc())
+    a = "curve test.loss.barrier.rebasin method=wm width_multiplier=1"
+    b = "curve test.loss.barrier.rebasin method=wm width_multiplier=0.25"
+    ratio = 0.0207 / 0.19504
+    assert render_placeholders(f"{{{{ w: {a} / {b} ; .4f }}}}", root, "p")[0] == f"{ratio:.4f}"
+    change = render_placeholders(f"{{{{ w: {a} / {b} ; +.1f ×100 change }}}}", root, "p")[0]
+    assert change == f"{100 * (ratio - 1):+.1f}".replace("-", "\u2212")
+    with pytest.raises(ResultsError, match="no spread"):
+        render_placeholders(f"{{{{ w: {a} / {b} ; .3f ± }}}}", root, "p")
+    with pytest.raises(ResultsError, match="for a ratio"):
+        render_placeholders(f"{{{{ w: {a} ; .3f change }}}}", root, "p")
+    with pytest.raises(ResultsError, match="each side"):
+        render_placeholders(f"{{{{ w: {a} / curve ; .3f }}}}", root, "p")
+
+
 def test_a_number_typed_in_a_result_column_is_found():
     page = (
         "| figure | paper | ours | our setting |\n|---|---|---|---|\n"

@@ -11,6 +11,8 @@ results file does not hold. The placeholder's grammar::
     {{ FILE: STEP METRIC [KEY=VALUE ...] ; FORMAT }}          a run's number
     {{ paper FILE: STEP METRIC [KEY=VALUE ...] ; FORMAT }}    a [[paper]] block's number
     {{ bench FILE: DOTTED.PATH ; FORMAT }}                     a benchmark result's number
+    {{ FILE: STEP METRIC [KEY=VALUE ...] / STEP METRIC [KEY=VALUE ...] ; FORMAT }}
+                                                               the ratio of two runs' means
 
 ``FILE`` names ``docs/results/FILE.json`` (runs), ``experiments/FILE.toml`` (paper) or
 ``benchmarks/results/FILE.json`` (benchmarks). ``KEY=VALUE`` selects on the row's group
@@ -19,7 +21,9 @@ part, ``width_multiplier=0.25``; ``variant=NAME`` for a ``[[variant]]`` cell), a
 paper block on any of its keys (``source`` by substring). Exactly one row must match.
 ``FORMAT`` is a Python format spec (``.3f``, ``+.2f``, ``.3g``) followed by any of: ``±``
 (mean ± std), ``×100`` (an accuracy in % or points), ``n`` (the number of values instead
-of the mean). Negative numbers are written with a minus sign (U+2212), as the pages do.
+of the mean), ``change`` (for a ratio: ``a / b − 1``, with ``×100`` a relative change in
+%, as "L2 −15 %"). Negative numbers are written with a minus sign (U+2212), as the pages
+do.
 
 Files extracted from reports written before ``results.json`` existed
 (:func:`results_from_report`) hold each row's exact mean and count, and its standard
@@ -206,7 +210,9 @@ def format_number(
 ) -> str:
     """A number as a placeholder's ``FORMAT`` asks (see the module's docstring)."""
     words = spec.split()
-    flags = {w for w in words if w in ("±", "×100", "n")}
+    flags = {w for w in words if w in ("±", "×100", "n", "change")}
+    if "change" in flags:
+        raise ResultsError(f"{where}: 'change' is for a ratio of two numbers ('A / B')")
     specs = [w for w in words if w not in flags]
     if len(specs) > 1 or (specs and not FORMAT_SPEC.match(specs[0])):
         raise ResultsError(f"{where}: {spec!r} is not a format (e.g. '.3f', '.1f ×100 ±')")
@@ -302,6 +308,25 @@ def _evaluate(body: str, sources: _Sources, where: str) -> str:
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise ResultsError(f"{where}: the path names {type(value).__name__}, not a number")
         return format_number(float(value), None, None, spec, where)
+    if "/" in words and len(names) == 1:  # the ratio of two runs' means
+        cut = words.index("/")
+        parts = [words[:cut], words[cut + 1 :]]
+        if any(len(p) < 2 for p in parts):
+            raise ResultsError(f"{where}: each side of '/' needs STEP and METRIC")
+        document = sources.results(names[0])
+        top, bottom = (
+            select_row(document, p[0], p[1], _filters(p[2:], where), where)["mean"] for p in parts
+        )
+        if not bottom:
+            raise ResultsError(f"{where}: the ratio's denominator is zero or missing")
+        ratio = top / bottom
+        flags = spec.split()
+        if "change" in flags:
+            ratio -= 1.0
+            spec = " ".join(w for w in flags if w != "change")
+        if "±" in spec.split() or "n" in spec.split():
+            raise ResultsError(f"{where}: a ratio has no spread or count")
+        return format_number(ratio, None, None, spec, where)
     if len(words) < 2:
         raise ResultsError(f"{where}: a run's number needs STEP and METRIC")
     kind, metric, filters = words[0], words[1], _filters(words[2:], where)
