@@ -2675,6 +2675,14 @@ MUTATIONS = [
         ("tests/test_perm_head_repeats.py", "tests/tracing/test_trace_transformers.py"),
     ),
     M(
+        "ratio-change-is-the-ratio",
+        "a placeholder's relative change read as the ratio itself (L2 −15 % shown as 85 %)",
+        "src/lmckit/experiments/results.py",
+        "            ratio -= 1.0\n",
+        "            ratio -= 0.0\n",
+        ("tests/experiments/test_results.py",),
+    ),
+    M(
         "expert-sites-read-once",
         "a mixture's hidden activation read once, not once per expert, for the per-expert group",
         "src/lmckit/tracing/trace.py",
