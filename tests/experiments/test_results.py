@@ -205,8 +205,11 @@ def test_every_reproduction_page_renders_and_types_no_number_outside_marked_rows
 
 
 def test_editing_a_generated_number_by_hand_fails():
-    page = (ROOT / "docs" / "reproductions.md").read_text()
-    line = next(x for x in page.splitlines() if "{{ width-fmnist:" in x)
-    rendered, _ = render_placeholders(line, ROOT, "reproductions.md")
-    header = "| table / figure | paper | ours | our setting |\n|---|---|---|---|\n"
+    lines = (ROOT / "docs" / "reproductions.md").read_text().splitlines()
+    at = next(i for i, x in enumerate(lines) if "{{ width-fmnist:" in x)
+    top = at
+    while not lines[top - 1].startswith("|---"):  # the row's own table header
+        top -= 1
+    header = "\n".join(lines[top - 2 : top]) + "\n"
+    rendered, _ = render_placeholders(lines[at], ROOT, "reproductions.md")
     assert typed_numbers(header + rendered)  # the rendered row, pasted back, is caught
