@@ -77,6 +77,13 @@ ROWS: tuple[Row, ...] = (
         },
     ),
     Row(
+        "rebasin-split-fmnist",
+        "Git Re-Basin §5.4 tables (endpoints, ECEs, least-loss points: recorded since "
+        "2026-12-07) and one consistent count of pairs per method",
+        "minutes on a GPU (109 min of jobs on 2 CPU cores)",
+        {**_TINY_MLP, "compare.0.lambdas": 3, "compare.1.lambdas": 3},
+    ),
+    Row(
         "rebasin-failure-modes-vgg-fmnist",
         "Git Re-Basin A.1: VGG-11 ×1",
         "under 30 GPU-minutes",

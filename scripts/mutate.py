@@ -2683,6 +2683,23 @@ MUTATIONS = [
         ("tests/experiments/test_results.py",),
     ),
     M(
+        "report-metrics-filed-by-result-key",
+        "a report files each metric under the job with its result key: two jobs sharing a "
+        "key (Alg. 2's STE returning WM's permutation) land under one method",
+        "src/lmckit/experiments/report.py",
+        '        job = by_name.get(m["name"]) if "name" in m else by_key.get(m["job"])\n',
+        '        job = by_key.get(m["job"])\n',
+        ("tests/experiments/test_report.py",),
+    ),
+    M(
+        "curve-ends-swapped",
+        "a curve's recorded ends swapped (model B's metrics as λ = 0)",
+        "src/lmckit/experiments/steps.py",
+        '        out[f"{split}.{metric}.start"] = series[0]\n',
+        '        out[f"{split}.{metric}.start"] = series[-1]\n',
+        ("tests/experiments/test_results.py",),
+    ),
+    M(
         "expert-sites-read-once",
         "a mixture's hidden activation read once, not once per expert, for the per-expert group",
         "src/lmckit/tracing/trace.py",

@@ -404,3 +404,24 @@ def test_the_figures_key_of_a_variant_is_the_schemas():
     from lmckit.plots import report as report_figures
 
     assert report_figures.VARIANT_KEY == VARIANT_KEY
+
+
+def test_two_jobs_sharing_a_result_key_keep_their_own_methods():
+    """Git Re-Basin's Alg. 2 STE can return weight matching's permutation, and then its
+    curve has WM's result key: each curve's metrics stay with the job that recorded them
+    (they were filed under one method by key — WM with four values, STE with two)."""
+    from lmckit.experiments.report import metric_groups
+
+    def job(name, key, method):
+        labels = {"block": 0, "cell": 0, "method": method, "pair": name[-1]}
+        return {"name": name, "key": key, "kind": "curve", "status": "done",
+                "settings": {"labels": labels}}  # fmt: skip
+
+    jobs = [job("curve/wm/0", "k0", "wm-fast"), job("curve/ste/0", "k0", "ste"),
+            job("curve/wm/1", "k1", "wm-fast"), job("curve/ste/1", "k2", "ste")]  # fmt: skip
+    metrics = [
+        {"job": j["key"], "name": j["name"], "kind": "curve", "metric": "m", "value": v}
+        for j, v in zip(jobs, (1.0, 1.0, 2.0, 4.0), strict=True)
+    ]
+    rows = {r["group"]["method"]: r for r in metric_groups(jobs, metrics)}
+    assert rows["wm-fast"]["values"] == [1.0, 2.0] and rows["ste"]["values"] == [1.0, 4.0]

@@ -57,6 +57,33 @@ def test_the_results_file_holds_the_ledger_s_values_and_the_report_s_rows(run):
             assert b["std"] == pytest.approx(a["std"], rel=1e-3)  # printed at 4 digits
 
 
+def test_a_curve_records_its_ends_its_least_loss_point_and_its_midpoint_calibration(run):
+    """The curve step's record (and so the results file) holds every metric at λ = 0, at
+    λ = 1 and at the λ of least loss, and the ECE at ½ — checked by hand on a curve, and
+    present in the tiny run's results file for every curve."""
+    from lmckit.evaluate.interpolation import Curve
+    from lmckit.experiments.steps import _curve_points
+
+    curve = Curve(
+        lambdas=[0.0, 0.25, 0.5, 0.75, 1.0],
+        splits={"test": {"loss": [0.5, 0.3, 0.4, 0.6, 0.7], "accuracy": [0.8, 0.9, 0.85, 0.7, 0.75],
+                         "ece": [0.1, 0.02, 0.05, 0.2, 0.3], "accuracy[part a]": [1, 2, 3, 4, 5]}},
+    )  # fmt: skip
+    points = _curve_points(curve, "test")
+    assert points["test.least_loss.lambda"] == 0.25
+    assert points["test.loss.start"] == 0.5 and points["test.loss.end"] == 0.7
+    assert points["test.accuracy.least_loss"] == 0.9 and points["test.ece.least_loss"] == 0.02
+    assert points["test.accuracy[part a].end"] == 5 and points["test.ece.midpoint"] == 0.05
+    document = read_results(run / "results.json")
+    curves = {
+        json.dumps(r["group"], sort_keys=True) for r in document["rows"] if r["kind"] == "curve"
+    }
+    for metric in ("test.loss.start", "test.ece.end", "test.accuracy.least_loss"):
+        found = {json.dumps(r["group"], sort_keys=True) for r in document["rows"]
+                 if r["kind"] == "curve" and r["metric"] == metric}  # fmt: skip
+        assert found == curves, metric
+
+
 def _report_row(metric: str, mean: float, shown: str) -> str:
     group = "{&quot;method&quot;: &quot;none&quot;}"
     return (

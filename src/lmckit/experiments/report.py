@@ -77,11 +77,16 @@ def method_colours(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
 
 def metric_groups(jobs: Sequence[Mapping], metrics: Sequence[Mapping]) -> list[dict[str, Any]]:
     """Every (kind, group, metric) with the values of its repetitions, their mean and
-    sample standard deviation (``None`` for a single value)."""
-    by_job = {j["key"]: j for j in jobs if j["status"] == "done"}
+    sample standard deviation (``None`` for a single value). A metric belongs to the job
+    that recorded it (by name): two jobs may share a result key — Git Re-Basin's Alg. 2
+    STE returning weight matching's permutation gives its curve WM's key — and each keeps
+    its own method (by key, both curves were filed under one)."""
+    done = [j for j in jobs if j["status"] == "done"]
+    by_name = {j["name"]: j for j in done if "name" in j}
+    by_key = {j["key"]: j for j in done}
     values: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
     for m in metrics:
-        job = by_job.get(m["job"])
+        job = by_name.get(m["name"]) if "name" in m else by_key.get(m["job"])
         if job is None or m["value"] is None:
             continue
         labels = job_labels(job)

@@ -303,9 +303,27 @@ def _curve_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
         for metric in curve.splits[split]:
             if metric.startswith(("accuracy[", "ensemble_accuracy[")):
                 record[f"{split}.{metric}.midpoint"] = curve.midpoint(split, metric)
+        record.update(_curve_points(curve, split))
         if data.next_token:  # the losses are log-perplexities
             record.update({f"{split}.{k}": v for k, v in curve.perplexities(split).items()})
     return {"content": artifact.content, "record": record, "reused": reused}
+
+
+def _curve_points(curve, split: str) -> dict[str, float]:
+    """Every metric of a curve's split at its ends (``.start``: model A, λ = 0; ``.end``:
+    model B, λ = 1) and at the λ of least loss (``.least_loss``, that λ as
+    ``least_loss.lambda``), and the calibration error at λ ≈ ½ (``ece.midpoint``): the
+    numbers a split-data table quotes (Git Re-Basin §5.4), in the results file."""
+    values = curve.splits[split]
+    best = min(range(len(curve.lambdas)), key=lambda i: values["loss"][i])
+    out = {f"{split}.least_loss.lambda": curve.lambdas[best]}
+    for metric, series in values.items():
+        out[f"{split}.{metric}.start"] = series[0]
+        out[f"{split}.{metric}.end"] = series[-1]
+        out[f"{split}.{metric}.least_loss"] = series[best]
+    if "ece" in values:
+        out[f"{split}.ece.midpoint"] = curve.midpoint(split, "ece")
+    return out
 
 
 # -- merge -----------------------------------------------------------------------------------
