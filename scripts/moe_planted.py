@@ -20,33 +20,23 @@ import torch
 
 
 def configurations() -> dict:
-    import transformers as T
+    """The sweep's four mixtures (``rotary_sweep.py``, same settings) and three more."""
+    from rotary_sweep import _decoder
+    from rotary_sweep import configurations as sweep
 
-    base = dict(
-        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-    )  # fmt: skip
-
-    def make(config: str, model: str, **extra):
-        return lambda: getattr(T, model)(getattr(T, config)(**{**base, **extra}))
-
+    shared = ("Mixtral top-1 of 8, MQA", "Mixtral 4 experts, GQA", "Mixtral 4 experts, MHA",
+              "GraniteMoe MQA")  # fmt: skip
+    known = sweep()
     return {
-        "Mixtral top-1 of 8, MQA": make("MixtralConfig", "MixtralForCausalLM",
-                                        num_key_value_heads=1, num_local_experts=8,
-                                        num_experts_per_tok=1),
-        "Mixtral 4 experts, GQA": make("MixtralConfig", "MixtralForCausalLM",
-                                       num_local_experts=4, num_experts_per_tok=2),
-        "Mixtral 4 experts, MHA": make("MixtralConfig", "MixtralForCausalLM",
-                                       num_key_value_heads=4, num_local_experts=4,
-                                       num_experts_per_tok=2),
-        "GraniteMoe MQA": make("GraniteMoeConfig", "GraniteMoeForCausalLM",
-                               num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2),
-        "Qwen2-MoE (shared expert)": make("Qwen2MoeConfig", "Qwen2MoeForCausalLM", num_experts=4,
-                                          num_experts_per_tok=2, moe_intermediate_size=12,
-                                          shared_expert_intermediate_size=20),
-        "OLMoE": make("OlmoeConfig", "OlmoeForCausalLM", num_experts=4, num_experts_per_tok=2),
-        "Qwen3-MoE": make("Qwen3MoeConfig", "Qwen3MoeForCausalLM", num_experts=4,
-                          num_experts_per_tok=2, moe_intermediate_size=12, head_dim=4),
+        **{name: known[name] for name in shared},
+        "Qwen2-MoE (shared expert)": _decoder("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                                              num_experts=4, num_experts_per_tok=2,
+                                              moe_intermediate_size=12,
+                                              shared_expert_intermediate_size=20),
+        "OLMoE": _decoder("OlmoeConfig", "OlmoeForCausalLM", num_experts=4,
+                          num_experts_per_tok=2),
+        "Qwen3-MoE": _decoder("Qwen3MoeConfig", "Qwen3MoeForCausalLM", num_experts=4,
+                              num_experts_per_tok=2, moe_intermediate_size=12, head_dim=4),
     }  # fmt: skip
 
 
