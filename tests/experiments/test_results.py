@@ -240,3 +240,13 @@ def test_editing_a_generated_number_by_hand_fails():
     header = "\n".join(lines[top - 2 : top]) + "\n"
     rendered, _ = render_placeholders(lines[at], ROOT, "reproductions.md")
     assert typed_numbers(header + rendered)  # the rendered row, pasted back, is caught
+
+
+def test_a_metric_with_a_space_is_written_with_an_underscore(tmp_path):
+    """``accuracy[part a]`` (a split's class group) cannot sit in a placeholder's words:
+    it is written ``accuracy[part_a]`` and selects the same row."""
+    doc = {"rows": [{"kind": "curve", "metric": "test.accuracy[part a].start", "group": {},
+                     "grid": {}, "mean": 0.9283, "std": 0.0044, "n": 3}]}  # fmt: skip
+    root = _tree(tmp_path, doc)
+    text = "{{ w: curve test.accuracy[part_a].start ; .1f ×100 ± }}"
+    assert render_placeholders(text, root, "p")[0] == "92.8 ± 0.4"

@@ -19,6 +19,7 @@ results file does not hold. The placeholder's grammar::
 (``method``, ``block``, ``n``, ``cell``) or its grid cell (a grid key by its last dotted
 part, ``width_multiplier=0.25``; ``variant=NAME`` for a ``[[variant]]`` cell), and for a
 paper block on any of its keys (``source`` by substring). Exactly one row must match.
+A space in a metric's name is written ``_`` (``test.accuracy[part_a].start``).
 ``FORMAT`` is a Python format spec (``.3f``, ``+.2f``, ``.3g``) followed by any of: ``±``
 (mean ± std), ``×100`` (an accuracy in % or points), ``n`` (the number of values instead
 of the mean), ``change`` (for a ratio: ``a / b − 1``, with ``×100`` a relative change in
@@ -163,7 +164,10 @@ def select_row(
     Raises:
         ResultsError: no row or several rows match (the message lists what would).
     """
-    candidates = [r for r in document["rows"] if r["kind"] == kind and r["metric"] == metric]
+    wanted = metric.replace(" ", "_")  # a placeholder writes a metric's spaces as "_"
+    candidates = [
+        r for r in document["rows"] if r["kind"] == kind and r["metric"].replace(" ", "_") == wanted
+    ]
     if not candidates:
         metrics = sorted({r["metric"] for r in document["rows"] if r["kind"] == kind})
         raise ResultsError(
