@@ -1439,7 +1439,7 @@ def experts_apart(
             if (
                 name in spec.self_maps
                 or name in found
-                or set(_segment_groups_of(entry)) != {y}
+                or not (entry == y or (isinstance(entry, tuple) and set(entry) == {y}))
                 or len(others) != 1
                 or others[0][1] in spec.heads
                 or any(c is not None and (c[b] > 1 or c[others[0][0]] > 1) for c in counts)
@@ -1473,13 +1473,6 @@ def experts_apart(
     except SpecError:
         return None
     return apart, tuple(pairs)
-
-
-def _segment_groups_of(entry) -> tuple[str, ...]:
-    """The groups of an ``axes`` entry's segments (a fixed segment as None)."""
-    if entry is None or isinstance(entry, str):
-        return (entry,)
-    return tuple(p if isinstance(p, str) else None for p in entry)
 
 
 def _verify(
