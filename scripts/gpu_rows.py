@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -212,6 +213,17 @@ def main(argv: list[str]) -> int:
     go.add_argument("--results-dir", default=str(ROOT / "docs" / "results"))
     go.add_argument("--tiny", action="store_true", help="seconds on a CPU: for the tests")
     args = parser.parse_args(argv)
+    for option, path in (
+        ("--store", args.store),
+        ("--results-dir", getattr(args, "results_dir", None)),
+    ):
+        if path is not None and Path(path).exists() and not Path(path).is_dir():
+            parser.error(f"{option} {path} is a file; a folder is needed")
+    if args.command == "run":
+        if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", args.device):
+            parser.error(f"--device {args.device!r} is not cpu, cuda, cuda:N or mps")
+        if args.data_dir is not None and not args.data_dir.is_dir():
+            parser.error(f"--data-dir {args.data_dir} is not a folder")
     rows = {row.name: row for row in ROWS}
     if args.command == "list":
         for row in ROWS:

@@ -85,3 +85,27 @@ def test_rows_without_tiny_settings_and_unknown_rows(gpu_rows, tmp_path, capsys)
     with pytest.raises(SystemExit) as exc:
         gpu_rows.main(["run", "no-such-row", *common])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize(
+    "extra, why",
+    [
+        (["--device", "gpu0"], "is not cpu, cuda"),
+        (["--results-dir", "FILE"], "--results-dir .* is a file"),
+        (["--data-dir", "NOWHERE"], "--data-dir .* is not a folder"),
+        (["--minutes", "0"], "--minutes must be positive"),
+    ],
+)
+def test_bad_options_are_refused_before_any_run(gpu_rows, tmp_path, capsys, extra, why):
+    import re
+
+    afile = tmp_path / "a-file"
+    afile.write_text("not a folder")
+    extra = [str(afile) if x == "FILE" else str(tmp_path / "nowhere") if x == "NOWHERE" else x
+             for x in extra]  # fmt: skip
+    with pytest.raises(SystemExit) as exc:
+        gpu_rows.main(["run", "--store", str(tmp_path / "store"), *extra])
+    assert exc.value.code == 2 and re.search(why, capsys.readouterr().err)
+    assert not (tmp_path / "store").exists()  # nothing was run
+    with pytest.raises(SystemExit):
+        gpu_rows.main(["list", "--store", str(afile)])
