@@ -244,7 +244,12 @@ def test_a_scaled_query_key_map_moves_the_key_segment_by_its_inverse_transpose()
 
 @pytest.mark.parametrize(
     "counts, why",
-    [((R, 1), "one count per segment"), ((1, 1, R), "head-structured"), ((0, 1, 1), "positive")],
+    [
+        ((R, 1), "one count per segment"),
+        ((1, 1, R), "head-structured"),
+        ((0, 1, 1), "positive"),
+        ("RRR", "one count per segment"),
+    ],
 )
 def test_segment_head_repeats_that_cannot_be_laid_out_are_refused(counts, why):
     with pytest.raises(SpecError, match=why):
@@ -261,3 +266,15 @@ def test_segment_head_repeats_survive_to_dict_and_restrict():
     spec = fused_gqa_spec()
     assert spec.to_dict()["segment_head_repeats"] == {"qkv": {"0": [R, 1, 1]}}
     assert spec.restrict(["qkv", "o"]).segment_head_repeats == {"qkv": {0: (R, 1, 1)}}
+
+
+@pytest.mark.parametrize("given", [{"qkv": {"zero": (R, 1, 1)}}, {"qkv": (R, 1, 1)}])
+def test_segment_head_repeats_of_the_wrong_shape_are_refused_by_name(given):
+    with pytest.raises(SpecError, match="segment_head_repeats"):
+        fused_gqa_spec().__class__(**{**_fused_fields(), "segment_head_repeats": given})
+
+
+def _fused_fields():
+    spec = fused_gqa_spec()
+    return dict(groups=dict(spec.groups), axes=dict(spec.axes), heads=dict(spec.heads),
+                head_repeats=dict(spec.head_repeats))  # fmt: skip

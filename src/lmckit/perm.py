@@ -1609,8 +1609,10 @@ def _check_head_axes(
     """Validate ``head_axes``: two distinct axes of a listed tensor, the heads' axis free,
     the other a head-structured group (or a direct sum of groups of one tie, nothing
     fixed), neither with a block, repeat, head repeat or head sum."""
+    if not isinstance(given, Mapping):
+        raise SpecError(f"head_axes must map a tensor to (heads' axis, axis), got {given!r}")
     out: dict[str, tuple[int, int]] = {}
-    for name, pair in dict(given).items():
+    for name, pair in given.items():
         where = f"head_axes[{name!r}]"
         if name not in axes:
             raise SpecError(f"{where}: {name!r} is not in axes")
@@ -1660,15 +1662,27 @@ def _check_segment_head_repeats(
     """Validate ``segment_head_repeats``: a direct-sum axis, one positive count per segment,
     > 1 only on a head-structured group's segment, on an axis not laid out head by head or
     read with another (those have their own layouts)."""
+    if not isinstance(given, Mapping):
+        raise SpecError(f"segment_head_repeats must map a tensor to its axes, got {given!r}")
     out: dict[str, dict[int, tuple[int, ...]]] = {}
-    for name, per_axis in dict(given).items():
+    for name, per_axis in given.items():
         if name not in axes:
             raise SpecError(f"segment_head_repeats names {name!r}, which is not in axes")
+        if not isinstance(per_axis, Mapping):
+            raise SpecError(
+                f"segment_head_repeats[{name!r}] must map an axis to one count per segment, "
+                f"got {per_axis!r}"
+            )
         kept: dict[int, tuple[int, ...]] = {}
-        for axis, counts in dict(per_axis).items():
+        for axis, counts in per_axis.items():
             where = f"segment_head_repeats[{name!r}][{axis!r}]"
-            axis = int(axis)
+            if isinstance(axis, str) and axis.isdigit():  # a JSON key
+                axis = int(axis)
+            if isinstance(axis, bool) or not isinstance(axis, int):
+                raise SpecError(f"{where}: an axis is an integer")
             entry = axes[name][axis] if 0 <= axis < len(axes[name]) else None
+            if not isinstance(counts, tuple | list):
+                raise SpecError(f"{where}: needs one count per segment, got {counts!r}")
             counts = tuple(counts)
             if not isinstance(entry, tuple) or len(counts) != len(entry):
                 raise SpecError(
