@@ -6,9 +6,10 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor, nn
 
-from lmckit.analysis.geometry import distance_ratios, triplet_angles
+from lmckit.analysis.geometry import distance_ratios, pairwise_distances, triplet_angles
 from lmckit.data import DataSource
 from lmckit.errors import ParamsError
 from lmckit.evaluate import bn_reset, evaluate
@@ -26,6 +27,8 @@ class MultiModelMetrics:
     * ``mean_loss``, ``mean_accuracy`` of the individual models;
     * ``loss_gap = L(merged) − mean_i L(θ_i)`` (STE-MM Fig. 3b);
     * ``pairwise_gap = 2/(n(n−1)) Σ_{i<j} L(½(π_iθ_i + π_jθ_j)) − mean_i L(θ_i)`` (Fig. 4);
+    * ``pair_distances``: ``‖π_iθ_i − π_jθ_j‖`` for every pair ``i < j`` in
+      ``itertools.combinations`` order (Fig. 6);
     * ``distance_ratios`` (Fig. 9) and ``triplet_angles`` (Figs. 7/10).
     """
 
@@ -38,6 +41,7 @@ class MultiModelMetrics:
     pairwise_gap: float | None
     distance_ratios: list[float] = field(default_factory=list)
     triplet_angles: list[float] = field(default_factory=list)
+    pair_distances: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """JSON-ready fields."""
@@ -90,4 +94,11 @@ def multi_model_metrics(
         pairwise_gap=pair_gap,
         distance_ratios=distance_ratios(aligned),
         triplet_angles=triplet_angles(aligned) if len(aligned) >= 3 else [],
+        pair_distances=[float(d) for d in _upper(pairwise_distances(aligned))],
     )
+
+
+def _upper(matrix: Tensor) -> Tensor:
+    """The entries above the diagonal, row by row (``itertools.combinations`` order)."""
+    i, j = torch.triu_indices(len(matrix), len(matrix), offset=1)
+    return matrix[i, j]

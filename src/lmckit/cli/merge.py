@@ -128,8 +128,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
             print(f"{name:>10} {100 * row['accuracy']:7.2f} {cells}")
     if "sharpness_merged" in report:
         print(
-            f"sharpness tr(H⊙θθᵀ): merged {report['sharpness_merged']['value']:.4g} ± "
-            f"{report['sharpness_merged']['stderr']:.2g}, models' mean "
+            f"sharpness tr(H⊙θθᵀ): merged {report['sharpness_merged']:.4g} ± "
+            f"{report['sharpness_merged_stderr']:.2g}, models' mean "
             f"{report['sharpness_models_mean']:.4g}"
         )
     print(f"merged checkpoint, permutations.json, metrics.json, plots -> {args.out}")

@@ -312,6 +312,12 @@ class _CellJobs:
                                     "options": dict(block.options.get(method, {})),
                                     "server_examples": block.server_examples,
                                     "train_metrics": block.train_metrics,
+                                    # absent when 0: earlier files keep their keys
+                                    **(
+                                        {"sharpness_probes": block.sharpness_probes}
+                                        if block.sharpness_probes
+                                        else {}
+                                    ),
                                 },
                                 deps=tuple(self.train_names[i] for i in indices),
                                 labels=labels,

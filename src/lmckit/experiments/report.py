@@ -37,6 +37,7 @@ from lmckit.plots.report import (
     job_labels,
     layerwise_figures,
     merge_figures,
+    merge_geometry_figures,
     part_figures,
     rank_figures,
     spectra_figures,
@@ -269,6 +270,7 @@ def write_report(out: str | Path) -> Path:
         + curve_figures(out, jobs, colours)
         + part_figures(out, jobs, colours)
         + merge_figures(rows, colours)
+        + merge_geometry_figures(out, jobs, colours)
         + analysis_figures(rows, colours)
         + layerwise_figures(rows, colours)
         + spectra_figures(out, jobs)

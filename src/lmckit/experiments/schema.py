@@ -67,6 +67,8 @@ An experiment is a TOML file::
     server_examples = 1000         # optional: data-driven mergers see only this many
                                    # training examples (a seeded subset)
     train_metrics = true           # optional: the training set's loss/acc/ECE as well
+    sharpness_probes = 20          # optional: tr(H ⊙ θθᵀ) of the merge and its inputs
+                                   # (STE-MM Fig. 8), Rademacher probes on the test set
     [merge.options]
     ste-mm = { epochs = 10 }
 
@@ -140,7 +142,15 @@ COMPARE_KEYS = {
     "analyses",
     "server_examples",
 }
-MERGE_KEYS = {"methods", "n", "options", "server_examples", "train_metrics", "seed_sets"}
+MERGE_KEYS = {
+    "methods",
+    "n",
+    "options",
+    "server_examples",
+    "train_metrics",
+    "seed_sets",
+    "sharpness_probes",
+}
 TRIPLET_KEYS = {"methods", "triples", "gamma", "splits", "options"}
 ANALYSES = {"spectral", "taylor", "layerwise"}
 TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "a list"}
@@ -196,7 +206,9 @@ class MergeBlock:
     may look at — a federated server's small held set — instead of all of it;
     ``train_metrics``: also measure the merge, the inputs and their ensemble on the
     training set; ``seed_sets``: how many disjoint sets of seeds each merge is repeated on
-    (set ``r`` merges seed indices ``r·max(n) … r·max(n) + n − 1``)."""
+    (set ``r`` merges seed indices ``r·max(n) … r·max(n) + n − 1``); ``sharpness_probes``:
+    also estimate ``tr(H ⊙ θθᵀ)`` of the merge and of each input with that many Rademacher
+    probes (STE-MM Fig. 8; 0: not measured)."""
 
     methods: tuple[str, ...]
     n: tuple[int | str, ...]
@@ -204,6 +216,7 @@ class MergeBlock:
     server_examples: int | None = None
     train_metrics: bool = False
     seed_sets: int = 1
+    sharpness_probes: int = 0
 
     def seed_indices(self, parts: int | None, n: int, seed_set: int) -> range:
         """The seed indices the merge of ``n`` models uses in set ``seed_set``."""
@@ -543,7 +556,13 @@ def _parse_merge(raw: Any, where: str) -> MergeBlock:
     sets = _expect(block.get("seed_sets", 1), int, f"{where}.seed_sets")
     if sets < 1:
         raise ExperimentError(f"{where}.seed_sets must be at least 1, got {sets}")
-    return MergeBlock(methods, ns, options, server, train, sets)
+    probes = _expect(block.get("sharpness_probes", 0), int, f"{where}.sharpness_probes")
+    if probes and probes < 2:
+        raise ExperimentError(
+            f"{where}.sharpness_probes must be at least 2 (a standard error needs two "
+            f"probes; 0 measures no sharpness), got {probes}"
+        )
+    return MergeBlock(methods, ns, options, server, train, sets, probes)
 
 
 def _override(raw: dict[str, Any], dotted: str, value: Any) -> None:

@@ -338,6 +338,7 @@ def _merge_key(job: Job, deps, data: Dataset) -> tuple[str, dict[str, Any]]:
         data,
         s.get("server_examples"),
         bool(s.get("train_metrics")),
+        int(s.get("sharpness_probes") or 0),
     )
 
 
@@ -353,6 +354,7 @@ def _merge_run(payload: dict[str, Any], progress: ProgressCallback | None) -> di
         progress=progress,
         server_examples=s.get("server_examples"),
         train_metrics=bool(s.get("train_metrics")),
+        sharpness_probes=int(s.get("sharpness_probes") or 0),
         **s["options"],
     )
     record = {k: v for k, v in entry.items() if isinstance(v, int | float) and v is not None}

@@ -444,6 +444,7 @@ MERGE_PANELS = (
     ("merged_accuracy", "merged test accuracy (%)", 100),
     ("loss_gap", "loss gap: merged − inputs' mean test loss", 1),
     ("pairwise_gap", "pairwise gap: pairs' midpoints − inputs' mean", 1),
+    ("sharpness_merged", "sharpness tr(H ⊙ θθᵀ) of the merge (dashed: inputs' mean)", 1),
 )
 
 
@@ -508,6 +509,17 @@ def merge_figures(rows: list[dict[str, Any]], colours: Mapping[str, str]) -> lis
                             color=colours.get(method),
                             label=with_cell(_method_label(method), grid),
                         )
+                if metric == "sharpness_merged":  # Fig. 8's "Baseline": the same inputs
+                    for cell in cells:  # for every method, so one line per cell
+                        baseline = {
+                            r["group"]["n"]: r for r in part
+                            if r["metric"] == "sharpness_models_mean" and r["group"]["cell"] == cell
+                        }  # fmt: skip
+                        if baseline:
+                            _mean_std(
+                                ax, sorted(baseline.items(), key=lambda p: p[0]), scale,
+                                color="k", ls="--", marker="x", label=None,
+                            )  # fmt: skip
                 ax.set_xticks(sorted(n for n in counts if n is not None))  # whole models
                 ax.set_xlabel("number of models n")
             if metric != "merged_accuracy":
@@ -522,11 +534,89 @@ def merge_figures(rows: list[dict[str, Any]], colours: Mapping[str, str]) -> lis
                 + ", ".join(title for _, title, _ in panels)
                 + " (STE-MM Figs. 3a, 3b, 4"
                 + (", 5" if against_key else "")
+                + (", 8" if any(m == "sharpness_merged" for m, _, _ in panels) else "")
                 + "; mean ± std over seed sets where the block has several)",
                 png(fig),
             )
         )
     return figures
+
+
+GEOMETRY_PANELS = (
+    ("pair_distances", "‖π_iθ_i − π_jθ_j‖ of every pair"),
+    ("distance_ratios", "pair distance / mean pair distance"),
+    ("triplet_angles", "angles of every triangle (°)"),
+)
+
+
+def merge_geometry_figures(
+    out: Path, jobs: Sequence[Mapping], colours: Mapping[str, str]
+) -> list[tuple[str, str]]:
+    """STE-MM Figs. 6, 7, 9, 10: per merge block and grid cell, histograms of the aligned
+    models' pair distances, distance ratios and triangle angles at the block's largest n
+    (the first seed set), one outline per method, from the merges' stored metrics (a
+    regular simplex has every ratio 1 and every angle 60°)."""
+    store = Store(out / "store")
+    found: dict[tuple, dict[str, tuple[int, dict]]] = defaultdict(dict)
+    for job in jobs:
+        if job["kind"] != "merge" or job["status"] != "done":
+            continue
+        labels = job_labels(job)
+        if labels.get("set", 0):
+            continue
+        artifact = store.get("merge-metrics", job["key"])
+        if artifact is None:
+            continue
+        grid = json.dumps({k: v for k, v in labels.items() if "." in k}, sort_keys=True)
+        where, method, n = (labels.get("block"), grid), labels["method"], labels.get("n", 0)
+        if n > found[where].get(method, (0, {}))[0]:
+            data = json.loads(artifact.file("metrics.json").read_text())
+            found[where][method] = (n, data)
+    figures = []
+    for (block, grid), methods in sorted(found.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1])):
+        panels = [
+            (key, title)
+            for key, title in GEOMETRY_PANELS
+            if any(_finite(d.get(key)) for _, d in methods.values())
+        ]
+        if not panels or all(n < 3 for n, _ in methods.values()):
+            continue
+        fig, axs = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.2), squeeze=False)
+        for ax, (key, title) in zip(axs[0], panels, strict=True):
+            pooled = [v for _, d in methods.values() for v in _finite(d.get(key))]
+            low, high = min(pooled), max(pooled)
+            width = (high - low) / 24 or 1e-3  # one shared set of bins: methods compare
+            bins = [low + width * k for k in range(25)] if high > low else 24
+            for method in sorted(methods, key=_naive_first):
+                n, data = methods[method]
+                values = _finite(data.get(key))
+                if values:
+                    ax.hist(
+                        values, bins=bins, histtype="step", lw=1.5, color=colours.get(method),
+                        label=f"{_method_label(method)} (n = {n})",
+                    )  # fmt: skip
+            if key == "distance_ratios":
+                ax.axvline(1.0, color="k", lw=0.6)
+            if key == "triplet_angles":
+                ax.axvline(60.0, color="k", lw=0.6)
+            ax.set_title(title, fontsize=9)
+            ax.set_ylabel("count")
+            ax.grid(alpha=0.3)
+        axs[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        figures.append(
+            (
+                with_cell(f"aligned models' geometry, merge block {block}", json.loads(grid))
+                + ": pair distances, distance ratios and triangle angles at the largest n"
+                " (STE-MM Figs. 6, 9, 7/10; a regular simplex: ratios 1, angles 60°)",
+                png(fig),
+            )
+        )
+    return figures
+
+
+def _finite(values: Any) -> list[float]:
+    return [float(v) for v in values or () if v is not None and math.isfinite(v)]
 
 
 def analysis_figures(

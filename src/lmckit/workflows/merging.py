@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -206,11 +207,7 @@ def run_merge(
         **metrics.to_dict(),
         **models_report(ckpts, result.merged, data),
     }
-    if sharpness_probes:
-        s_merged = sharpness(model, result.merged, test, probes=sharpness_probes, seed=seed)
-        base = [sharpness(model, c.params, test, probes=sharpness_probes, seed=seed) for c in ckpts]
-        report["sharpness_merged"] = {"value": s_merged.value, "stderr": s_merged.stderr}
-        report["sharpness_models_mean"] = sum(s.value for s in base) / len(base)
+    report.update(_sharpness_report(ckpts, result.merged, data, sharpness_probes, seed))
     about = {
         "merged_from": [str(c.path) for c in ckpts],
         "merge_method": result.method,
@@ -389,10 +386,12 @@ def merge_key(
     data: Dataset,
     server_examples: int | None = None,
     train_metrics: bool = False,
+    sharpness_probes: int = 0,
 ) -> tuple[str, dict[str, Any]]:
     """``(key, document)`` of a merge and its test-set metrics: the method, the options it
     takes, the seed, every model's weight hash in order (the last is the reference), the
-    dataset's fingerprint and — when set — the size of the server's subset."""
+    dataset's fingerprint and — when set — the size of the server's subset and the number
+    of sharpness probes."""
     if method not in METHODS:
         raise UsageError(f"unknown merging method {method!r}; choose from {sorted(METHODS)}")
     accepted = set(METHODS[method].options())
@@ -408,6 +407,8 @@ def merge_key(
         settings["server_examples"] = int(server_examples)
     if train_metrics:
         settings["train_metrics"] = True
+    if sharpness_probes:
+        settings["sharpness_probes"] = int(sharpness_probes)
     return make_key(
         "merge-metrics",
         settings,
@@ -436,6 +437,7 @@ def stored_merge_metrics(
     progress: ProgressCallback | None = None,
     server_examples: int | None = None,
     train_metrics: bool = False,
+    sharpness_probes: int = 0,
     **options: Any,
 ) -> tuple[dict[str, Any], bool]:
     """Merge ``ckpts`` with ``method`` and measure the merged model on the test split,
@@ -443,9 +445,17 @@ def stored_merge_metrics(
     the method, its options and seed, every checkpoint's weight hash (in order: the last is
     the reference), the dataset's fingerprint and ``server_examples``: if set, the merger
     and BN resets see only that many training examples (:func:`server_subset`).
-    ``train_metrics`` adds the training set's metrics (:func:`train_report`)."""
+    ``train_metrics`` adds the training set's metrics (:func:`train_report`);
+    ``sharpness_probes`` (≥ 2) the sharpness ``tr(H ⊙ θθᵀ)`` of the merged model and the
+    mean over the inputs (STE-MM Fig. 8, :func:`lmckit.analysis.sharpness`, seeded by
+    ``seed``). The entry read back also holds the geometry's summary
+    (:func:`with_geometry_summary`)."""
+    if sharpness_probes and sharpness_probes < 2:
+        raise UsageError(f"sharpness needs at least 2 probes, got {sharpness_probes}")
     contents = [c.content_hash for c in ckpts]
-    key, document = merge_key(method, seed, options, contents, data, server_examples, train_metrics)
+    key, document = merge_key(
+        method, seed, options, contents, data, server_examples, train_metrics, sharpness_probes
+    )
     used = document["settings"]["options"]
     server = data if server_examples is None else server_subset(data, server_examples, seed)
 
@@ -467,6 +477,7 @@ def stored_merge_metrics(
             **metrics.to_dict(),
             **models_report(ckpts, result.merged, data),
             **(train_report(ckpts, result.merged, data) if train_metrics else {}),
+            **(_sharpness_report(ckpts, result.merged, data, sharpness_probes, seed)),
             "seconds": result.seconds,
         }
         atomic_write_json(folder / "metrics.json", entry)
@@ -477,7 +488,52 @@ def stored_merge_metrics(
     resume = store.resume_file(key)
     artifact, reused = store.get_or_put("merge-metrics", key, document, write)
     resume.unlink(missing_ok=True)
-    return with_input_calibration(json.loads(artifact.file("metrics.json").read_text())), reused
+    entry = json.loads(artifact.file("metrics.json").read_text())
+    return with_geometry_summary(with_input_calibration(entry)), reused
+
+
+def _sharpness_report(
+    ckpts: Sequence[Checkpoint], merged: Mapping[str, Any], data: Dataset, probes: int, seed: int
+) -> dict[str, Any]:
+    """``sharpness_merged`` (and its standard error) and ``sharpness_models_mean`` on the
+    test set with ``probes`` probes, the same probes for every model; ``{}`` for 0."""
+    if not probes:
+        return {}
+    test = data.loader("test", batch_size=1000)
+    model = ckpts[0].model
+    of_merge = sharpness(model, merged, test, probes=probes, seed=seed)
+    of_inputs = [sharpness(model, c.params, test, probes=probes, seed=seed).value for c in ckpts]
+    return {
+        "sharpness_merged": of_merge.value,
+        "sharpness_merged_stderr": of_merge.stderr,
+        "sharpness_models_mean": sum(of_inputs) / len(of_inputs),
+        "sharpness_models": of_inputs,
+    }
+
+
+def with_geometry_summary(entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` with the numbers that summarise its aligned models' geometry (STE-MM §6.1):
+    ``distance_mean`` (the mean pair distance, Fig. 6), ``distance_ratio_min`` /
+    ``distance_ratio_max`` (Fig. 9; both 1 for a regular simplex) and ``angle_mean`` /
+    ``angle_min`` / ``angle_max`` of every triangle's angles in degrees (Figs. 7/10; all 60
+    for a regular simplex; from three models). Derived on reading, so entries stored before
+    they were listed show them where their lists allow; NaN values are left out."""
+    out = dict(entry)
+
+    def finite(name: str) -> list[float]:
+        return [float(v) for v in entry.get(name) or () if v is not None and math.isfinite(v)]
+
+    distances, ratios, angles = (
+        finite(k) for k in ("pair_distances", "distance_ratios", "triplet_angles")
+    )
+    if distances:
+        out["distance_mean"] = sum(distances) / len(distances)
+    if ratios:
+        out["distance_ratio_min"], out["distance_ratio_max"] = min(ratios), max(ratios)
+    if angles:
+        out["angle_mean"] = sum(angles) / len(angles)
+        out["angle_min"], out["angle_max"] = min(angles), max(angles)
+    return out
 
 
 def with_input_calibration(entry: dict[str, Any]) -> dict[str, Any]:
