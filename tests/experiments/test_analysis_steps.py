@@ -105,6 +105,60 @@ def test_the_triplet_step_reuses_the_pair_matches(run):
     assert sum(1 for name in jobs if name.startswith("match/")) == 2  # no duplicate matches
 
 
+def test_the_triplet_landscape_is_the_plane_through_the_aligned_models(run, digits):
+    """The stored plane equals :func:`plane_landscape` on A, π_B(B), π_C(C) computed here,
+    and the recorded summary is read off the grid points inside the triangle."""
+    import json
+
+    from lmckit.analysis import plane_landscape
+    from lmckit.analysis.landscape import Landscape
+    from lmckit.experiments.steps import landscape_record
+    from lmckit.transform import align
+
+    out, jobs, metrics = run
+    name = "triplet/b0/c0/0-1-2/wm-fast"
+    folder = artifact(out, jobs[name], "triplet")
+    stored = json.loads((folder / "landscape.json").read_text())
+    a, b, c = (
+        load_checkpoint(artifact(out, jobs[f"train/c0/seed{s}"], "checkpoint") / "model")
+        for s in range(3)
+    )
+    perms = [
+        load_permutation(
+            artifact(out, jobs[f"match/c0/0-{k}/wm-fast"], "permutation") / "perm.json", a.spec
+        )
+        for k in (1, 2)
+    ]
+    three = [a.params, align(perms[0], b.params), align(perms[1], c.params)]
+    direct = plane_landscape(a.model, three, digits.loader("test", batch_size=500), resolution=4)
+    for field in ("accuracy", "loss"):
+        torch.testing.assert_close(
+            torch.tensor(stored[field]), torch.tensor(getattr(direct, field)), rtol=1e-6, atol=1e-9
+        )
+    summary = landscape_record(Landscape(**stored))
+    for key, value in summary.items():
+        assert metrics[name, key] == pytest.approx(value)
+
+
+def test_the_landscape_summary_reads_the_triangle_only():
+    """A 3 × 3 grid over the unit square with the triangle (0, 0), (1, 0), (0, 1): the six
+    points with x + y ≤ 1 are inside (edges count), (1, 1), (½, 1) and (1, ½) are not;
+    accuracy x + 2y, loss 10·x."""
+    from lmckit.analysis.landscape import Landscape
+    from lmckit.experiments.steps import landscape_record
+
+    xs = ys = [0.0, 0.5, 1.0]
+    accuracy = [[x + 2 * y for x in xs] for y in ys]
+    loss = [[10 * x for x in xs] for _ in ys]
+    land = Landscape(xs, ys, loss, accuracy, [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0)])
+    inside = [x + 2 * y for y in ys for x in xs if x + y <= 1]
+    summary = landscape_record(land)
+    assert summary["landscape.points_inside"] == 6
+    assert summary["landscape.accuracy_min_inside"] == min(inside) == 0.0
+    assert summary["landscape.accuracy_mean_inside"] == pytest.approx(sum(inside) / 6)
+    assert summary["landscape.loss_max_inside"] == 10.0  # (1, 0); (1, ½) and (1, 1) are out
+
+
 def test_the_spectra_step_stores_every_models_singular_values(run):
     import json
 
@@ -123,4 +177,5 @@ def test_the_report_draws_the_analyses(run):
     text = write_report(out).read_text()
     assert "singular-vector alignment" in text and "singular values" in text
     assert "layerwise diagnostics at λ = ½, wm-fast" in text and "flatness proxy" in text
+    assert "plane through the three aligned models (seeds 0-1-2; Ito et al. Fig. 5)" in text
     assert "0.123 ± 0.004 (a made-up reference for the test)" in text

@@ -133,3 +133,20 @@ def test_the_geometry_summary_of_known_triangles():
     assert right["distance_ratio_max"] == pytest.approx(math.sqrt(2) / m)
     assert (right["angle_min"], right["angle_max"], right["angle_mean"]) == (45.0, 90.0, 60.0)
     assert with_geometry_summary({"n": 2}) == {"n": 2}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("1", "landscape is the grid's points per side, from 2 to 101"),
+        ("500", "landscape is the grid's points per side, from 2 to 101"),
+        ('"fine"', "landscape must be an integer"),
+    ],
+)
+def test_bad_landscape_resolutions_are_refused_by_name(tmp_path, value, message):
+    path = tmp_path / "t.toml"
+    path.write_text(
+        TOML.format(probes="").replace("[[merge]]", f"[[triplets]]\nlandscape = {value}\n[[merge]]")
+    )
+    with pytest.raises(ExperimentError, match=message):
+        load_experiment(path)

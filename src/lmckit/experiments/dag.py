@@ -269,6 +269,8 @@ class _CellJobs:
                                 "gamma": block.gamma,
                                 "splits": dict(block.splits),
                                 "batchnorm": self.batchnorm,
+                                # absent when 0: earlier files keep their keys
+                                **({"landscape": block.landscape} if block.landscape else {}),
                             },
                             deps=(train_names[i], train_names[j], train_names[k], *matches),
                             labels=labels,

@@ -41,6 +41,7 @@ from lmckit.plots.report import (
     part_figures,
     rank_figures,
     spectra_figures,
+    triplet_landscape_figures,
 )
 from lmckit.store import Store
 
@@ -271,6 +272,7 @@ def write_report(out: str | Path) -> Path:
         + part_figures(out, jobs, colours)
         + merge_figures(rows, colours)
         + merge_geometry_figures(out, jobs, colours)
+        + triplet_landscape_figures(out, jobs)
         + analysis_figures(rows, colours)
         + layerwise_figures(rows, colours)
         + spectra_figures(out, jobs)

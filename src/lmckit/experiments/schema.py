@@ -75,6 +75,8 @@ An experiment is a TOML file::
     [[triplets]]                   # B and C matched to A: R and midpoint barriers of all
     methods = ["wm-fast", "ste"]   # three pairs (Ito et al. §5.3, Table 3)
     triples = "disjoint"           # (0,1,2), (3,4,5)...; or [[0, 1, 2], ...]
+    landscape = 15                 # optional: the plane through the three aligned models
+                                   # on a 15 × 15 grid (Ito et al. Fig. 5)
     gamma = 0.3
     splits = { test = 2000 }       # as in [[compare]]
     [triplets.options]
@@ -151,7 +153,7 @@ MERGE_KEYS = {
     "seed_sets",
     "sharpness_probes",
 }
-TRIPLET_KEYS = {"methods", "triples", "gamma", "splits", "options"}
+TRIPLET_KEYS = {"methods", "triples", "gamma", "splits", "options", "landscape"}
 ANALYSES = {"spectral", "taylor", "layerwise"}
 TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "a list"}
 
@@ -245,13 +247,16 @@ PARTS = "parts"
 
 @dataclass(frozen=True)
 class TripletBlock:
-    """One ``[[triplets]]`` block: B and C matched to A with each method."""
+    """One ``[[triplets]]`` block: B and C matched to A with each method; ``landscape``: also
+    evaluate the plane through A, π_B(B) and π_C(C) on a ``landscape × landscape`` grid
+    (Ito et al. Fig. 5; 0: not evaluated)."""
 
     methods: tuple[str, ...]
     triples: str | tuple[tuple[int, int, int], ...]
     gamma: float
     splits: Mapping[str, int | str]
     options: Mapping[str, Mapping[str, Any]]
+    landscape: int = 0
 
     def triple_list(self, seeds: int) -> list[tuple[int, int, int]]:
         """Index triples ``(a, b, c)`` into the seed list."""
@@ -515,7 +520,23 @@ def _parse_triplets(raw: Any, where: str) -> TripletBlock:
         gamma=float(gamma),
         splits=_splits(block.get("splits", {"test": "all"}), f"{where}.splits"),
         options=_options(block.get("options", {}), f"{where}.options", methods, MATCHERS),
+        landscape=_landscape(block.get("landscape", 0), where),
     )
+
+
+MAX_LANDSCAPE = 101
+"""The finest landscape grid a triplets block may ask for (``101²`` evaluations of its
+split per method and triple)."""
+
+
+def _landscape(value: Any, where: str) -> int:
+    resolution = _expect(value, int, f"{where}.landscape")
+    if resolution and not 2 <= resolution <= MAX_LANDSCAPE:
+        raise ExperimentError(
+            f"{where}.landscape is the grid's points per side, from 2 to {MAX_LANDSCAPE} "
+            f"(0: no landscape), got {resolution}"
+        )
+    return resolution
 
 
 def _parse_paper(raw: Any, where: str) -> dict[str, Any]:

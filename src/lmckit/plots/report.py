@@ -615,6 +615,64 @@ def merge_geometry_figures(
     return figures
 
 
+def triplet_landscape_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
+    """Ito et al. Fig. 5: per triplets block and grid cell, the test accuracy on the plane
+    through θ_A, π_B(θ_B) and π_C(θ_C) of the block's first triple, one panel per method
+    (one colour scale for all), from the triplets' stored landscapes."""
+    store = Store(out / "store")
+    found: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    first: dict[tuple, list] = {}
+    for job in jobs:
+        if job["kind"] != "triplet" or job["status"] != "done":
+            continue
+        labels = job_labels(job)
+        grid = json.dumps({k: v for k, v in labels.items() if "." in k}, sort_keys=True)
+        where = (labels.get("block"), grid)
+        triple = list(labels.get("triple", []))
+        if where in first and triple != first[where]:
+            continue
+        artifact = store.get("triplet", job["key"])
+        if artifact is None or not (artifact.folder / "landscape.json").is_file():
+            continue
+        first.setdefault(where, triple)
+        found[where][labels["method"]] = json.loads(
+            (artifact.folder / "landscape.json").read_text()
+        )
+    figures = []
+    for (block, grid), methods in sorted(found.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1])):
+        names = sorted(methods, key=_naive_first)
+        values = [100 * a for m in names for row in methods[m]["accuracy"] for a in row]
+        levels = [min(values) + (max(values) - min(values)) * k / 20 for k in range(21)]
+        if levels[0] == levels[-1]:
+            levels = 20
+        fig, axs = plt.subplots(1, len(names), figsize=(4.6 * len(names), 3.9), squeeze=False)
+        for ax, method in zip(axs[0], names, strict=True):
+            land = methods[method]
+            grid_pct = [[100 * a for a in row] for row in land["accuracy"]]
+            cs = ax.contourf(land["xs"], land["ys"], grid_pct, levels=levels, cmap="viridis")
+            right = max(x for x, _ in land["points"])
+            for (x, y), label in zip(land["points"], ("θ_A", "π_B(θ_B)", "π_C(θ_C)"), strict=True):
+                ax.plot(x, y, "o", color="white", mec="black")
+                side = "right" if x == right else "left"  # labels stay inside the panel
+                ax.annotate(
+                    label, (x, y), textcoords="offset points", color="w", ha=side,
+                    xytext=(-4 if side == "right" else 4, 5),
+                )  # fmt: skip
+            ax.set_title(f"{_method_label(method)}: test accuracy (%)", fontsize=9)
+            ax.set_aspect("equal")
+        fig.colorbar(cs, ax=list(axs[0]))
+        triple = "-".join(map(str, first[(block, grid)]))
+        figures.append(
+            (
+                with_cell(f"triplets, block {block}", json.loads(grid))
+                + f": test accuracy on the plane through the three aligned models (seeds {triple};"
+                " Ito et al. Fig. 5)",
+                png(fig),
+            )
+        )
+    return figures
+
+
 def _finite(values: Any) -> list[float]:
     return [float(v) for v in values or () if v is not None and math.isfinite(v)]
 
