@@ -213,9 +213,11 @@ def _naive(model, a, b, c, loader, lam, small):
             row["weak_additivity"] = _naive_cos(
                 F.relu((1 - lam) * za + lam * zb), (1 - lam) * F.relu(za) + lam * F.relu(zb)
             )
-            rms_a, rms_b = (z.pow(2).mean(0).sqrt() for z in (za, zb))
-            big_a = set(torch.nonzero(rms_a >= small * rms_a.max()).flatten().tolist())
-            big_b = set(torch.nonzero(rms_b >= small * rms_b.max()).flatten().tolist())
+            moment_a, moment_b = (z.pow(2).mean(0) for z in (za, zb))  # E z̃², per unit
+            rms_a = moment_a.sqrt()
+            # Fig. 6: "second moment smaller than one hundredth of the maximum second moment"
+            big_a = set(torch.nonzero(moment_a >= small * moment_a.max()).flatten().tolist())
+            big_b = set(torch.nonzero(moment_b >= small * moment_b.max()).flatten().tolist())
             row["small_fraction_a"] = 1 - len(big_a) / len(rms_a)
             row["non_overlap"] = 1 - len(big_a & big_b) / len(big_a | big_b)
             row["rms_a"] = rms_a

@@ -178,4 +178,5 @@ def test_the_report_draws_the_analyses(run):
     assert "singular-vector alignment" in text and "singular values" in text
     assert "layerwise diagnostics at λ = ½, wm-fast" in text and "flatness proxy" in text
     assert "plane through the three aligned models (seeds 0-1-2; Ito et al. Fig. 5)" in text
+    assert "width study Figs. 5, 21" in text and "width study Figs. 13–14" in text
     assert "0.123 ± 0.004 (a made-up reference for the test)" in text

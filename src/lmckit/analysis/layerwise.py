@@ -11,8 +11,10 @@ over a loader measures per layer ℓ (depth ``ℓ`` counted in weight layers fro
 * **weak additivity** of ReLU (Def. 5.1, Fig. 4): ``cos(σ((1−λ)z̃_A + λz̃_B),
   (1−λ)σ(z̃_A) + λσ(z̃_B))`` on the two models' pre-activations;
 * **second moments** of the ReLU inputs (Fig. 5, 6, 21, 22): per unit ``√E[z̃²]``, the
-  fraction of units below ``small`` × the layer's largest, and the non-overlap of the two
-  models' large-moment units, ``1 − |L_A ∩ L_B| / |L_A ∪ L_B|``;
+  fraction of units whose second moment ``E[z̃²]`` is below ``small`` × the layer's largest
+  (Fig. 6: "smaller than one hundredth of the maximum second moment", ``small = 0.01``: a
+  root below 1/10 of the largest root), and the non-overlap of the two models'
+  large-moment units, ``1 − |L_A ∩ L_B| / |L_A ∪ L_B|``;
 * **reciprocal orthogonality** (Def. 5.2, Fig. 7, 8): ``E‖W_A z_B‖ / E‖W_A z_A‖`` (and B's
   mirror image) on the layer's inputs ``z_{ℓ−1}``, and ``cos(W_A z_C, W_A z_A)``;
 * **commutativity** (Def. C.1, Fig. 11): ``dist(vec(W_A z_A + W_B z_B), vec(W_A z_B + W_B
@@ -236,7 +238,8 @@ class Layerwise:
             E‖W_A z_A‖), ``reciprocal_ba``, ``merged_cosine`` (cos(W_A z_C, W_A z_A)),
             ``commutativity``.
         moments: per layer with a ReLU input, ``{"a": [√E z̃²] per unit, "b": [...]}``.
-        small: the threshold of ``small_fraction`` (relative to the layer's largest √E z̃²).
+        small: the threshold of ``small_fraction``, relative to the layer's largest second
+            moment ``E z̃²`` (the roots in ``moments`` compare with ``√small``).
         count: examples seen.
     """
 
@@ -263,9 +266,10 @@ class Layerwise:
 
 def large_moment_overlap(rms_a: Tensor, rms_b: Tensor, small: float) -> dict[str, float]:
     """Small-moment fractions of each model and the non-overlap of their large-moment units
-    (units with ``√E z̃² ≥ small × max``): ``1 − |L_A ∩ L_B| / |L_A ∪ L_B|``."""
-    large_a = rms_a >= small * rms_a.max()
-    large_b = rms_b >= small * rms_b.max()
+    (units with ``E z̃² ≥ small × max E z̃²``, from the roots ``rms = √E z̃²``):
+    ``1 − |L_A ∩ L_B| / |L_A ∪ L_B|``."""
+    large_a = rms_a.square() >= small * rms_a.square().max()
+    large_b = rms_b.square() >= small * rms_b.square().max()
     union = int((large_a | large_b).sum())
     inter = int((large_a & large_b).sum())
     return {
@@ -302,7 +306,8 @@ def layerwise(
             REPAIR.
         bn_reset_data: data to re-estimate the merged model's BatchNorm statistics (needed
             for BatchNorm models unless ``merged`` is given).
-        small: threshold of the small-moment fraction.
+        small: threshold of the small-moment fraction, a share of the layer's largest second
+            moment (the width study's 1/100).
     """
     for what, p in (("params_a", params_a), ("params_b", params_b)):
         check_model_fits(model, p, what)

@@ -33,11 +33,13 @@ from lmckit.plots.report import (
     axis_figures,
     barrier_figures,
     cell_label,
+    cosine_figures,
     curve_figures,
     job_labels,
     layerwise_figures,
     merge_figures,
     merge_geometry_figures,
+    moment_figures,
     part_figures,
     rank_figures,
     spectra_figures,
@@ -275,6 +277,8 @@ def write_report(out: str | Path) -> Path:
         + triplet_landscape_figures(out, jobs)
         + analysis_figures(rows, colours)
         + layerwise_figures(rows, colours)
+        + cosine_figures(rows)
+        + moment_figures(out, jobs)
         + spectra_figures(out, jobs)
         + rank_figures(rows)
     )

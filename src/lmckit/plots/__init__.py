@@ -458,14 +458,15 @@ def plot_moment_histograms(
     title: str = "",
 ) -> Path:
     """Per layer, histograms of the per-unit ``√E[z̃²]`` of the ReLU inputs of A and B (log
-    counts; the width study's Fig. 5/21), with ``small`` × the largest marked."""
+    counts; the width study's Fig. 5/21), with the small-moment cut marked: a second moment
+    ``small`` × the largest, a root ``√small`` × the largest root."""
     path = Path(path)
     fig, axes = _grid(len(moments), width=3.2, height=2.6)
     for ax, (layer, m) in zip(axes, moments.items(), strict=True):
         top = max(max(m["a"]), max(m["b"]))
         for key, colour in (("a", "C0"), ("b", "C1")):
             ax.hist(m[key], bins=bins, range=(0, top), alpha=0.5, color=colour, label=key.upper())
-        ax.axvline(small * top, color="k", lw=0.6, ls=":")
+        ax.axvline(math.sqrt(small) * top, color="k", lw=0.6, ls=":")
         ax.set_yscale("log")
         ax.set_title(layer, fontsize=8)
         ax.set_xlabel("√E[z̃²]", fontsize=7)

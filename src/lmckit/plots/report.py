@@ -673,6 +673,109 @@ def triplet_landscape_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[
     return figures
 
 
+def moment_figures(out: Path, jobs: Sequence[Mapping]) -> list[tuple[str, str]]:
+    """The width study's Figs. 5 and 21: per layer (rows) and grid cell (columns), the
+    histogram of model A's per-unit ``√E[z̃²]`` of the ReLU inputs over the largest (log
+    counts), with the "small" line at 1/100 of the largest second moment (Fig. 6's cut), for
+    the first pair of each cell's unpermuted layerwise analysis, from the stored analyses."""
+    store = Store(out / "store")
+    cells: dict[str, dict] = {}
+    for job in jobs:
+        if job["kind"] != "analysis" or job["status"] != "done":
+            continue
+        labels = job_labels(job)
+        if labels.get("method") != "none":
+            continue
+        grid = json.dumps({k: v for k, v in labels.items() if "." in k}, sort_keys=True)
+        if grid in cells:
+            continue
+        artifact = store.get("analysis", job["key"])
+        if artifact is None or not (artifact.folder / "analysis.json").is_file():
+            continue
+        result = json.loads((artifact.folder / "analysis.json").read_text())
+        layerwise = (result.get("layerwise") or {}).get("layerwise") or {}
+        if layerwise.get("moments"):
+            cells[grid] = layerwise
+    if not cells:
+        return []
+    order = sorted(cells, key=lambda g: [_value_order(v) for v in json.loads(g).values()])
+    layers = list(cells[order[0]]["moments"])
+    fig, axes = plt.subplots(
+        len(layers), len(order), figsize=(2.6 * len(order), 2.0 * len(layers)), squeeze=False
+    )
+    for col, grid in enumerate(order):
+        lw = cells[grid]
+        for row, layer in enumerate(layers):
+            ax = axes[row][col]
+            values = lw["moments"].get(layer, {}).get("a") or []
+            top = max(values, default=0.0)
+            if top > 0:  # √E[z̃²] over the largest: widths compare on one axis
+                ax.hist([v / top for v in values], bins=40, range=(0, 1), color="C0")
+                ax.axvline(math.sqrt(lw.get("small", 0.01)), color="k", lw=0.6, ls=":")
+            ax.set_yscale("log")
+            ax.tick_params(labelsize=6)
+            if row == 0:
+                ax.set_title(cell_label(json.loads(grid)) or "", fontsize=8)
+            if col == 0:
+                ax.set_ylabel(f"{layer}\nunits", fontsize=7)
+            if row == len(layers) - 1:
+                ax.set_xlabel("√E[z̃²] / largest", fontsize=7)
+    fig.tight_layout()
+    return [
+        (
+            "second moments of the ReLU inputs, model A of each cell's first pair: per unit "
+            "√E[z̃²] over the layer's largest (dotted: the 'small' cut, a second moment "
+            "1/100 of the largest; width study Figs. 5, 21)",
+            png(fig),
+        )
+    ]
+
+
+def cosine_figures(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The width study's Figs. 13–14 side by side: per layer, the cosine of hidden
+    activations between θ_A and θ_A moved the pair's distance in a random direction
+    (``flatness.cosine``) and between θ_A and θ_B (``layerwise.activation_cosine``), one
+    line per grid cell, mean ± std over pairs (the unpermuted analyses)."""
+    chosen = [r for r in rows if r["kind"] == "analysis" and r["group"].get("method") == "none"]
+    panels = (
+        ("flatness.cosine.", "θ_A vs θ_A + d·u/‖u‖ (random direction; Fig. 13)"),
+        ("layerwise.activation_cosine.", "θ_A vs θ_B (Fig. 14)"),
+    )
+    if not all(any(r["metric"].startswith(p) for r in chosen) for p, _ in panels):
+        return []
+    depth = {
+        r["metric"].split(".", 2)[2]: r["mean"]
+        for r in chosen
+        if r["metric"].startswith("layerwise.depth.")
+    }
+    layers = sorted(
+        {r["metric"].split(".", 2)[2] for r in chosen if r["metric"].startswith(panels[0][0])},
+        key=lambda name: (depth.get(name, 0), name),
+    )
+    cells = sorted({r["group"]["cell"] for r in chosen})
+    labels = {r["group"]["cell"]: cell_label(r["grid"]) for r in chosen}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)
+    for ax, (prefix, title) in zip(axes, panels, strict=True):
+        for i, cell in enumerate(cells):
+            found = {r["metric"]: r for r in chosen if r["group"]["cell"] == cell}
+            points = [(k, found[prefix + n]) for k, n in enumerate(layers) if prefix + n in found]
+            _mean_std(ax, points, ms=3, capsize=2, color=f"C{i % 10}", label=labels[cell])
+        ax.set_xticks(range(len(layers)), layers, fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("cosine of activations")
+    if len(cells) > 1:
+        axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return [
+        (
+            "cosine of hidden activations: a random move of the pair's distance against the "
+            "other model (width study Figs. 13–14; mean ± std over pairs)",
+            png(fig),
+        )
+    ]
+
+
 def _finite(values: Any) -> list[float]:
     return [float(v) for v in values or () if v is not None and math.isfinite(v)]
 
