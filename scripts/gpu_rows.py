@@ -45,6 +45,7 @@ class Row:
     needs: str
     tiny: dict[str, object] = field(default_factory=dict)
     dataset_on_disk: bool = False  # CIFAR: not downloadable where the GPU is
+    paper: dict[str, object] = field(default_factory=dict)  # --set for the papers' setting
 
     @property
     def file(self) -> Path:
@@ -83,6 +84,26 @@ ROWS: tuple[Row, ...] = (
         "2026-12-07) and one consistent count of pairs per method",
         "minutes on a GPU (109 min of jobs on 2 CPU cores)",
         {**_TINY_MLP, "compare.0.lambdas": 3, "compare.1.lambdas": 3},
+    ),
+    Row(
+        "stemm-geometry-fmnist",
+        "STE-MM Figs. 6–10 with STE-MM at the paper's 10 epochs and n = 2, 3, 5, 10 "
+        "(the CPU run: 2 epochs at n = 2, 5, 10)",
+        "about an hour on a GPU (STE-MM's LAPs run on the CPU)",
+        {**_TINY_MLP, "merge.0.n": [2, 3], "merge.1.n": [3], "merge.1.options.ste-mm.epochs": 1},
+        paper={"merge.1.options.ste-mm.epochs": 10, "merge.1.n": [2, 3, 5, 10]},
+    ),
+    Row(
+        "ito-fig5-fmnist",
+        "Ito et al. Fig. 5 with the paper's WM (Peña et al.'s Sinkhorn on L2) at 100 epochs, "
+        "ito-fmnist-mlp's training length (the CPU run: STE and exact WM, 10 epochs)",
+        "under an hour on a GPU (Peña et al.'s Sinkhorn: 1,180 steps per pair)",
+        {**_TINY_MLP, "triplets.0.landscape": 3, "triplets.0.options.sinkhorn": {"steps": 5}},
+        paper={
+            "train.epochs": 100,
+            "triplets.0.methods": ["sinkhorn", "sinkhorn-mid", "wm-fast"],
+            "triplets.0.options.sinkhorn": {"lr": 1.0, "steps": 1180, "recipe": "paper"},
+        },
     ),
     Row(
         "rebasin-failure-modes-vgg-fmnist",
@@ -155,18 +176,25 @@ def complete(out: Path) -> bool | None:
     return False if (out / "ledger.sqlite").is_file() else None
 
 
-def run_row(row: Row, store: Path, seconds: float, args: argparse.Namespace, log=print) -> str:
-    """Run ``row`` for at most ``seconds``: ``"complete"``, ``"stopped"`` (deadline; run the
-    command again) or ``"failed"``."""
-    out = store / row.name
+def run_command(row: Row, out: Path, args: argparse.Namespace) -> list[str]:
+    """``lmckit run`` of ``row`` into ``out``: the file with the row's ``paper`` settings,
+    and with ``--tiny`` its tiny ones on top (they win)."""
     command = [
         sys.executable, "-m", "lmckit.cli", "run", str(row.file), "--out", str(out),
         "--device", args.device, "--jobs", str(args.jobs), "--quiet",
     ]  # fmt: skip
     if args.data_dir:
         command += ["--data-dir", str(args.data_dir), "--no-download"]
-    for pair in _overrides(row.tiny if args.tiny else {}):
+    for pair in _overrides({**row.paper, **(row.tiny if args.tiny else {})}):
         command += ["--set", pair]
+    return command
+
+
+def run_row(row: Row, store: Path, seconds: float, args: argparse.Namespace, log=print) -> str:
+    """Run ``row`` for at most ``seconds``: ``"complete"``, ``"stopped"`` (deadline; run the
+    command again) or ``"failed"``."""
+    out = store / row.name
+    command = run_command(row, out, args)
     log(f"{row.name}: running for at most {seconds / 60:.1f} min -> {out}")
     with subprocess.Popen(command, start_new_session=False) as process:
         try:
@@ -229,7 +257,11 @@ def main(argv: list[str]) -> int:
         for row in ROWS:
             state = complete(args.store / row.name) if args.store else None
             shown = {None: "not started", True: "complete", False: "unfinished"}[state]
-            print(f"{row.name}: {row.fills} — needs {row.needs} [{shown}]")
+            settings = " ".join(f"--set {pair}" for pair in _overrides(row.paper))
+            print(
+                f"{row.name}: {row.fills} — needs {row.needs} [{shown}]"
+                + (f"; runs with {settings}" if settings else "")
+            )
         return 0
     unknown = [r for r in args.rows if r not in rows]
     if unknown:

@@ -109,3 +109,23 @@ def test_bad_options_are_refused_before_any_run(gpu_rows, tmp_path, capsys, extr
     assert not (tmp_path / "store").exists()  # nothing was run
     with pytest.raises(SystemExit):
         gpu_rows.main(["list", "--store", str(afile)])
+
+
+def test_a_row_runs_at_the_papers_settings_and_tiny_settings_win_in_tests(gpu_rows, tmp_path):
+    """STE-MM Figs. 6–10: the file runs STE-MM 2 epochs on the CPU; the GPU row passes the
+    paper's 10 (and n = 2, 3, 5, 10) to ``lmckit run``; ``--tiny`` overrides them again."""
+    import argparse
+
+    from lmckit.experiments.schema import load_experiment, parse_overrides
+
+    row = next(r for r in gpu_rows.ROWS if r.name == "stemm-geometry-fmnist")
+    args = argparse.Namespace(device="cuda", jobs=1, data_dir=None, tiny=False)
+    command = gpu_rows.run_command(row, tmp_path / "out", args)
+    sets = [command[i + 1] for i, word in enumerate(command) if word == "--set"]
+    assert sets == ["merge.1.options.ste-mm.epochs=10", "merge.1.n=[2, 3, 5, 10]"]
+    exp = load_experiment(row.file, overrides=parse_overrides(sets))
+    assert exp.merge[1].options["ste-mm"]["epochs"] == 10 and exp.merge[1].n == (2, 3, 5, 10)
+    tiny = gpu_rows.run_command(
+        row, tmp_path / "out", argparse.Namespace(**{**vars(args), "tiny": True})
+    )
+    assert "merge.1.options.ste-mm.epochs=1" in tiny and 'data.dataset="digits"' in tiny
