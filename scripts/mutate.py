@@ -2707,6 +2707,39 @@ MUTATIONS = [
         "(node, i) for node, i in sites.get(g, ()))\n",
         ("tests/tracing/test_trace_transformers.py",),
     ),
+    # -- issue 60: the figures that had no row --
+    M(
+        "small-moment-cut-on-the-root",
+        "the width study's small-moment cut applied to √E[z̃²] instead of the second moment",
+        "src/lmckit/analysis/layerwise.py",
+        "    large_a = rms_a.square() >= small * rms_a.square().max()\n",
+        "    large_a = rms_a >= small * rms_a.max()\n",
+        ("tests/analysis/test_layerwise.py",),
+    ),
+    M(
+        "landscape-summary-over-the-bounding-box",
+        "Fig. 5's summary read over the whole grid, not the triangle of the three models",
+        "src/lmckit/analysis/landscape.py",
+        "            if min(l2, l3, 1 - l2 - l3) >= -1e-9:  # slack: points on the edges count\n",
+        "            if True:\n",
+        ("tests/experiments/test_analysis_steps.py",),
+    ),
+    M(
+        "sharpness-baseline-is-the-reference",
+        "Fig. 8's baseline is the reference model's sharpness, not the inputs' mean",
+        "src/lmckit/workflows/merging.py",
+        '        "sharpness_models_mean": sum(of_inputs) / len(of_inputs),\n',
+        '        "sharpness_models_mean": of_inputs[-1],\n',
+        ("tests/experiments/test_merge_geometry.py",),
+    ),
+    M(
+        "pair-distances-unaligned",
+        "Fig. 6's pair distances measured between the models before alignment",
+        "src/lmckit/analysis/multi.py",
+        "        pair_distances=[float(d) for d in _upper(pairwise_distances(aligned))],\n",
+        "        pair_distances=[float(d) for d in _upper(pairwise_distances(params_list))],\n",
+        ("tests/analysis/test_multi.py",),
+    ),
 ]
 
 

@@ -111,8 +111,7 @@ def test_the_triplet_landscape_is_the_plane_through_the_aligned_models(run, digi
     import json
 
     from lmckit.analysis import plane_landscape
-    from lmckit.analysis.landscape import Landscape
-    from lmckit.experiments.steps import landscape_record
+    from lmckit.analysis.landscape import Landscape, triangle_summary
     from lmckit.transform import align
 
     out, jobs, metrics = run
@@ -135,28 +134,28 @@ def test_the_triplet_landscape_is_the_plane_through_the_aligned_models(run, digi
         torch.testing.assert_close(
             torch.tensor(stored[field]), torch.tensor(getattr(direct, field)), rtol=1e-6, atol=1e-9
         )
-    summary = landscape_record(Landscape(**stored))
+    summary = triangle_summary(Landscape(**stored))
+    assert summary
     for key, value in summary.items():
-        assert metrics[name, key] == pytest.approx(value)
+        assert metrics[name, f"landscape.{key}"] == pytest.approx(value)
 
 
 def test_the_landscape_summary_reads_the_triangle_only():
     """A 3 × 3 grid over the unit square with the triangle (0, 0), (1, 0), (0, 1): the six
     points with x + y ≤ 1 are inside (edges count), (1, 1), (½, 1) and (1, ½) are not;
     accuracy x + 2y, loss 10·x."""
-    from lmckit.analysis.landscape import Landscape
-    from lmckit.experiments.steps import landscape_record
+    from lmckit.analysis.landscape import Landscape, triangle_summary
 
     xs = ys = [0.0, 0.5, 1.0]
     accuracy = [[x + 2 * y for x in xs] for y in ys]
     loss = [[10 * x for x in xs] for _ in ys]
     land = Landscape(xs, ys, loss, accuracy, [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0)])
     inside = [x + 2 * y for y in ys for x in xs if x + y <= 1]
-    summary = landscape_record(land)
-    assert summary["landscape.points_inside"] == 6
-    assert summary["landscape.accuracy_min_inside"] == min(inside) == 0.0
-    assert summary["landscape.accuracy_mean_inside"] == pytest.approx(sum(inside) / 6)
-    assert summary["landscape.loss_max_inside"] == 10.0  # (1, 0); (1, ½) and (1, 1) are out
+    summary = triangle_summary(land)
+    assert summary["points_inside"] == 6
+    assert summary["accuracy_min_inside"] == min(inside) == 0.0
+    assert summary["accuracy_mean_inside"] == pytest.approx(sum(inside) / 6)
+    assert summary["loss_max_inside"] == 10.0  # (1, 0); (1, ½) and (1, 1) are out
 
 
 def test_the_spectra_step_stores_every_models_singular_values(run):

@@ -14,7 +14,7 @@ from lmckit.analysis.counterexample import (
 from lmckit.analysis.distance import Distances, l2_distances
 from lmckit.analysis.flatness import Flatness, flatness, random_direction
 from lmckit.analysis.geometry import distance_ratios, pairwise_distances, triplet_angles
-from lmckit.analysis.landscape import Landscape, plane_landscape
+from lmckit.analysis.landscape import Landscape, plane_landscape, triangle_summary
 from lmckit.analysis.layerwise import (
     GAUSSIAN_ADDITIVITY_LIMIT,
     Layer,
@@ -84,5 +84,6 @@ __all__ = [
     "singular_vector_cosines",
     "taylor_barrier",
     "three_models",
+    "triangle_summary",
     "triplet_angles",
 ]

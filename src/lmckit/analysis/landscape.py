@@ -93,3 +93,28 @@ def plane_landscape(
             done += 1
             notify(progress, done, resolution * resolution)
     return Landscape(xs, ys, loss, acc, points)
+
+
+def triangle_summary(landscape: Landscape) -> dict[str, float]:
+    """What Ito et al. Fig. 5 is read for, from the grid points inside the triangle of the
+    three models (edges included, by barycentric coordinates): ``accuracy_min_inside`` and
+    ``accuracy_mean_inside``, ``loss_max_inside`` — how far the plane between the models
+    falls below them — and ``points_inside``, how many grid points that is; ``{}`` when no
+    grid point falls inside."""
+    (x1, y1), (x2, y2), (x3, y3) = landscape.points
+    area = (x2 - x1) * (y3 - y1) - (x3 - x1) * (y2 - y1)
+    inside = []
+    for iy, y in enumerate(landscape.ys):
+        for ix, x in enumerate(landscape.xs):
+            l2 = ((x - x1) * (y3 - y1) - (x3 - x1) * (y - y1)) / area
+            l3 = ((x2 - x1) * (y - y1) - (x - x1) * (y2 - y1)) / area
+            if min(l2, l3, 1 - l2 - l3) >= -1e-9:  # slack: points on the edges count
+                inside.append((landscape.accuracy[iy][ix], landscape.loss[iy][ix]))
+    if not inside:
+        return {}
+    return {
+        "accuracy_min_inside": min(a for a, _ in inside),
+        "accuracy_mean_inside": sum(a for a, _ in inside) / len(inside),
+        "loss_max_inside": max(loss for _, loss in inside),
+        "points_inside": float(len(inside)),
+    }

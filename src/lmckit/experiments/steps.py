@@ -558,7 +558,7 @@ def _triplet_run(payload: dict[str, Any], progress: ProgressCallback | None) -> 
             for pair, value in getattr(r, field_name).items():
                 record[f"{field_name}.{pair}"] = value
         if s.get("landscape"):
-            from lmckit.analysis import plane_landscape
+            from lmckit.analysis.landscape import plane_landscape, triangle_summary
             from lmckit.transform import align
 
             three = [a.params, align(perm_b, b.params), align(perm_c, c.params)]
@@ -567,36 +567,12 @@ def _triplet_run(payload: dict[str, Any], progress: ProgressCallback | None) -> 
                 progress=progress,
             )  # fmt: skip
             atomic_write_json(folder / "landscape.json", land.to_dict())
-            record.update(landscape_record(land))
+            record.update({f"landscape.{k}": v for k, v in triangle_summary(land).items()})
         record["seconds"] = time.perf_counter() - started
         return content_hash(r.to_dict()), record
 
     artifact, reused = _store(payload).get_or_put("triplet", key, document, write)
     return {"content": artifact.content, "record": artifact.record, "reused": reused}
-
-
-def landscape_record(land) -> dict[str, float]:
-    """The numbers Ito et al. Fig. 5 is read for, from the grid points inside the triangle
-    of the three models (edges included): the least and the mean accuracy and the largest
-    loss there — how far the plane between the models falls below them."""
-    (x1, y1), (x2, y2), (x3, y3) = land.points
-    area = (x2 - x1) * (y3 - y1) - (x3 - x1) * (y2 - y1)
-    inside = []
-    for iy, y in enumerate(land.ys):
-        for ix, x in enumerate(land.xs):
-            # barycentric coordinates: all ≥ 0 inside (a small slack keeps the edges)
-            l2 = ((x - x1) * (y3 - y1) - (x3 - x1) * (y - y1)) / area
-            l3 = ((x2 - x1) * (y - y1) - (x - x1) * (y2 - y1)) / area
-            if min(l2, l3, 1 - l2 - l3) >= -1e-9:
-                inside.append((land.accuracy[iy][ix], land.loss[iy][ix]))
-    if not inside:
-        return {}
-    return {
-        "landscape.accuracy_min_inside": min(a for a, _ in inside),
-        "landscape.accuracy_mean_inside": sum(a for a, _ in inside) / len(inside),
-        "landscape.loss_max_inside": max(loss for _, loss in inside),
-        "landscape.points_inside": float(len(inside)),
-    }
 
 
 # -- spectra (Ito et al. Fig. 1, App. D.2) ----------------------------------------------------
