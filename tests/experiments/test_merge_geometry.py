@@ -68,10 +68,17 @@ def test_a_merge_block_measures_sharpness_and_geometry_as_their_definitions(tmp_
     ratios = [v / (sum(d.values()) / 3) for v in d.values()]
     assert metrics[name, "distance_ratio_min"] == pytest.approx(min(ratios), rel=1e-9)
     assert metrics[name, "distance_ratio_max"] == pytest.approx(max(ratios), rel=1e-9)
-    a, b, c = d[1, 2], d[0, 2], d[0, 1]
-    angle_at_0 = math.degrees(math.acos((b * b + c * c - a * a) / (2 * b * c)))
-    assert metrics[name, "angle_max"] >= angle_at_0 - 1e-9 >= metrics[name, "angle_min"] - 2e-9
-    assert metrics[name, "angle_mean"] == pytest.approx(60.0)  # a triangle's three angles
+    a, b, c = d[1, 2], d[0, 2], d[0, 1]  # the sides opposite models 0, 1, 2
+
+    def angle(opposite, s1, s2):
+        return math.degrees(math.acos((s1 * s1 + s2 * s2 - opposite * opposite) / (2 * s1 * s2)))
+
+    angles = [angle(a, b, c), angle(b, a, c), angle(c, a, b)]
+    assert metrics[name, "angle_min"] == pytest.approx(min(angles), rel=1e-9)
+    assert metrics[name, "angle_max"] == pytest.approx(max(angles), rel=1e-9)
+    spread = math.sqrt(sum((x - 60.0) ** 2 for x in angles) / 3)  # their mean is 60
+    assert metrics[name, "angle_std"] == pytest.approx(spread, rel=1e-6, abs=1e-9)
+    assert "angle_mean" not in {m for _, m in metrics}  # 60 for any triangles: not listed
     # sharpness: the same estimator, probes and seed on the merge (MergeMany's: the mean of
     # the aligned models) and on every input
     test = load_dataset("digits").loader("test", batch_size=1000)
@@ -112,15 +119,17 @@ def test_bad_sharpness_probes_are_refused_by_name(tmp_path, value, message):
 
 
 def test_the_geometry_summary_of_known_triangles():
-    """An equilateral triangle: ratios 1, angles 60°; a right isosceles one (sides 1, 1,
-    √2): ratios 1/m and √2/m for the mean m, angles 45, 45 and 90; NaN entries (coinciding
-    models) are left out; an entry without lists gains nothing."""
+    """An equilateral triangle: ratios 1, angles 60°, spread 0; a right isosceles one (sides
+    1, 1, √2): ratios 1/m and √2/m for the mean m, angles 45, 45 and 90 (population spread
+    √((15² + 15² + 30²)/3)); NaN entries (coinciding models) are left out; an entry without
+    lists gains nothing."""
     equilateral = with_geometry_summary(
         {"pair_distances": [2.0] * 3, "distance_ratios": [1.0] * 3, "triplet_angles": [60.0] * 3}
     )
     assert equilateral["distance_mean"] == 2.0
     assert equilateral["distance_ratio_min"] == equilateral["distance_ratio_max"] == 1.0
     assert equilateral["angle_min"] == equilateral["angle_max"] == 60.0
+    assert equilateral["angle_std"] == 0.0
     m = (2 + math.sqrt(2)) / 3
     right = with_geometry_summary(
         {
@@ -131,7 +140,8 @@ def test_the_geometry_summary_of_known_triangles():
     )
     assert right["distance_ratio_min"] == pytest.approx(1 / m)
     assert right["distance_ratio_max"] == pytest.approx(math.sqrt(2) / m)
-    assert (right["angle_min"], right["angle_max"], right["angle_mean"]) == (45.0, 90.0, 60.0)
+    assert (right["angle_min"], right["angle_max"]) == (45.0, 90.0)
+    assert right["angle_std"] == pytest.approx(math.sqrt((15**2 + 15**2 + 30**2) / 3))
     assert with_geometry_summary({"n": 2}) == {"n": 2}
 
 

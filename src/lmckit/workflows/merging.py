@@ -514,9 +514,10 @@ def _sharpness_report(
 def with_geometry_summary(entry: dict[str, Any]) -> dict[str, Any]:
     """``entry`` with the numbers that summarise its aligned models' geometry (STE-MM §6.1):
     ``distance_mean`` (the mean pair distance, Fig. 6), ``distance_ratio_min`` /
-    ``distance_ratio_max`` (Fig. 9; both 1 for a regular simplex) and ``angle_mean`` /
-    ``angle_min`` / ``angle_max`` of every triangle's angles in degrees (Figs. 7/10; all 60
-    for a regular simplex; from three models). Derived on reading, so entries stored before
+    ``distance_ratio_max`` (Fig. 9; both 1 for a regular simplex) and ``angle_min`` /
+    ``angle_max`` / ``angle_std`` (population) of every triangle's angles in degrees (Figs.
+    7/10; 60, 60 and 0 for a regular simplex; from three models — their mean is 60 for any
+    set of triangles, so it is not listed). Derived on reading, so entries stored before
     they were listed show them where their lists allow; NaN values are left out."""
     out = dict(entry)
 
@@ -531,7 +532,8 @@ def with_geometry_summary(entry: dict[str, Any]) -> dict[str, Any]:
     if ratios:
         out["distance_ratio_min"], out["distance_ratio_max"] = min(ratios), max(ratios)
     if angles:
-        out["angle_mean"] = sum(angles) / len(angles)
+        mean = sum(angles) / len(angles)
+        out["angle_std"] = math.sqrt(sum((a - mean) ** 2 for a in angles) / len(angles))
         out["angle_min"], out["angle_max"] = min(angles), max(angles)
     return out
 
