@@ -95,6 +95,7 @@ def plane_landscape(
     return Landscape(xs, ys, loss, acc, points)
 
 
+@checked
 def triangle_summary(landscape: Landscape) -> dict[str, float]:
     """What Ito et al. Fig. 5 is read for, from the grid points inside the triangle of the
     three models (edges included, by barycentric coordinates): ``accuracy_min_inside`` and
