@@ -2736,8 +2736,8 @@ MUTATIONS = [
         "pair-distances-unaligned",
         "Fig. 6's pair distances measured between the models before alignment",
         "src/lmckit/analysis/multi.py",
-        "        pair_distances=[float(d) for d in _upper(pairwise_distances(aligned))],\n",
-        "        pair_distances=[float(d) for d in _upper(pairwise_distances(params_list))],\n",
+        "        **simplex_geometry(aligned),\n",
+        "        **simplex_geometry([*aligned[:1], *params_list[1:]]),\n",
         ("tests/analysis/test_multi.py",),
     ),
 ]

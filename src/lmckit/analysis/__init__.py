@@ -13,7 +13,12 @@ from lmckit.analysis.counterexample import (
 )
 from lmckit.analysis.distance import Distances, l2_distances
 from lmckit.analysis.flatness import Flatness, flatness, random_direction
-from lmckit.analysis.geometry import distance_ratios, pairwise_distances, triplet_angles
+from lmckit.analysis.geometry import (
+    distance_ratios,
+    pairwise_distances,
+    simplex_geometry,
+    triplet_angles,
+)
 from lmckit.analysis.landscape import Landscape, plane_landscape, triangle_summary
 from lmckit.analysis.layerwise import (
     GAUSSIAN_ADDITIVITY_LIMIT,
@@ -80,6 +85,7 @@ __all__ = [
     "random_direction",
     "random_permutation_merges",
     "sharpness",
+    "simplex_geometry",
     "singular_values",
     "singular_vector_cosines",
     "taylor_barrier",

@@ -31,21 +31,46 @@ def distance_ratios(aligned: Sequence[Params]) -> list[float]:
     simplex; NaN when all the models are identical)."""
     if len(aligned) < 2:
         raise ParamsError(f"distance ratios need at least 2 models, got {len(aligned)}")
-    d = pairwise_distances(aligned)
-    pairs = [float(d[i, j]) for i, j in itertools.combinations(range(len(aligned)), 2)]
-    mean = sum(pairs) / len(pairs)
-    if mean == 0.0:  # identical models: no simplex, no ratios
-        return [math.nan] * len(pairs)
-    return [p / mean for p in pairs]
+    return _ratios(pairwise_distances(aligned))
 
 
 @checked
 def triplet_angles(aligned: Sequence[Params]) -> list[float]:
     """The three interior angles (degrees) of every triangle ``(θ_i, θ_j, θ_k)`` (NaN at a
     vertex where two of the models coincide)."""
+    return _angles(pairwise_distances(aligned))
+
+
+@checked
+def simplex_geometry(aligned: Sequence[Params]) -> dict[str, list[float]]:
+    """``pair_distances`` (``‖θ_i − θ_j‖`` for every pair ``i < j`` in
+    ``itertools.combinations`` order), ``distance_ratios`` and ``triplet_angles`` (empty
+    below three models) from one pass over the pairs: STE-MM Figs. 6, 9 and 7/10."""
+    if len(aligned) < 2:
+        raise ParamsError(f"the geometry of models needs at least 2 of them, got {len(aligned)}")
     d = pairwise_distances(aligned)
+    return {
+        "pair_distances": _pairs(d),
+        "distance_ratios": _ratios(d),
+        "triplet_angles": _angles(d),
+    }
+
+
+def _pairs(d: torch.Tensor) -> list[float]:
+    return [float(d[i, j]) for i, j in itertools.combinations(range(len(d)), 2)]
+
+
+def _ratios(d: torch.Tensor) -> list[float]:
+    pairs = _pairs(d)
+    mean = sum(pairs) / len(pairs)
+    if mean == 0.0:  # identical models: no simplex, no ratios
+        return [math.nan] * len(pairs)
+    return [p / mean for p in pairs]
+
+
+def _angles(d: torch.Tensor) -> list[float]:
     angles = []
-    for i, j, k in itertools.combinations(range(len(aligned)), 3):
+    for i, j, k in itertools.combinations(range(len(d)), 3):
         a, b, c = float(d[j, k]), float(d[i, k]), float(d[i, j])  # sides opposite i, j, k
         for opp, s1, s2 in ((a, b, c), (b, a, c), (c, a, b)):
             if s1 == 0.0 or s2 == 0.0:  # two coinciding models: the angle is undefined

@@ -6,10 +6,9 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor, nn
 
-from lmckit.analysis.geometry import distance_ratios, pairwise_distances, triplet_angles
+from lmckit.analysis.geometry import simplex_geometry
 from lmckit.data import DataSource
 from lmckit.errors import ParamsError
 from lmckit.evaluate import bn_reset, evaluate
@@ -92,13 +91,5 @@ def multi_model_metrics(
         mean_accuracy=mean_acc,
         loss_gap=merged_eval.loss - mean_loss,
         pairwise_gap=pair_gap,
-        distance_ratios=distance_ratios(aligned),
-        triplet_angles=triplet_angles(aligned) if len(aligned) >= 3 else [],
-        pair_distances=[float(d) for d in _upper(pairwise_distances(aligned))],
+        **simplex_geometry(aligned),
     )
-
-
-def _upper(matrix: Tensor) -> Tensor:
-    """The entries above the diagonal, row by row (``itertools.combinations`` order)."""
-    i, j = torch.triu_indices(len(matrix), len(matrix), offset=1)
-    return matrix[i, j]
