@@ -169,6 +169,12 @@ def test_the_spectra_step_stores_every_models_singular_values(run):
             torch.tensor(stored["layers"][layer][2], dtype=torch.float64), values
         )
     assert metrics[("spectra/c0", "spread.layers.1.weight")] >= 0
+    # the dominant share counted by hand over every model's stored values
+    for layer, per_model in stored["layers"].items():
+        counted = [sum(v / values[0] > 0.3 for v in values) / len(values) for values in per_model]
+        assert metrics[("spectra/c0", f"dominant_share.{layer}")] == pytest.approx(
+            sum(counted) / len(counted), abs=1e-12
+        )
 
 
 def test_the_report_draws_the_analyses(run):

@@ -197,6 +197,19 @@ def test_a_paper_number_with_a_block_sits_beside_that_blocks_row_only():
     assert _paper_cell(other, unblocked) == _paper_cell(row, unblocked) != ""
 
 
+def test_a_paper_number_for_n_models_sits_beside_that_merge_size_only():
+    """Table 2's merge of five: its number beside the n = 5 merge, not the n = 32 one."""
+    from lmckit.experiments.report import _paper_cell
+
+    paper = [{"step": "merge", "method": "merge-many", "metric": "merged_loss", "n": 5,
+              "value": 0.0727, "source": "Table 2"}]  # fmt: skip
+    five = {"kind": "merge", "metric": "merged_loss",
+            "group": {"block": 0, "method": "merge-many", "n": 5}}  # fmt: skip
+    many = {**five, "group": {**five["group"], "n": 32}}
+    assert "0.0727 (Table 2)" in _paper_cell(five, paper)
+    assert _paper_cell(many, paper) == ""
+
+
 def test_a_two_key_grid_is_drawn_against_one_key_with_a_line_per_value_of_the_other():
     """Grid values in numeric order (10 after 9, which text order reverses), each line's
     points the rows of its own value of the other key; one varying key draws nothing."""

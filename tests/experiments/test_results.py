@@ -12,6 +12,7 @@ from lmckit.experiments.results import (
     TYPED_MARK,
     ResultsError,
     format_number,
+    jobs_from_report,
     read_results,
     render_placeholders,
     results_from_report,
@@ -146,6 +147,7 @@ def test_numbers_are_formatted_as_the_spec_says():
     assert format_number(-1.2547, None, 3, ".2f", "t") == "\u22121.25"
     assert format_number(-0.0001, None, 3, ".3f", "t") == "0.000"  # no "−0.000"
     assert format_number(0.5, None, 7, "n", "t") == "7"
+    assert format_number(2015.0, None, 1, ",.0f", "t") == "2,015"
     with pytest.raises(ResultsError, match="single value"):
         format_number(0.5, None, 1, ".3f ±", "t")
     with pytest.raises(ResultsError, match="not a format"):
@@ -250,3 +252,81 @@ def test_a_metric_with_a_space_is_written_with_an_underscore(tmp_path):
     root = _tree(tmp_path, doc)
     text = "{{ w: curve test.accuracy[part_a].start ; .1f ×100 ± }}"
     assert render_placeholders(text, root, "p")[0] == "92.8 ± 0.4"
+
+
+def test_the_results_file_lists_the_run_s_jobs_with_their_seconds(run):
+    """Every finished job of the ledger, with its seconds, in the file and read back alike
+    from the report's job table (printed at 4 significant digits)."""
+    from lmckit.experiments.ledger import Ledger
+
+    with Ledger(run / "ledger.sqlite", create=False) as ledger:
+        done = {j["name"]: j["seconds"] for j in ledger.jobs() if j["status"] == "done"}
+    document = read_results(run / "results.json")
+    assert {j["name"]: j["seconds"] for j in document["jobs"]} == done
+    back = jobs_from_report((run / "report.html").read_text())
+    assert [j["name"] for j in back] == [j["name"] for j in document["jobs"]]
+    for a, b in zip(document["jobs"], back, strict=True):
+        assert b["seconds"] == pytest.approx(a["seconds"], rel=1e-3)
+        assert (a["kind"], a["reused"]) == (b["kind"], b["reused"])
+
+
+def test_an_older_report_s_job_table_is_read_by_its_header():
+    """Reports before the "result" column: the seconds are the fifth cell, not the seventh;
+    a job that is not done is left out."""
+    text = (
+        "<table class='jobs'><thead><tr><th>job</th><th>step</th><th>status</th>"
+        "<th>attempts</th><th>seconds</th><th>host</th></tr></thead><tbody>"
+        "<tr><td>train/c0/seed0</td><td>train</td><td class='done'>done</td>"
+        "<td class='num'>2</td><td class='num'>172.5</td><td>vm</td></tr>"
+        "<tr><td>train/c0/seed1</td><td>train</td><td class='failed'>failed</td>"
+        "<td class='num'>1</td><td class='num'>3.1</td><td>vm</td></tr></tbody></table>"
+    )
+    assert jobs_from_report(text) == [
+        {"name": "train/c0/seed0", "kind": "train", "seconds": 172.5, "reused": False}
+    ]
+
+
+def test_job_seconds_render_one_job_or_a_pattern_s_range(tmp_path):
+    """``job seconds name=…``: one job's seconds, or over a pattern's jobs their mean, min,
+    max, sum and count — checked against the numbers by hand."""
+    doc = _doc()
+    doc["jobs"] = [
+        {"name": "merge/b0/c0/ste-mm/n2", "kind": "merge", "seconds": 735.6, "reused": False},
+        {"name": "merge/b0/c0/ste-mm/n2/s1", "kind": "merge", "seconds": 919.6, "reused": False},
+        {"name": "merge/b1/c0/ste-mm/n2", "kind": "merge", "seconds": 134.2, "reused": False},
+        {"name": "train/c0/seed0", "kind": "train", "seconds": 172.0, "reused": False},
+    ]
+    root = _tree(tmp_path, doc)
+
+    def show(body: str) -> str:
+        return render_placeholders("{{ w: " + body + " }}", root, "p")[0]
+
+    assert show("job seconds name=merge/b0/c0/ste-mm/n2 ; .0f") == "736"  # exact name first
+    assert show("job seconds name=merge/b0/* ; .0f") == f"{(735.6 + 919.6) / 2:.0f}"
+    assert show("job seconds name=merge/* ; .1f min") == "134.2"
+    assert show("job seconds name=merge/* ; .1f max") == "919.6"
+    assert show("job seconds name=merge/* ; .1f sum") == f"{735.6 + 919.6 + 134.2:.1f}"
+    assert show("job seconds name=merge/* ; n") == "3"
+    with pytest.raises(ResultsError, match="no finished job is named"):
+        show("job seconds name=curve/* ; .0f")
+    with pytest.raises(ResultsError, match="job seconds name=PATTERN"):
+        show("job minutes name=merge/* ; .0f")
+    with pytest.raises(ResultsError, match="more than one number"):
+        show("job seconds name=merge/* ; .0f min max")
+    del doc["jobs"]
+    (root / "docs" / "results" / "w.json").write_text(json.dumps(doc))
+    with pytest.raises(ResultsError, match="no job list"):
+        show("job seconds name=merge/* ; .0f")
+
+
+def test_min_and_max_need_the_values_behind_a_mean(tmp_path):
+    doc = _doc()
+    doc["rows"][0]["values"] = [0.12, 0.25, 0.21542]
+    root = _tree(tmp_path, doc)
+    row = "curve test.loss.barrier.rebasin method=wm width_multiplier=0.25"
+    shown = render_placeholders(f"{{{{ w: {row} ; .3f min }}}}–{{{{ w: {row} ; .3f max }}}}",
+                                root, "p")[0]  # fmt: skip
+    assert shown == "0.120–0.250"
+    other = "curve test.loss.barrier.rebasin method=wm width_multiplier=1"
+    with pytest.raises(ResultsError, match="holds only the mean"):
+        render_placeholders(f"{{{{ w: {other} ; .3f max }}}}", root, "p")

@@ -63,8 +63,12 @@ def test_the_tiny_file_expands_into_cells():
         ({"paper": [{"step": "curve", "metric": "x", "source": "T1"}]}, "paper[0].value must be"),
         ({"paper": [{"step": "curve", "value": 1, "source": "T1"}]}, "paper[0].metric must be"),
         (
-            {"paper": [{"step": "curve", "metric": "x", "value": 1, "source": "T", "n": 5}]},
-            "paper[0] has unknown key(s) ['n']",
+            {"paper": [{"step": "curve", "metric": "x", "value": 1, "source": "T", "k": 5}]},
+            "paper[0] has unknown key(s) ['k']",
+        ),
+        (
+            {"paper": [{"step": "merge", "metric": "x", "value": 1, "source": "T", "n": 1}]},
+            "paper[0].n must be a number of models",
         ),
         (
             {"paper": [{"step": "curve", "metric": "x", "value": 1, "source": "T", "block": -1}]},

@@ -138,6 +138,7 @@ def _paper_cell(r: Mapping[str, Any], paper: Sequence[Mapping[str, Any]]) -> str
         and p["metric"] == r["metric"]
         and p.get("method", r["group"].get("method")) == r["group"].get("method")
         and p.get("block", r["group"].get("block")) == r["group"].get("block")
+        and p.get("n", r["group"].get("n")) == r["group"].get("n")
     ]
     scale, unit = _unit(r["metric"])
     return "; ".join(
@@ -366,7 +367,7 @@ def write_report(out: str | Path) -> Path:
         _jobs_table(jobs),
         "</body></html>",
     ]
-    document = results_document(raw.get("name", out.name), rows, raw.get("paper", []))
+    document = results_document(raw.get("name", out.name), rows, raw.get("paper", []), jobs)
     atomic_write_bytes(out / "results.json", dumps(document).encode())
     path = out / "report.html"
     atomic_write_bytes(path, "\n".join(parts).encode())

@@ -13,6 +13,7 @@ results file does not hold. The placeholder's grammar::
     {{ bench FILE: DOTTED.PATH ; FORMAT }}                     a benchmark result's number
     {{ FILE: STEP METRIC [KEY=VALUE ...] / STEP METRIC [KEY=VALUE ...] ; FORMAT }}
                                                                the ratio of two runs' means
+    {{ FILE: job seconds name=PATTERN ; FORMAT }}              finished jobs' wall-clock seconds
 
 ``FILE`` names ``docs/results/FILE.json`` (runs), ``experiments/FILE.toml`` (paper) or
 ``benchmarks/results/FILE.json`` (benchmarks). ``KEY=VALUE`` selects on the row's group
@@ -22,9 +23,13 @@ paper block on any of its keys (``source`` by substring). Exactly one row must m
 A space in a metric's name is written ``_`` (``test.accuracy[part_a].start``).
 ``FORMAT`` is a Python format spec (``.3f``, ``+.2f``, ``.3g``) followed by any of: ``±``
 (mean ± std), ``×100`` (an accuracy in % or points), ``n`` (the number of values instead
-of the mean), ``change`` (for a ratio: ``a / b − 1``, with ``×100`` a relative change in
-%, as "L2 −15 %"). Negative numbers are written with a minus sign (U+2212), as the pages
-do.
+of the mean), ``min`` / ``max`` (the smallest / largest value instead of the mean: a range
+over seeds, "0.50–0.55", for files that hold the values), ``change`` (for a ratio:
+``a / b − 1``, with ``×100`` a relative change in %, as "L2 −15 %"). A ``job seconds``
+placeholder reads the file's ``jobs`` list (every finished job's name, step and seconds, as
+the report's job table shows them); ``PATTERN`` is a job's name or a shell-style pattern
+(``merge/b0/*``) — several matches give their mean, ``min``, ``max``, ``n`` or ``sum``.
+Negative numbers are written with a minus sign (U+2212), as the pages do.
 
 Files extracted from reports written before ``results.json`` existed
 (:func:`results_from_report`) hold each row's exact mean and count, and its standard
@@ -33,10 +38,12 @@ deviation as the report printed it (four significant digits), not the values the
 
 from __future__ import annotations
 
+import fnmatch
 import html
 import json
 import math
 import re
+import statistics
 import tomllib
 from collections.abc import Mapping, Sequence
 from html.parser import HTMLParser
@@ -48,10 +55,12 @@ from lmckit.errors import UsageError
 __all__ = [
     "ResultsError",
     "format_number",
+    "jobs_from_report",
     "read_results",
     "render_placeholders",
     "results_document",
     "results_from_report",
+    "select_jobs",
     "select_row",
 ]
 
@@ -65,11 +74,15 @@ class ResultsError(UsageError):
 
 
 def results_document(
-    name: str, rows: Sequence[Mapping[str, Any]], paper: Sequence[Mapping[str, Any]] = ()
+    name: str,
+    rows: Sequence[Mapping[str, Any]],
+    paper: Sequence[Mapping[str, Any]] = (),
+    jobs: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The results file's content for a report: ``rows`` as
     :func:`lmckit.experiments.report.metric_groups` returns them, ``paper`` the experiment
-    file's ``[[paper]]`` blocks."""
+    file's ``[[paper]]`` blocks, ``jobs`` the ledger's jobs (the finished ones are kept, with
+    their step, seconds and whether the run reused them from the store)."""
     return {
         "format": FORMAT_VERSION,
         "name": name,
@@ -88,16 +101,31 @@ def results_document(
             for r in rows
         ],
         "paper": [dict(p) for p in paper],
+        "jobs": [
+            {
+                "name": j["name"],
+                "kind": j["kind"],
+                "seconds": j["seconds"],
+                "reused": bool(j.get("reused")),
+            }
+            for j in jobs
+            if j["status"] == "done" and j.get("seconds") is not None
+        ],
     }
 
 
 def dumps(document: Mapping[str, Any]) -> str:
     """A results document as JSON text, a row per line (small diffs when a run changes)."""
-    head = {k: v for k, v in document.items() if k not in ("rows", "paper")}
+    head = {k: v for k, v in document.items() if k not in ("rows", "paper", "jobs")}
     lines = [json.dumps(head, ensure_ascii=False)[:-1] + ', "rows": [']
     rows = [json.dumps(r, ensure_ascii=False, sort_keys=True) for r in document["rows"]]
     lines.append(",\n".join(rows))
     lines.append('], "paper": ' + json.dumps(document.get("paper", []), ensure_ascii=False))
+    if "jobs" in document:
+        jobs = [json.dumps(j, ensure_ascii=False, sort_keys=True) for j in document["jobs"]]
+        lines.append(', "jobs": [')
+        lines.append(",\n".join(jobs))
+        lines.append("]")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -121,6 +149,15 @@ def read_results(path: str | Path) -> dict[str, Any]:
         missing = {"kind", "group", "grid", "metric", "mean", "n"} - set(row)
         if missing:
             raise ResultsError(f"{path}: row {i} lacks {', '.join(sorted(missing))}")
+    jobs = document.get("jobs", [])
+    if not isinstance(jobs, list) or not all(
+        isinstance(j, dict)
+        and isinstance(j.get("name"), str)
+        and isinstance(j.get("seconds"), int | float)
+        and not isinstance(j["seconds"], bool)
+        for j in jobs
+    ):
+        raise ResultsError(f"{path}: 'jobs' is not a list of jobs with a name and seconds")
     return document
 
 
@@ -193,6 +230,31 @@ def select_row(
     return found[0]
 
 
+def select_jobs(document: Mapping[str, Any], pattern: str, where: str) -> dict[str, Any]:
+    """The finished jobs of ``document`` whose name is ``pattern`` or matches it as a
+    shell-style pattern, as a row: their seconds as ``values``, with mean, std and count.
+
+    Raises:
+        ResultsError: the file has no job list, or no job matches (some names are listed).
+    """
+    if "jobs" not in document:
+        raise ResultsError(
+            f"{where}: this results file has no job list (written before results files "
+            "kept one: rerun the report, or scripts/extract_report_results.py)"
+        )
+    jobs = document["jobs"]
+    found = [j for j in jobs if j["name"] == pattern] or [
+        j for j in jobs if fnmatch.fnmatchcase(j["name"], pattern)
+    ]
+    if not found:
+        shown = ", ".join(j["name"] for j in jobs[:8])
+        raise ResultsError(f"{where}: no finished job is named {pattern!r} (jobs: {shown}…)")
+    values = [float(j["seconds"]) for j in found]
+    mean = sum(values) / len(values)
+    std = statistics.stdev(values) if len(values) > 1 else None
+    return {"mean": mean, "std": std, "n": len(values), "values": values}
+
+
 def _describe(row: Mapping[str, Any]) -> str:
     parts = [f"{k}={v}" for k, v in row["group"].items()]
     parts += [
@@ -202,7 +264,7 @@ def _describe(row: Mapping[str, Any]) -> str:
     return " ".join(parts) or "(no group)"
 
 
-FORMAT_SPEC = re.compile(r"^[+]?\.\d+[fge]$")
+FORMAT_SPEC = re.compile(r"^[+]?,?\.\d+[fge]$")
 
 
 def format_number(
@@ -211,12 +273,25 @@ def format_number(
     count: int | None,
     spec: str,
     where: str,
+    values: Sequence[float] | None = None,
 ) -> str:
-    """A number as a placeholder's ``FORMAT`` asks (see the module's docstring)."""
+    """A number as a placeholder's ``FORMAT`` asks (see the module's docstring); ``values``
+    are the numbers behind ``mean`` where the file holds them (for ``min``, ``max``,
+    ``sum``)."""
     words = spec.split()
-    flags = {w for w in words if w in ("±", "×100", "n", "change")}
+    flags = {w for w in words if w in ("±", "×100", "n", "change", "min", "max", "sum")}
     if "change" in flags:
         raise ResultsError(f"{where}: 'change' is for a ratio of two numbers ('A / B')")
+    picks = flags & {"min", "max", "sum"}
+    if len(picks) > 1 or (picks and flags & {"±", "n"}):
+        raise ResultsError(f"{where}: {spec!r} asks for more than one number")
+    if picks:
+        if not values:
+            raise ResultsError(
+                f"{where}: '{next(iter(picks))}' needs the values behind the mean, and this "
+                "file holds only the mean (extracted from a report: rerun it)"
+            )
+        mean = {"min": min, "max": max, "sum": sum}[picks.pop()](values)
     specs = [w for w in words if w not in flags]
     if len(specs) > 1 or (specs and not FORMAT_SPEC.match(specs[0])):
         raise ResultsError(f"{where}: {spec!r} is not a format (e.g. '.3f', '.1f ×100 ±')")
@@ -356,8 +431,13 @@ def _evaluate(body: str, sources: _Sources, where: str) -> str:
         raise ResultsError(
             f"{where}: {name_part.strip()!r} is not FILE, 'paper FILE' or 'bench FILE'"
         )
-    row = select_row(sources.results(names[0]), kind, metric, filters, where)
-    return format_number(row["mean"], row.get("std"), row["n"], spec, where)
+    if kind == "job":
+        if metric != "seconds" or set(filters) != {"name"}:
+            raise ResultsError(f"{where}: a job's number is 'job seconds name=PATTERN'")
+        row = select_jobs(sources.results(names[0]), filters["name"], where)
+    else:
+        row = select_row(sources.results(names[0]), kind, metric, filters, where)
+    return format_number(row["mean"], row.get("std"), row["n"], spec, where, row.get("values"))
 
 
 def render_placeholders(text: str, root: str | Path, where: str = "page") -> tuple[str, set[Path]]:
@@ -404,6 +484,71 @@ class _MetricRows(HTMLParser):
     def handle_data(self, data: str) -> None:
         if self._cells is not None and self._in_cell:
             self._cells[-1] += data
+
+
+class _JobRows(HTMLParser):
+    """The job table of a report (``<table class='jobs'>``): its header and each row's
+    cell texts."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.header: list[str] = []
+        self.rows: list[list[str]] = []
+        self._inside = False
+        self._cells: list[str] | None = None
+        self._target: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self._inside = ("class", "jobs") in attrs
+        elif tag == "tr" and self._inside:
+            self._cells = []
+        elif tag in ("td", "th") and self._cells is not None:
+            self._target = self.header if tag == "th" else self._cells
+            self._target.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th"):
+            self._target = None
+        elif tag == "tr" and self._cells is not None:
+            if self._cells:
+                self.rows.append(self._cells)
+            self._cells = None
+        elif tag == "table":
+            self._inside = False
+
+    def handle_data(self, data: str) -> None:
+        if self._target is not None:
+            self._target[-1] += data
+
+
+def jobs_from_report(text: str) -> list[dict[str, Any]]:
+    """The finished jobs of a report's job table: name, step, seconds and whether the run
+    reused the job from the store (columns read from the table's header: older reports
+    have no "result" column, and their jobs count as computed)."""
+    parser = _JobRows()
+    parser.feed(text)
+    column = {name.strip(): i for i, name in enumerate(parser.header)}
+    if not {"job", "step", "status", "seconds"} <= set(column):
+        return []
+    jobs = []
+    for cells in parser.rows:
+        if len(cells) != len(column) or cells[column["status"]].strip() != "done":
+            continue
+        try:
+            seconds = float(cells[column["seconds"]].replace(",", "").strip())
+        except ValueError:
+            continue
+        result = cells[column["result"]].strip() if "result" in column else ""
+        jobs.append(
+            {
+                "name": cells[column["job"]].strip(),
+                "kind": cells[column["step"]].strip(),
+                "seconds": seconds,
+                "reused": result.startswith("reused"),
+            }
+        )
+    return jobs
 
 
 NUMBER = r"[-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|inf|nan)"
@@ -509,6 +654,7 @@ def results_from_report(text: str, name: str) -> dict[str, Any]:
         "source": "extracted from the report's metrics table (std at 4 significant digits)",
         "rows": rows,
         "paper": paper,
+        "jobs": jobs_from_report(text),
     }
 
 

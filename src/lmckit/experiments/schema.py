@@ -12,6 +12,7 @@ An experiment is a TOML file::
     [[paper]]                      # a published number, shown beside ours in the report
     step = "analysis"
     block = 0                      # optional: the [[compare]] block it belongs to
+    # n = 5                        # optional, for a [[merge]]: the number of models merged
     method = "wm-fast"
     metric = "l2.after"
     value = 100.041
@@ -132,7 +133,7 @@ TOP_KEYS = {
     "spectra",
     "paper",
 }
-PAPER_KEYS = {"step", "method", "metric", "value", "std", "source", "block"}
+PAPER_KEYS = {"step", "method", "metric", "value", "std", "source", "block", "n"}
 COMPARE_KEYS = {
     "pairs",
     "methods",
@@ -543,7 +544,8 @@ def _parse_paper(raw: Any, where: str) -> dict[str, Any]:
     """A published number the report shows beside ours: the step kind, method (optional),
     metric, value, standard deviation (optional), where it is from, and ``block`` (optional:
     the index of the ``[[compare]]``/``[[merge]]``/``[[triplets]]`` block it belongs to,
-    where several blocks run the same method with different options)."""
+    where several blocks run the same method with different options) and ``n`` (optional:
+    the number of models a merge's number is for)."""
     entry = _table(raw, where, PAPER_KEYS)
     if "block" in entry and (
         _expect(entry["block"], int, f"{where}.block") < 0 or isinstance(entry["block"], bool)
@@ -553,6 +555,9 @@ def _parse_paper(raw: Any, where: str) -> dict[str, Any]:
         _expect(entry.get(key), str, f"{where}.{key}")
     if "method" in entry:
         _expect(entry["method"], str, f"{where}.method")
+    count = entry.get("n", 2)
+    if isinstance(count, bool) or _expect(count, int, f"{where}.n") < 2:
+        raise ExperimentError(f"{where}.n must be a number of models (2 or more)")
     for key in ("value", "std"):
         if key in entry or key == "value":
             _expect(entry.get(key), (int, float), f"{where}.{key}")

@@ -576,6 +576,9 @@ def _triplet_run(payload: dict[str, Any], progress: ProgressCallback | None) -> 
 
 
 # -- spectra (Ito et al. Fig. 1, App. D.2) ----------------------------------------------------
+DOMINANT_RATIO = 0.3  # a singular value above 0.3 × the largest counts as dominant (γ = 0.3)
+
+
 def _spectra_key(job: Job, deps, data: Dataset) -> tuple[str, dict[str, Any]]:
     inputs = {f"model{i}": deps[d]["content"] for i, d in enumerate(job.deps)}
     return make_key("spectra", {"seeds": job.settings["seeds"]}, inputs)
@@ -610,6 +613,11 @@ def _spectra_run(payload: dict[str, Any], progress: ProgressCallback | None) -> 
             normalised = stack / top[:, None]
             record[f"normalised_spread.{layer}"] = float(
                 (normalised.std(0) / normalised.mean(0).clamp_min(1e-12)).mean()
+            )
+            # Ito et al. App. D.3: wider models have fewer dominant directions — the share
+            # of singular values above DOMINANT_RATIO × the largest (R(γ)'s cut at γ = 0.3)
+            record[f"dominant_share.{layer}"] = float(
+                (stack / top[:, None] > DOMINANT_RATIO).double().mean()
             )
             # the width study's §5.4: rank falls with width and with weight decay
             ranks = [effective_rank(v[layer]) for v in values]
