@@ -859,3 +859,35 @@ def test_sizes_computed_from_the_data_are_refused_by_name():
     torch.manual_seed(0)
     with pytest.raises(SpecError, match="sizes computed from the data"):
         trace_report(Masked(), torch.randn(8, 4))
+
+
+class _TrainOnlyMix(nn.Module):
+    """Adds channel 0 to every channel in train mode only: the eval-mode trace cannot see
+    it, so the train-mode check must catch it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + x[:, :1] if self.training else x
+
+
+def _train_only_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8), _TrainOnlyMix(), nn.ReLU(), nn.Flatten(),
+        nn.Linear(8, 4),
+    ).eval()  # fmt: skip
+
+
+def test_a_train_mode_failure_beside_a_batchnorm_of_two_values_names_the_batchnorm():
+    """A BatchNorm that sees 2 values per channel (batch 2 at 1 × 1) makes a train-mode
+    failure ambiguous (ResNet-50 on two 32 × 32 images fails on rounding alone): the error
+    names the layer and its count, not an op rule. With 4 images the second BatchNorm sees
+    4 values (still small); at 8 × 8 with 32 images it sees 32, and the same net's failure
+    blames an op rule."""
+    net = _train_only_net()
+    with pytest.raises(SpecError, match=r"BatchNorm '5' normalises each channel over only 2 "):
+        trace_report(net, torch.randn(2, 3, 8, 8))
+    with pytest.raises(SpecError, match=r"over only 4 value"):
+        trace_report(net, torch.randn(4, 3, 8, 8))
+    with pytest.raises(SpecError, match="an op rule is wrong"):
+        trace_report(net, torch.randn(32, 3, 8, 8))

@@ -1529,6 +1529,18 @@ def _verify(
             if not close(reference, out):
                 g = unit[0]
                 tied = f" (with {', '.join(map(repr, unit[1:]))}, one head permutation)"
+                small = _small_batchnorms(twin, params, args64, kwargs64, dtype)
+                if mode == "train" and "eval" in modes and small:
+                    name, count = small[0]
+                    raise SpecError(
+                        f"the traced spec keeps the outputs in eval mode but not in train "
+                        f"mode, where BatchNorm {name!r} normalises each channel over only "
+                        f"{count} value(s) of the example batch ({len(small)} such layer(s)): "
+                        "statistics that small amplify rounding past the check's tolerance, "
+                        "so the check cannot tell a wrong rule from rounding — trace with "
+                        f"more or larger examples (at least {MIN_BATCHNORM_VALUES} values per "
+                        "channel at every BatchNorm)"
+                    )
                 raise SpecError(
                     f"traced group {g!r}{tied if len(unit) > 1 else ''} ({spec.groups[g]} "
                     f"units: {', '.join(f'{k}[{i}]' for k, i in _members(spec, g)[:4])}) "
@@ -1540,6 +1552,37 @@ def _verify(
             "permuted together"
         )
     return tuple(modes)
+
+
+MIN_BATCHNORM_VALUES = 16  # fewer values per channel: train-mode statistics amplify rounding
+
+
+def _small_batchnorms(
+    model: nn.Module, params, args, kwargs, dtype: torch.dtype
+) -> list[tuple[str, int]]:
+    """The BatchNorm layers that normalise each channel over fewer than
+    :data:`MIN_BATCHNORM_VALUES` values in a train-mode run on the example (batch × spatial
+    positions), with that count, smallest first."""
+    seen: dict[str, int] = {}
+    hooks = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+
+            def count(mod, inputs, name=name) -> None:
+                x = inputs[0]
+                seen[name] = min(seen.get(name, x.numel()), x.numel() // max(x.shape[1], 1))
+
+            hooks.append(module.register_forward_pre_hook(count))
+    try:
+        run_outputs(model, params, args, kwargs, True, lambda out: out, dtype)
+    except SpecError:
+        return []
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return sorted(
+        ((n, c) for n, c in seen.items() if c < MIN_BATCHNORM_VALUES), key=lambda nc: nc[1]
+    )
 
 
 def vary_constants(params: Mapping[str, Tensor], seed: int) -> dict[str, Tensor]:
