@@ -85,12 +85,14 @@ def test_an_aligned_and_a_merged_folder_keep_the_folders_own_tensor_names(name, 
         n: (e.shape, e.dtype) for n, e in source.tensors.items()
     }
     # reloaded by transformers, the aligned folder computes B's function (a symmetry) and
-    # exactly what the permutation applied in memory computes
+    # what the permutation applied in memory computes: bit for bit with two threads; with
+    # one (OMP_NUM_THREADS=1) PyTorch's CPU convolution rounds MobileNet's float32 outputs
+    # of the two copies of the same weights differently, by 1.6e-6 relative (measured)
     args, kwargs = example_inputs(b.model, source.config)
     aligned = type(b.model).from_pretrained(tmp_path / "aligned").eval()
     moved = _outputs(b.model, args, kwargs, perm.apply(b.params))
     got = _outputs(aligned, args, kwargs)
-    torch.testing.assert_close(got, moved, rtol=0, atol=0)
+    torch.testing.assert_close(got, moved, rtol=1e-5, atol=1e-6 * float(moved.abs().max()))
     torch.testing.assert_close(got, _outputs(b.model, args, kwargs), rtol=1e-4, atol=1e-5)
     # a merge: the average of A and aligned B, written in B's layout and read back
     merged = average_params([a.params, perm.apply(b.params)])

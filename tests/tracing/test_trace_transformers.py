@@ -885,6 +885,18 @@ DECODERS = {
     # segment of the direct sum
     "phi3-grouped-query": (_decoder("Phi3Config", "Phi3ForCausalLM", pad_token_id=0),
                            "orthogonal", ("rotary-scaled", ("half", 4))),
+    # query, key and value fused head by head and split by a view (heads, 3, d) read
+    # [..., 0, :], [..., 1, :], [..., 2, :]; LayerNorms over each head's query and key
+    # dimensions (one gain for every head) and partial rotary: the heads move whole, the
+    # values inside them (invertible), the queries' and keys' dimensions stay
+    "persimmon": (lambda: T.PersimmonForCausalLM(T.PersimmonConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=16, qk_layernorm=True,
+        partial_rotary_factor=0.5)), "orthogonal-mean-free", None),
+    # the same (heads, 3, d) view under ALiBi (a slope per head: the heads cannot move):
+    # one orthogonal map of the head dimensions shared by every head's queries and keys
+    "bloom": (lambda: T.BloomForCausalLM(T.BloomConfig(
+        vocab_size=40, hidden_size=16, n_layer=2, n_head=4)), "permutation", None),
     # grouped-query attention fused into one projection, each key/value head's rows
     # q q k v (a head repeat of 4 beside the output projection's 2): whole heads, rotations
     "falcon-new-decoder": (lambda: T.FalconForCausalLM(T.FalconConfig(
@@ -1046,3 +1058,94 @@ def test_multi_query_attention_moves_its_one_key_value_head_inside_and_its_query
     heads = spec.axes[f"{layer}.q_proj.weight"][0]
     assert heads is not None and spec.axes[f"{layer}.o_proj.weight"][1] == heads
     assert spec.groups[heads] == 4 and spec.blocks[f"{layer}.q_proj.weight"] == (4, 1)
+
+
+def _heads_3_d(name: str):
+    torch.manual_seed(0)
+    model = DECODERS[name][0]().double().eval()
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    return model, state, trace_report(model, _ids()).spec
+
+
+def _rows(order, n):
+    return torch.cat([torch.as_tensor(order), torch.arange(len(order), n)])
+
+
+def test_persimmon_s_heads_3_d_view_moves_the_values_inside_each_head():
+    """Persimmon's fused projection, rows laid out ``[q | k | v]`` per head (4 heads of 4):
+    a head-by-head sum of query/key (pinned by their LayerNorms and rotary) and value
+    (with the output projection's columns). By hand: head 0's value dimensions reversed
+    in the projection's rows 8–11 and the output's columns 0–3 keep the function, in the
+    rows alone they do not; heads 0 and 1 swapped whole (rows 0–11 with 12–23, columns
+    0–3 with 4–7) keep it too."""
+    from lmckit.functional import forward
+
+    model, state, spec = _heads_3_d("persimmon")
+    qkv, out = (
+        "model.layers.0.self_attn.query_key_value.weight",
+        "model.layers.0.self_attn.dense.weight",
+    )
+    qk, also_qk, v = spec.axes[qkv][0]
+    assert qk == also_qk != v and spec.axes[out][1] == v and qk in spec.pinned
+    assert spec.head_sums[qkv] == (4, 1) and spec.heads[v] == (qk, 4)
+    x = _ids()
+    value_rows = _rows([0, 1, 2, 3, 4, 5, 6, 7, 11, 10, 9, 8], 48)
+    head_rows, head_cols = (
+        _rows([*range(12, 24), *range(12)], 48),
+        _rows([4, 5, 6, 7, 0, 1, 2, 3], 16),
+    )
+    cases = {
+        "value dims, both": (value_rows, _rows([3, 2, 1, 0], 16)),
+        "value dims, rows alone": (value_rows, None),
+        "heads 0, 1 swapped": (head_rows, head_cols),
+    }
+    with torch.no_grad():
+        before = forward(model, state, x)
+        change = {}
+        for case, (rows, cols) in cases.items():
+            moved = dict(
+                state, **{qkv: state[qkv][rows], qkv[:-6] + "bias": state[qkv[:-6] + "bias"][rows]}
+            )
+            if cols is not None:
+                moved[out] = state[out][:, cols]
+            change[case] = float(
+                (forward(model, moved, x) - before).abs().max() / before.abs().max()
+            )
+    assert change["value dims, both"] < 1e-12 and change["heads 0, 1 swapped"] < 1e-12, change
+    assert change["value dims, rows alone"] > 1e-3, change
+
+
+def test_bloom_s_heads_stay_for_alibi_and_share_one_map_of_their_query_key_dimensions():
+    """BLOOM adds a slope per head (ALiBi) to the scores: heads 0 and 1 swapped whole
+    change the function (by 5e-4 of its scale on 7 tokens of a random model: its attention
+    is near uniform; rounding is 1e-16), and the spec moves no head; one permutation of the head
+    dimensions on every head's queries and keys (rows ``[q | k | v]`` per head of 4) keeps
+    it, and the spec's group is that map (4 units)."""
+    from lmckit.tracing.trace import run_outputs
+
+    model, state, spec = _heads_3_d("bloom")
+    qkv = "transformer.h.0.self_attention.query_key_value.weight"
+    out = "transformer.h.0.self_attention.dense.weight"
+    groups = {g for g in spec.axes[qkv][0] if isinstance(g, str)}  # an int: fixed units
+    assert len(groups) == 1 and spec.groups[groups.pop()] == 4 and spec.axes[out][1] is None
+    flip = [3, 2, 1, 0]
+    qk_rows = torch.cat([
+        torch.tensor([12 * h + i for i in flip] + [12 * h + 4 + i for i in flip]
+                     + list(range(12 * h + 8, 12 * h + 12)))
+        for h in range(4)
+    ])  # fmt: skip
+    swap_rows = _rows([*range(12, 24), *range(12)], 48)
+    swap_cols = _rows([4, 5, 6, 7, 0, 1, 2, 3], 16)
+    bias = qkv[:-6] + "bias"
+    x = _ids()
+    with torch.no_grad():
+        before = run_outputs(model, state, (x,), {}, False)[0]
+        shared = dict(state, **{qkv: state[qkv][qk_rows], bias: state[bias][qk_rows]})
+        swapped = dict(state, **{qkv: state[qkv][swap_rows], bias: state[bias][swap_rows],
+                                 out: state[out][:, swap_cols]})  # fmt: skip
+        assert (
+            run_outputs(model, shared, (x,), {}, False)[0] - before
+        ).abs().max() < 1e-12 * before.abs().max()
+        assert (
+            run_outputs(model, swapped, (x,), {}, False)[0] - before
+        ).abs().max() > 1e-6 * before.abs().max()  # rounding: 1e-16

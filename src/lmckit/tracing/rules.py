@@ -409,7 +409,42 @@ def embedding(node: fx.Node, ax: Axes) -> None:
 def matmul(node: fx.Node, ax: Axes) -> None:
     """``a @ b`` with broadcasting batch axes: the contracted axes carry one permutation
     (``Σ_k a_k b_k`` is invariant when both are permuted alike)."""
-    a, b = node.args[0], node.args[1]
+    _matmul(ax, node.args[0], node.args[1], node)
+
+
+def baddbmm(node: fx.Node, ax: Axes) -> None:
+    """``baddbmm(x, a, b)`` = ``β·x + α·(a @ b)`` (BLOOM's attention scores with ALiBi's
+    per-head bias): the batched product as :func:`matmul`, ``x`` broadcast to the output
+    as by :func:`elementwise`."""
+    x, a, b = node.args[0], node.args[1], node.args[2]
+    _matmul(ax, a, b, node)
+    so, sx = ax.shape(node), ax.shape(x)
+    if so is None or sx is None:
+        return
+    offset = len(so) - len(sx)
+    for i, n in enumerate(sx):
+        if i + offset >= 0 and n == so[i + offset] and n > 1:
+            ax.same(x, i, node, i + offset)
+
+
+def repeat(node: fx.Node, ax: Axes) -> None:
+    """``x.repeat(*sizes)``: an axis repeated once maps through; a tiled one (``r > 1``
+    copies end to end) freezes on both sides, as do the new leading axes."""
+    x, sizes = node.args[0], list(node.args[1])
+    xs = ax.shape(x)
+    assert xs is not None
+    offset = len(sizes) - len(xs)
+    for j in range(offset):
+        ax.freeze(node, j, "added by repeat")
+    for i in range(len(xs)):
+        if sizes[i + offset] == 1:
+            ax.same(x, i, node, i + offset)
+        else:
+            ax.freeze(x, i, "tiled by repeat")
+            ax.freeze(node, i + offset, "tiled by repeat")
+
+
+def _matmul(ax: Axes, a: fx.Node, b: fx.Node, node: fx.Node) -> None:
     sa, sb, so = ax.shape(a), ax.shape(b), ax.shape(node)
     assert sa is not None and sb is not None and so is not None
     if len(sa) == 1 or len(sb) == 1:
@@ -702,7 +737,10 @@ def _reshape_map(ax: Axes, x: fx.Node, xs, node: fx.Node, out) -> None:
                 ax.same(x, big_in[0], node, big_out[0])
         elif len(big_in) == 2 and len(big_out) == 1:  # heads × head dims → width
             ax.nest(node, big_out[0], x, big_in[0], big_in[1])
-        elif len(big_in) == 1 and _fused_parts(ax, x, big_in[0], node, big_out):
+        elif len(big_in) == 1 and (
+            _fused_parts(ax, x, big_in[0], node, big_out)
+            or _head_fused_parts(ax, x, big_in[0], node, big_out)
+        ):
             pass
         elif len(big_in) == 1 and len(big_out) == 2:  # width → heads × head dims
             ax.nest(x, big_in[0], node, big_out[0], big_out[1])
@@ -863,6 +901,32 @@ def _fused_parts(ax: Axes, x: fx.Node, i: int, node: fx.Node, outs: list[int]) -
             ax.same(parts[index], 0, reader, where[rest[0]])
         else:
             ax.nest(parts[index], 0, reader, where[rest[0]], where[rest[1]])
+    return True
+
+
+def _head_fused_parts(ax: Axes, x: fx.Node, i: int, node: fx.Node, outs: list[int]) -> bool:
+    """A fused projection laid out head by head and split by a reshape into ``(heads,
+    parts, d)`` whose middle axis only ``select``/``unbind`` read — BLOOM's and Persimmon's
+    ``view(B, S, H, 3, d)`` then ``[..., 0, :]``, ``[..., 1, :]``, ``[..., 2, :]``: axis
+    ``i`` of ``x`` nests the heads over a per-head direct sum of the parts (each part's
+    ``d`` dimensions may move by its own permutation inside every head, as GPT-NeoX's
+    ``(H, 3·d)`` layout split by slices), the readers' head axis is the heads."""
+    out = ax.shape(node)
+    assert out is not None
+    if len(outs) != 3 or ax.frozen(node, outs[1]):
+        return False
+    heads, middle, inner = outs
+    reads = _part_reads(node, middle, [heads, inner])
+    if reads is None:
+        return False
+    layout = ax.unit(node, (out[heads], out[middle] * out[inner]), "heads")
+    parts = [ax.unit(node, out[inner], f"part{k}") for k in range(out[middle])]
+    ax.nest(x, i, layout, 0, 1)
+    ax.direct_sum(layout, 1, [(p, 0) for p in parts])
+    ax.same(layout, 0, node, heads)
+    for index, reader, where in reads:
+        reader.meta["lmckit_parts"] = {where[inner]}  # the heads map through the select
+        ax.same(parts[index], 0, reader, where[inner])
     return True
 
 
@@ -1306,6 +1370,8 @@ _TABLE: list[tuple[Rule, tuple[str, ...]]] = [
     (group_norm, ("group_norm",)),
     (embedding, ("embedding",)),
     (matmul, ("matmul", "bmm", "mm")),
+    (baddbmm, ("baddbmm",)),
+    (repeat, ("repeat",)),
     (addmm, ("addmm",)),
     (einsum, ("einsum",)),
     (attention, ("scaled_dot_product_attention",)),

@@ -399,6 +399,23 @@ def _trace_report(
     spec, frozen, inside, sites = _build_spec(
         exported, state, aliases, placeholder_of, uf, found, inner=inside_blocks
     )
+    fixed = _heads_frozen_later(uf, found)
+    if fixed:
+        # heads that cannot move (BLOOM's ALiBi gives each head its own slope) freeze where
+        # the graph reads them, after the reshape that nested them: a second pass knows it
+        # there, and each head's dimensions may move by permutations of their own
+        uf_fixed, _, found_fixed = _relate(
+            exported, _output_names(exported, select), fixed_heads=fixed
+        )
+        aliases_fixed, placeholder_fixed = _state_placeholders(exported, state, uf_fixed)
+        built = _build_spec(
+            exported, state, aliases_fixed, placeholder_fixed, uf_fixed, found_fixed,
+            inner=inside_blocks,
+        )  # fmt: skip
+        if _moves_all_of(built[0], spec) and built[0].groups != spec.groups:
+            uf, found = uf_fixed, found_fixed
+            aliases, placeholder_of = aliases_fixed, placeholder_fixed
+            spec, frozen, inside, sites = built
     if found.one_heads:
         # multi-query attention read as one key/value head gives its heads' insides — where
         # the rest of the graph lets them move; where it does not (Qwen3's QK-norm keeps
@@ -643,6 +660,20 @@ class _Found:
     indexed: tuple[AxisKey, ...] = ()  # axes indexed by followed values (experts)
 
 
+def _heads_frozen_later(uf: _UnionFind, found: _Found) -> dict[AxisKey, str]:
+    """The head axes of a fused projection laid out head by head (``Axes.unit`` ``#heads``
+    of :func:`~lmckit.tracing.rules._head_fused_parts`) that froze while the dimensions
+    inside them did not: their reasons, by axis."""
+    return {
+        outer: why
+        for _, outer, inner in found.nests
+        if outer[0].endswith("#heads")
+        and (why := uf.reason(outer)) is not None
+        and why != INSIDE
+        and found.inner_reasons.get(inner) is None
+    }
+
+
 def _moves_all_of(spec: PermutationSpec, other: PermutationSpec) -> bool:
     """Whether ``spec`` has a group on every parameter axis that ``other`` has one on."""
     return all(
@@ -659,12 +690,20 @@ def _blocked_groups(spec: PermutationSpec) -> list[str]:
 
 
 def _relate(
-    exported, function_outputs: set[str], one_heads: bool = True
+    exported,
+    function_outputs: set[str],
+    one_heads: bool = True,
+    fixed_heads: Mapping[AxisKey, str] | None = None,
 ) -> tuple[_UnionFind, list[str], _Found]:
     """Run every op's rule over the graph; ``function_outputs``: the output nodes that are
     the model's function (their axes are frozen); ``one_heads``: whether multi-query
-    attention's key/value head is read as one head (:meth:`Axes.single_head`)."""
+    attention's key/value head is read as one head (:meth:`Axes.single_head`);
+    ``fixed_heads``: head axes known (from an earlier pass) to freeze later in the graph,
+    frozen from the start with their reason, so that a reshape nesting them makes each
+    head's dimensions a part of their own (:meth:`Axes.nest`)."""
     uf = _UnionFind()
+    for key, why in (fixed_heads or {}).items():
+        uf.freeze(key, why)
     unknown: list[str] = []
     joins: list[tuple[AxisKey, AxisKey]] = []
 
@@ -976,8 +1015,17 @@ def _inside_blocks(
         if blocked(x) and blocked(y) and frozenset((x, y)) not in levels:
             inside.union(x, y)
     roots_with_params = {uf.find(k) for k in [*param_axes, *parts]}
+    part_nodes = {node for found_parts in sum_parts.values() for node, _ in found_parts}
     for node in inner_nodes:
-        if node[1] in roots_with_params:
+        if node[1] not in roots_with_params:
+            continue
+        if node in part_nodes and inside.reason(node) is None:
+            # one part of a head-by-head sum read through a parameter of its own length
+            # (Persimmon's query/key LayerNorm over each head's dimensions, one gain for
+            # every head): its dimensions stay, the heads move whole, and the other parts
+            # (the values) may still move inside them
+            pinned_nodes.setdefault(node, SHARED_INSIDE)
+        else:
             inside.freeze(node, "a parameter indexes the dimensions inside each block")
     nested = {inside.find(node) for node in inner_nodes}
     inner_length: dict[AxisKey, int] = {}
@@ -1049,6 +1097,9 @@ def _inside_blocks(
     # heads and their dimensions on two axes
     inner_labels = {node[1]: inside.find(node) for node in inner_nodes}
     return labels, reasons, inner_length, pinned, head_sums, inner_labels
+
+
+SHARED_INSIDE = "a parameter shared by every head indexes its dimensions"
 
 
 def _own_reason(why: str | None) -> str | None:
