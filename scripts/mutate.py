@@ -2326,6 +2326,32 @@ MUTATIONS = [
         ("tests/tracing/test_trace_transformers.py",),
     ),
     M(
+        "shared-gain-part-frozen",
+        "a part of a head-by-head sum read through a gain shared by every head freezes the "
+        "sum (Persimmon's QK LayerNorms freeze its values' maps again)",
+        "src/lmckit/tracing/trace.py",
+        "        if node in part_nodes and inside.reason(node) is None:\n",
+        "        if False:\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "heads-3-d-parts-read-in-reverse",
+        "the (heads, 3, d) view's parts joined to the wrong readers (the values read as the "
+        "queries)",
+        "src/lmckit/tracing/rules.py",
+        "        ax.same(parts[index], 0, reader, where[inner])\n",
+        "        ax.same(parts[-1 - index], 0, reader, where[inner])\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "alibi-heads-not-fixed-at-the-reshape",
+        "no second pass: heads frozen after their reshape (BLOOM's ALiBi) freeze their insides",
+        "src/lmckit/tracing/trace.py",
+        "    fixed = _heads_frozen_later(uf, found)\n",
+        "    fixed = {}\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
         "index-values-followed-through-arithmetic",
         "every op hands index values on, arithmetic on them included",
         "src/lmckit/tracing/rules.py",
