@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from lmckit.errors import UsageError
+from lmckit.options import checked
 
 __all__ = [
     "ResultsError",
@@ -230,6 +231,7 @@ def select_row(
     return found[0]
 
 
+@checked
 def select_jobs(document: Mapping[str, Any], pattern: str, where: str) -> dict[str, Any]:
     """The finished jobs of ``document`` whose name is ``pattern`` or matches it as a
     shell-style pattern, as a row: their seconds as ``values``, with mean, std and count.
@@ -237,6 +239,9 @@ def select_jobs(document: Mapping[str, Any], pattern: str, where: str) -> dict[s
     Raises:
         ResultsError: the file has no job list, or no job matches (some names are listed).
     """
+    if not isinstance(document, Mapping):
+        kind = type(document).__name__
+        raise ResultsError(f"{where}: a results document is a mapping, got {kind}")
     if "jobs" not in document:
         raise ResultsError(
             f"{where}: this results file has no job list (written before results files "
@@ -522,6 +527,7 @@ class _JobRows(HTMLParser):
             self._target[-1] += data
 
 
+@checked
 def jobs_from_report(text: str) -> list[dict[str, Any]]:
     """The finished jobs of a report's job table: name, step, seconds and whether the run
     reused the job from the store (columns read from the table's header: older reports
@@ -604,6 +610,7 @@ def _accuracy_scale(rows: list[tuple[dict[str, str], list[str]]], name: str) -> 
     return found.pop() if found else 100.0
 
 
+@checked
 def results_from_report(text: str, name: str) -> dict[str, Any]:
     """A results document read back from a report's HTML (for reports written before
     ``results.json``): exact means and counts from the rows' data attributes, standard
