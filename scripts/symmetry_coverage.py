@@ -127,6 +127,12 @@ def architectures() -> dict:
         "Phi-3 (sliced QKV, GQA)": lambda: T.Phi3ForCausalLM(
             T.Phi3Config(**common, num_key_value_heads=2, pad_token_id=0)
         ),
+        "Persimmon (heads × 3 × d, per-head QK LayerNorms)": lambda: T.PersimmonForCausalLM(
+            T.PersimmonConfig(**common, qk_layernorm=True, partial_rotary_factor=0.5)
+        ),
+        "BLOOM (heads × 3 × d, ALiBi)": lambda: T.BloomForCausalLM(
+            T.BloomConfig(vocab_size=40, hidden_size=16, n_layer=2, n_head=4)
+        ),
         "JetMoE (experts by computed counts)": lambda: T.JetMoeForCausalLM(
             T.JetMoeConfig(
                 **common,
