@@ -330,3 +330,15 @@ def test_min_and_max_need_the_values_behind_a_mean(tmp_path):
     other = "curve test.loss.barrier.rebasin method=wm width_multiplier=1"
     with pytest.raises(ResultsError, match="holds only the mean"):
         render_placeholders(f"{{{{ w: {other} ; .3f max }}}}", root, "p")
+
+
+def test_a_placeholder_marked_with_a_bang_is_shown_not_evaluated(tmp_path):
+    """Documentation of the grammar shows placeholders: ``{{! … }}`` renders as ``{{ … }}``
+    and names no file, while the same text without the mark must name a real one."""
+    root = _tree(tmp_path, _doc())
+    shown = "write `{{! NAME: merge merged_loss n=5 ; .3f ± }}` on a page"
+    assert render_placeholders(shown, root, "p")[0] == (
+        "write `{{ NAME: merge merged_loss n=5 ; .3f ± }}` on a page"
+    )
+    with pytest.raises(ResultsError, match="does not exist"):
+        render_placeholders(shown.replace("{{!", "{{"), root, "p")

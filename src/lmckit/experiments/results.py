@@ -29,7 +29,9 @@ over seeds, "0.50–0.55", for files that hold the values), ``change`` (for a ra
 placeholder reads the file's ``jobs`` list (every finished job's name, step and seconds, as
 the report's job table shows them); ``PATTERN`` is a job's name or a shell-style pattern
 (``merge/b0/*``) — several matches give their mean, ``min``, ``max``, ``n`` or ``sum``.
-Negative numbers are written with a minus sign (U+2212), as the pages do.
+Negative numbers are written with a minus sign (U+2212), as the pages do. A page that shows
+a placeholder rather than its number (documentation of this grammar) writes ``{{! … }}``:
+it renders as ``{{ … }}``, unevaluated.
 
 Files extracted from reports written before ``results.json`` existed
 (:func:`results_from_report`) hold each row's exact mean and count, and its standard
@@ -455,6 +457,8 @@ def render_placeholders(text: str, root: str | Path, where: str = "page") -> tup
     sources = _Sources(Path(root))
 
     def replace(match: re.Match[str]) -> str:
+        if match.group(1).startswith("!"):  # a placeholder shown, not evaluated (docs)
+            return "{{ " + match.group(1)[1:].strip() + " }}"
         line = text.count("\n", 0, match.start()) + 1
         return _evaluate(match.group(1), sources, f"{where}:{line}")
 
