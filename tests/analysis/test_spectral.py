@@ -203,3 +203,19 @@ def test_effective_rank_closed_forms():
     m = u @ torch.diag(torch.tensor([4.0, 1.0], dtype=torch.float64)) @ u.T
     r = effective_rank(torch.linalg.svdvals(m))
     assert 1 < r < 2
+
+
+def test_the_dominant_share_counts_the_values_above_gamma_times_the_largest():
+    """σ = (4, 2, 1, 0.5): ratios 1, ½, ¼, ⅛ — above 0.3 two of four, above 0.2 three; a
+    value exactly at the cut is not counted (R(γ) keeps ratios *above* γ); a zero matrix
+    has none."""
+    from lmckit.analysis import dominant_share
+    from lmckit.errors import ParamsError
+
+    values = torch.tensor([4.0, 2.0, 1.0, 0.5])
+    assert dominant_share(values, 0.3) == 0.5
+    assert dominant_share(values, 0.2) == 0.75
+    assert dominant_share(values, 0.25) == 0.5
+    assert dominant_share(torch.zeros(3)) == 0.0
+    with pytest.raises(ParamsError, match="gamma"):
+        dominant_share(values, 1.0)

@@ -48,6 +48,7 @@ __all__ = [
     "alignment",
     "conv_input_sizes",
     "conv_operator_singular_values",
+    "dominant_share",
     "effective_rank",
     "layer_names",
     "layer_svds",
@@ -202,6 +203,22 @@ def _kept(singular: Tensor, gamma: float) -> Tensor:
     if singular[0] == 0:
         return torch.zeros_like(singular, dtype=torch.bool)
     return singular / singular[0] > gamma
+
+
+@checked
+def dominant_share(values: Tensor, gamma: float = 0.3) -> float:
+    """The share of singular values ``values`` (descending, ``(k,)``) whose ratio to the
+    largest exceeds ``gamma`` — the directions ``R(γ)`` keeps (Ito et al. App. D.3: wider
+    models have fewer dominant directions). 0 for a zero matrix.
+
+    Raises:
+        ParamsError: ``gamma`` is not in [0, 1).
+    """
+    gamma = _check_gamma(gamma)
+    values = values.detach().double()
+    if values.numel() == 0:
+        return 0.0
+    return float(_kept(values, gamma).double().mean())
 
 
 @checked

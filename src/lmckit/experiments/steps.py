@@ -585,7 +585,7 @@ def _spectra_key(job: Job, deps, data: Dataset) -> tuple[str, dict[str, Any]]:
 
 
 def _spectra_run(payload: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
-    from lmckit.analysis.spectral import effective_rank, singular_values
+    from lmckit.analysis.spectral import dominant_share, effective_rank, singular_values
 
     s = payload["settings"]
     ckpts = [_checkpoint(payload, name) for name in payload["dep_order"]]
@@ -616,9 +616,9 @@ def _spectra_run(payload: dict[str, Any], progress: ProgressCallback | None) -> 
             )
             # Ito et al. App. D.3: wider models have fewer dominant directions — the share
             # of singular values above DOMINANT_RATIO × the largest (R(γ)'s cut at γ = 0.3)
-            record[f"dominant_share.{layer}"] = float(
-                (stack / top[:, None] > DOMINANT_RATIO).double().mean()
-            )
+            record[f"dominant_share.{layer}"] = sum(
+                dominant_share(v[layer], DOMINANT_RATIO) for v in values
+            ) / len(values)
             # the width study's §5.4: rank falls with width and with weight decay
             ranks = [effective_rank(v[layer]) for v in values]
             record[f"effective_rank.{layer}"] = sum(ranks) / len(ranks)

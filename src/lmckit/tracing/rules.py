@@ -276,17 +276,21 @@ def _dim(d: int, ndim: int) -> int:
 def elementwise(node: fx.Node, ax: Axes) -> None:
     """Right-aligned broadcasting: an input axis of the output's length carries the output's
     permutation; an axis of length 1 broadcast against it carries none."""
-    out = ax.shape(node)
-    if out is None:
-        return
     for x in tensor_args(node):
-        shape = ax.shape(x)
-        assert shape is not None
-        offset = len(out) - len(shape)
-        for i, n in enumerate(shape):
-            j = i + offset
-            if j >= 0 and n == out[j] and n > 1:
-                ax.same(x, i, node, j)
+        _broadcast(ax, x, node)
+
+
+def _broadcast(ax: Axes, x: fx.Node, node: fx.Node) -> None:
+    """``x`` broadcast to ``node``'s shape, right-aligned: its axes of the output's length
+    (more than 1) carry the output's permutation."""
+    out, shape = ax.shape(node), ax.shape(x)
+    if out is None or shape is None:
+        return
+    offset = len(out) - len(shape)
+    for i, n in enumerate(shape):
+        j = i + offset
+        if j >= 0 and n == out[j] and n > 1:
+            ax.same(x, i, node, j)
 
 
 def fresh_constant(node: fx.Node, ax: Axes) -> None:
@@ -416,15 +420,8 @@ def baddbmm(node: fx.Node, ax: Axes) -> None:
     """``baddbmm(x, a, b)`` = ``β·x + α·(a @ b)`` (BLOOM's attention scores with ALiBi's
     per-head bias): the batched product as :func:`matmul`, ``x`` broadcast to the output
     as by :func:`elementwise`."""
-    x, a, b = node.args[0], node.args[1], node.args[2]
-    _matmul(ax, a, b, node)
-    so, sx = ax.shape(node), ax.shape(x)
-    if so is None or sx is None:
-        return
-    offset = len(so) - len(sx)
-    for i, n in enumerate(sx):
-        if i + offset >= 0 and n == so[i + offset] and n > 1:
-            ax.same(x, i, node, i + offset)
+    _matmul(ax, node.args[1], node.args[2], node)
+    _broadcast(ax, node.args[0], node)
 
 
 def repeat(node: fx.Node, ax: Axes) -> None:
