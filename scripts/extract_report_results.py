@@ -31,6 +31,10 @@ def linked_reports() -> list[str]:
 
 def main(argv: list[str]) -> int:
     names = argv or linked_reports()
+    missing = [n for n in names if not (ROOT / "docs" / f"{n}-report.html").is_file()]
+    if missing:
+        print(f"no report docs/NAME-report.html for {', '.join(missing)}", file=sys.stderr)
+        return 2
     for name in names:
         report = ROOT / "docs" / f"{name}-report.html"
         document = results_from_report(report.read_text(), name)

@@ -71,6 +71,10 @@ def test_the_tiny_file_expands_into_cells():
             "paper[0].n must be a number of models",
         ),
         (
+            {"paper": [{"step": "curve", "metric": "x", "value": 1, "source": "T", "n": 5}]},
+            "paper[0].n is the number of models of a merge",
+        ),
+        (
             {"paper": [{"step": "curve", "metric": "x", "value": 1, "source": "T", "block": -1}]},
             "paper[0].block must be a block index",
         ),

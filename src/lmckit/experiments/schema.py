@@ -558,6 +558,11 @@ def _parse_paper(raw: Any, where: str) -> dict[str, Any]:
     count = entry.get("n", 2)
     if isinstance(count, bool) or _expect(count, int, f"{where}.n") < 2:
         raise ExperimentError(f"{where}.n must be a number of models (2 or more)")
+    if "n" in entry and entry.get("step") != "merge":
+        raise ExperimentError(
+            f"{where}.n is the number of models of a merge; it does not apply to step "
+            f"{entry.get('step')!r}"
+        )
     for key in ("value", "std"):
         if key in entry or key == "value":
             _expect(entry.get(key), (int, float), f"{where}.{key}")
