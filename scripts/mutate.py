@@ -2344,6 +2344,23 @@ MUTATIONS = [
         ("tests/tracing/test_trace_transformers.py",),
     ),
     M(
+        "am-copies-gains-on-a-s-heads",
+        "activation matching's copies gains left indexed by A's heads, not B's",
+        "src/lmckit/perm.py",
+        "    out[tie_outer(spec, spec.copies[group], perm).cpu()] = gains\n    return out\n",
+        "    return gains\n",
+        ("tests/test_perm_copies.py", "tests/tracing/test_trace_transformers.py"),
+    ),
+    M(
+        "am-copies-scored-on-unmoved-b",
+        "activation matching scores the copies against B's activations before the other "
+        "groups move them",
+        "src/lmckit/perm.py",
+        "    if index is not None:\n        scores = scores[:, index.to(scores.device)]\n",
+        "",
+        ("tests/test_perm_copies.py", "tests/tracing/test_trace_transformers.py"),
+    ),
+    M(
         "alibi-heads-not-fixed-at-the-reshape",
         "no second pass: heads frozen after their reshape (BLOOM's ALiBi) freeze their insides",
         "src/lmckit/tracing/trace.py",

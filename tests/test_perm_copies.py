@@ -14,6 +14,7 @@ from lmckit.match.weight import weight_matching_reference
 from lmckit.perm import (
     axis_index,
     copies_gains,
+    copies_gains_of_units,
     copies_value,
     random_index_vectors,
     solve_copies,
@@ -157,6 +158,35 @@ def test_the_copies_solve_maximises_the_inner_product_over_every_copies_vector()
     values = [inner(c) for c in candidates]
     assert inner(best) == pytest.approx(max(values), rel=1e-12)
     # and the gains are the inner product up to a constant
+    offsets = [v - copies_value(gains, c) for v, c in zip(values, candidates, strict=True)]
+    assert max(offsets) - min(offsets) < 1e-9
+
+
+@pytest.mark.parametrize(("name", "axis"), [("q", 0), ("o", 1)])
+def test_copies_gains_of_units_score_every_copies_vector_as_moving_the_activations(name, axis):
+    """Activation matching's copies gains, from unit-by-unit scores: brute force over all
+    (2!)³ copies vectors, B's activations (laid out as the weight's axis) moved by the
+    whole element — the gains are their inner product with A's up to a constant, and
+    the solve picks the best."""
+    spec = copies_spec()
+    g = torch.Generator().manual_seed(5)
+    acts_a = torch.randn(40, KV * R * D, dtype=torch.float64, generator=g)
+    acts_b = torch.randn(40, KV * R * D, dtype=torch.float64, generator=g)
+    perm = Permutation.random(spec, 6)
+    gains = copies_gains_of_units(spec, "qc", name, axis, acts_a.T @ acts_b, perm)
+    best = solve_copies(gains)
+
+    def inner(qc) -> float:
+        moved = acts_b[:, axis_index(spec, name, axis, perm.replace(qc=qc))]
+        return float((acts_a * moved).sum())
+
+    candidates = [
+        torch.tensor([j * R + t for j, rho in enumerate(rhos) for t in rho])
+        for rhos in itertools.product(itertools.permutations(range(R)), repeat=KV)
+    ]
+    values = [inner(c) for c in candidates]
+    assert inner(best) == pytest.approx(max(values), rel=1e-12)
+    assert len(set(values)) == len(values)  # generic: the brute force has one best
     offsets = [v - copies_value(gains, c) for v, c in zip(values, candidates, strict=True)]
     assert max(offsets) - min(offsets) < 1e-9
 

@@ -41,6 +41,7 @@ __all__ = [
     "compose_copies",
     "copies_axis_index",
     "copies_gains",
+    "copies_gains_of_units",
     "copies_value",
     "from_unit_rows",
     "group_cost_matrix",
@@ -1137,6 +1138,39 @@ def copies_gains(
         gains += torch.einsum("htx,hux->htu", a3, b3).cpu()
     out = torch.empty_like(gains)
     out[outer] = gains
+    return out
+
+
+def copies_gains_of_units(
+    spec: PermutationSpec,
+    group: str,
+    name: str,
+    axis: int,
+    unit_gains: Tensor,
+    perm: Permutation | Mapping[str, Tensor],
+) -> Tensor:
+    """:func:`copies_gains` from gains between single entries: ``unit_gains[k, l]`` scores
+    A's entry ``k`` of ``name``'s head-repeated ``axis`` against B's entry ``l`` (the
+    correlation of two activations laid out as that axis, for activation matching). B's
+    entries are moved by every group of ``perm`` but the copies; ``G[j, t, u]`` sums the
+    scores of A's copy ``t`` and B's copy ``u`` of head ``j`` dimension by dimension. An
+    ``(h, r, r)`` float64 tensor indexed by B's heads, as :func:`copies_gains` gives."""
+    h, r = spec.copies_layout(group)
+    others = {g: p for g, p in perm.items() if g not in spec.copies}
+    index = axis_index(spec, name, axis, others)
+    scores = unit_gains.to(torch.float64)
+    if index is not None:
+        scores = scores[:, index.to(scores.device)]
+    span = spec.copies_span(name, axis)
+    if span is not None:  # a direct sum: its head-repeated segment
+        start, length = span
+        scores = scores[start : start + length, start : start + length]
+    d = scores.shape[0] // (h * r)
+    same_head = scores.reshape(h, r, d, h, r, d).diagonal(dim1=0, dim2=3)  # (r, d, r, d, h)
+    same_dim = same_head.diagonal(dim1=1, dim2=3)  # (r, r, h, d)
+    gains = same_dim.sum(-1).permute(2, 0, 1).cpu()  # (h, r, r)
+    out = torch.empty_like(gains)
+    out[tie_outer(spec, spec.copies[group], perm).cpu()] = gains
     return out
 
 

@@ -306,12 +306,13 @@ def test_llama_grouped_query_attention_moves_key_value_groups_with_their_query_h
     x = torch.randint(0, 40, (48, 7), generator=torch.Generator().manual_seed(2))
     a = {k: t.detach().clone() for k, t in model.state_dict().items()}
     truth = moving_permutation(spec, 7)
-    # activation matching does not choose the query heads inside their key/value group
-    # (it leaves them in place; weight matching does): planted at the identity here
-    truth = truth.replace(**{c: torch.arange(spec.groups[c]) for c in spec.copies})
+    # the query heads inside their key/value group too, at the query projection's output
+    # and the output projection's input (the graph's copies sites)
+    assert all(not truth[c].equal(torch.arange(spec.groups[c])) for c in spec.copies)
+    assert set(report.copies_sites) == set(spec.copies)
     data = TensorLoader(x, torch.roll(x, -1, 1), batch_size=16)
     found = activation_matching(spec, a, truth.inverse().apply(a), model=model, data=data)
-    assert found.alignment == truth
+    assert found.alignment == truth and found.info["copies_in_place"] == []
 
 
 def test_a_diffusers_unet_traces_through_its_upsampling_and_skip_connections():
@@ -464,8 +465,8 @@ def test_activation_matching_reads_each_expert_through_the_activation_of_its_tok
         experts = spec.heads[hidden][0]
         sigma = torch.randperm(24, generator=torch.Generator().manual_seed(layer))
         truth[hidden] = (truth[experts][:, None] * 24 + sigma).reshape(-1)
-    for c in spec.copies:  # query heads inside their key/value group: AM leaves them
-        truth[c] = torch.arange(spec.groups[c])
+    # the query heads inside their key/value group are planted too (layer 0's move)
+    assert any(not truth[c].equal(torch.arange(spec.groups[c])) for c in spec.copies)
     truth = Permutation(spec, truth)
     b = truth.inverse().apply(a)
     data = [(torch.randint(0, 40, (8, 7), generator=torch.Generator().manual_seed(i)), None)

@@ -33,7 +33,13 @@ from lmckit.match.network import batches_per_pass, require_model_and_data
 from lmckit.match.result import MatchResult, check_inputs
 from lmckit.options import Count, checked
 from lmckit.params import Params, params_distance
-from lmckit.perm import Permutation, PermutationSpec
+from lmckit.perm import (
+    Permutation,
+    PermutationSpec,
+    copies_gains_of_units,
+    copies_value,
+    solve_copies,
+)
 from lmckit.progress import ProgressCallback, notify
 from lmckit.tracing import GraphTaps
 from lmckit.tracing.trace import EACH
@@ -188,7 +194,12 @@ def activation_matching(
 
     Returns:
         :class:`MatchResult`; ``history`` holds the total matched gain, ``iterations`` the
-        batches used, ``info["examples"]`` the number of examples.
+        batches used, ``info["examples"]`` the number of examples and
+        ``info["copies_in_place"]`` the copies groups (query heads inside their key/value
+        group) left in place because no activation of the graph is laid out as their
+        weights. The others are chosen after the heads and their dimensions, by the
+        correlations of the query projection's outputs and the output projection's inputs
+        (every other group applied to B's), one assignment of copies per head.
     """
     start = time.perf_counter()
     if statistic not in STATISTICS:
@@ -240,8 +251,6 @@ def activation_matching(
             )
         all_gains[g] = gains
     perms = assign_groups(all_gains, spec.heads, spec.pinned, shared)
-    # query heads inside their key/value group are not matched by activations: identity
-    perms.update({c: torch.arange(spec.groups[c]) for c in spec.copies})
     gain = 0.0
     for g, c in all_gains.items():
         p = perms[g].to(c.device)
@@ -249,6 +258,20 @@ def activation_matching(
         if g in shared:  # every head's block is the one block
             rows, p = rows % len(c), p % len(c)
         gain += float(c[rows, p].sum())
+    # the query heads inside their key/value group, once the heads and their dimensions
+    # are chosen: where the graph holds no activation laid out as their weights, in place
+    copies_taps = reader.copies_taps() if isinstance(reader, GraphTaps) else {}
+    unmatched = sorted(set(spec.copies) - set(copies_taps))
+    for c in spec.copies:
+        if c in copies_taps:
+            gains = sum(
+                copies_gains_of_units(spec, c, weight, axis, moments[site].gains(statistic), perms)
+                for site, weight, axis in copies_taps[c]
+            )
+            perms[c] = solve_copies(gains)
+            gain += copies_value(gains, perms[c])
+        else:
+            perms[c] = torch.arange(spec.groups[c])
     perm = Permutation(spec, perms)
     return MatchResult(
         alignment=perm,
@@ -258,5 +281,5 @@ def activation_matching(
         seconds=time.perf_counter() - start,
         distance_before=params_distance(params_a, params_b),
         distance_after=params_distance(params_a, perm.apply(params_b)),
-        info={"examples": examples, "statistic": statistic},
+        info={"examples": examples, "statistic": statistic, "copies_in_place": unmatched},
     )

@@ -65,13 +65,33 @@ class GraphTaps:
         self.sites: dict[str, tuple[tuple[str, int], ...]] = {
             g: tuple(sites[g]) for g in spec.groups if g not in spec.copies
         }
-        self._nodes = sorted({node for sites in self.sites.values() for node, _ in sites})
+        # the copies groups' sites carry the weight axis they are laid out as
+        self.copies_sites: dict[str, tuple[tuple[str, int, str, int], ...]] = {
+            names[c]: found for c, found in report.copies_sites.items()
+        }
+        shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         self._sizes = {site: spec.groups[g] for g, sites in self.sites.items() for site in sites}
+        self._sizes.update(
+            {
+                (node, axis): shapes[weight][weight_axis]
+                for found in self.copies_sites.values()
+                for node, axis, weight, weight_axis in found
+            }
+        )
+        self._nodes = sorted({node for node, _ in self._sizes})
         self._runners: dict[tuple, tuple[nn.Module, dict[str, Any]]] = {}
 
     def taps(self) -> dict[str, list[str]]:
         """``{group: [site names]}``, a site named ``node:axis``."""
         return {g: [f"{node}:{axis}" for node, axis in s] for g, s in self.sites.items()}
+
+    def copies_taps(self) -> dict[str, list[tuple[str, str, int]]]:
+        """``{copies group: [(site name, weight, weight axis)]}``: activations laid out as
+        the weight's head-repeated axis (the query heads inside their key/value group)."""
+        return {
+            c: [(f"{node}:{axis}", weight, weight_axis) for node, axis, weight, weight_axis in s]
+            for c, s in self.copies_sites.items()
+        }
 
     def __call__(self, params: Params, x: Tensor) -> dict[str, Tensor]:
         """The activations of ``model`` with ``params`` on the batch ``x``: ``{site name:
@@ -83,11 +103,7 @@ class GraphTaps:
             runner, {k: v for k, v in params.items() if k in names}, inputs, strict=False
         )
         found = dict(zip(self._nodes, values, strict=True))
-        return {
-            f"{node}:{axis}": found[node].movedim(axis, 1)
-            for sites in self.sites.values()
-            for node, axis in sites
-        }
+        return {f"{node}:{axis}": found[node].movedim(axis, 1) for node, axis in self._sizes}
 
     def _runner(self, x: Tensor) -> tuple[nn.Module, tuple[Any, ...]]:
         """The graph that returns the sites, for inputs like ``x``, and its flat inputs for

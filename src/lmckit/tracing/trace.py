@@ -142,6 +142,10 @@ class TraceReport:
         batched_experts: the mixture-of-experts modules traced and checked in their
             batched form (:func:`batched_experts`: the same function, in ops the tracer
             follows); empty for a model without them.
+        copies_sites: ``{copies group: ((graph node, axis, weight, weight axis), ...)}`` —
+            activations laid out as one of the group's head-repeated weight axes (a
+            linear map's result for its output axis, its input for its input axis), where
+            activation matching chooses the query heads inside their key/value group.
     """
 
     spec: PermutationSpec
@@ -155,6 +159,7 @@ class TraceReport:
     numels: Mapping[str, int] = field(repr=False)
     precision: str = "float64"
     batched_experts: tuple[str, ...] = ()
+    copies_sites: Mapping[str, tuple[tuple[str, int, str, int], ...]] = field(default_factory=dict)
 
     @property
     def permuted_fraction(self) -> float:
@@ -502,7 +507,8 @@ def _trace_report(
         unknown_ops=tuple(unknown),
         aliases=aliases,
         checked_modes=modes,
-        activation_sites=sites,
+        activation_sites={g: s for g, s in sites.items() if g not in spec.copies},
+        copies_sites={g: s for g, s in sites.items() if g in spec.copies},
         seconds=time.perf_counter() - start,
         numels={k: v.numel() for k, v in state.items()},
         precision=precision,
@@ -1348,7 +1354,41 @@ def _build_spec_once(exported, state, aliases, placeholder_of, uf, found: _Found
     for name, found_at in found_sites.items():
         best = min(rank for rank, _, _ in found_at)
         sites[name] = tuple((node, i) for rank, node, i in found_at if rank == best)
+    sites.update(_copies_sites(exported, spec, state, placeholder_of))
     return spec, frozen, inside, sites
+
+
+def _copies_sites(
+    exported, spec: PermutationSpec, state: Mapping[str, Tensor], placeholder_of: Mapping[str, str]
+) -> dict[str, tuple[tuple[str, int, str, int], ...]]:
+    """Per copies group, the activations laid out as one of its weights' head-repeated
+    axes: a linear map's result for an output axis (the queries), its input for an input
+    axis (the output projection's, each query head's attention output) — unit ``k`` of the
+    activation is entry ``k`` of the weight's axis, so activation matching reads the copies
+    there with the weight's own layout. A copies group none of whose weights enters a
+    linear map directly has no site (activation matching leaves it in place). Each site is
+    ``(graph node, axis, weight name, weight axis)``."""
+    linear = torch.ops.aten.linear.default
+    users: dict[str, list[fx.Node]] = {}
+    for node in exported.graph.nodes:
+        if node.op == "call_function" and node.target == linear and len(node.args) > 1:
+            weight = node.args[1]
+            if isinstance(weight, fx.Node):
+                users.setdefault(weight.name, []).append(node)
+    out: dict[str, tuple[tuple[str, int], ...]] = {}
+    for group in spec.copies:
+        found: list[tuple[str, int, str, int]] = []
+        for name, axis in spec.copies_axes(group):
+            if spec.head_axis(name, axis) is not None or spec.block(name, axis) != 1:
+                continue
+            for node in users.get(placeholder_of.get(name, ""), ()):
+                site = node if axis == 0 else node.args[0]
+                shape = Axes.shape(site) if isinstance(site, fx.Node) else None
+                if shape and state[name].ndim == 2 and shape[-1] == state[name].shape[axis]:
+                    found.append((site.name, len(shape) - 1, name, axis))
+        if found:
+            out[group] = tuple(dict.fromkeys(found))
+    return out
 
 
 _SITE_RANKS = (
