@@ -15,8 +15,11 @@ For each model, two cases:
   model in float64, norm gains folded, weight matching, then the orthogonal descent to
   ``--orth-sweeps`` sweeps or its stopping rule), beside weight matching of the same pair
   in the same process: seconds of each stage, sweeps, why the descent stopped, the weight
-  distances and peak RSS in models. It has no memory budget yet (``--max-memory`` bounds
-  permutation matching only), so this case reports what it holds.
+  distances and peak RSS in models. With ``--max-memory`` both matches run within it
+  (``symmetry_matching(max_memory=...)``: the kinds check in float32 where its float64
+  copies would not fit, the match refused up front where the models, their folded
+  readers and B's moved copy exceed it); the case reports the budget, the kinds check's
+  precision and whether the peak stayed within it.
 
 Each case runs in a fresh process (its peak resident memory is its own): it loads both
 folders (memory-mapped; the spec traced on A), matches with
@@ -154,7 +157,7 @@ def run_case(root: Path, name: str, case: str, aligned: Path) -> dict:
     return out
 
 
-def run_orthogonal(root: Path, name: str, sweeps: int) -> dict:
+def run_orthogonal(root: Path, name: str, sweeps: int, max_memory: int | None = None) -> dict:
     """The ``wm-orth`` case, in this process (see the module docstring)."""
     from lmckit.match import weight_matching
     from lmckit.match.symmetries import symmetry_matching
@@ -162,14 +165,14 @@ def run_orthogonal(root: Path, name: str, sweeps: int) -> dict:
 
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     start = time.perf_counter()
-    a = load_model_folder(root / f"{name}-seed0")
-    b = load_model_folder(root / f"{name}-seed1", spec=a.spec)
+    a = load_model_folder(root / f"{name}-seed0", max_memory=max_memory)
+    b = load_model_folder(root / f"{name}-seed1", spec=a.spec, max_memory=max_memory)
     loaded = time.perf_counter() - start
-    wm = weight_matching(a.spec, a.params, b.params)
+    wm = weight_matching(a.spec, a.params, b.params, max_memory=max_memory)
     x, kwargs = example_inputs(a.model, a.layout.config)
     result = symmetry_matching(
         a.spec, a.params, b.params, model=a.model, example_inputs=x,
-        example_kwargs=kwargs, max_iter=sweeps,
+        example_kwargs=kwargs, max_iter=sweeps, max_memory=max_memory,
     )  # fmt: skip
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     unique = {k: t for k, t in a.params.items() if k not in a.trace_report.aliases}
@@ -190,6 +193,7 @@ def run_orthogonal(root: Path, name: str, sweeps: int) -> dict:
             result.seconds - sum(st["seconds"] for st in result.info["stages"]), 2
         ),
         "kinds": result.info.get("kinds"),
+        "kinds_precision": result.info.get("kinds_precision"),
         "orth_seconds": round(orth["seconds"], 2),
         "orth_sweeps": result.iterations,
         "orth_sweep_cap": sweeps,
@@ -201,6 +205,8 @@ def run_orthogonal(root: Path, name: str, sweeps: int) -> dict:
         "peak_rss_bytes": peak,
         "baseline_rss_bytes": baseline,
         "match_rss_models": round((peak - baseline) / model_bytes, 2),
+        "max_memory_bytes": max_memory,
+        "within_max_memory": None if max_memory is None else peak <= max_memory,
     }
 
 
@@ -260,6 +266,10 @@ def main() -> None:
         "--orth-sweeps", type=positive, default=100, help="the wm-orth case's sweep cap"
     )
     parser.add_argument(
+        "--max-memory", type=float, metavar="GIB",
+        help="the wm-orth case's memory budget in GiB (default: none)",
+    )  # fmt: skip
+    parser.add_argument(
         "--report-only", action="store_true", help="print the finished cases, run nothing"
     )
     parser.add_argument("--case", nargs=2, help=argparse.SUPPRESS)  # a child process's case
@@ -270,7 +280,8 @@ def main() -> None:
             print(json.dumps(run_rebasin(args.root, name, args.rebasin_gib)))
             return
         if case == "wm-orth":
-            print(json.dumps(run_orthogonal(args.root, name, args.orth_sweeps)))
+            budget = None if args.max_memory is None else int(args.max_memory * (1 << 30))
+            print(json.dumps(run_orthogonal(args.root, name, args.orth_sweeps, budget)))
             return
         print(json.dumps(run_case(args.root, name, case, args.root / f"{name}-{case}-aligned")))
         return
@@ -293,6 +304,7 @@ def main() -> None:
                         str(args.rebasin_gib),
                         "--orth-sweeps",
                         str(args.orth_sweeps),
+                        *(["--max-memory", str(args.max_memory)] if args.max_memory else []),
                     ],
                     capture_output=True,
                     text=True,

@@ -195,8 +195,14 @@ def test_the_command_line_writes_a_transform_that_aligns_b(tmp_path, capsys):
         load_permutation(out, permutation_spec(models[0]))
     assert main([*args[:-3], "--method", "sinkhorn", "--out", str(tmp_path / "u.json")]) == 2
     assert "weight matching" in capsys.readouterr().err
-    assert main([*args, "--max-memory", "1G"]) == 2  # not silently ignored
-    assert "--max-memory" in capsys.readouterr().err
+    # a budget: refused up front where the descent's copies exceed it, for wm-orth; the
+    # methods that hold activations or gradients do not take it
+    assert main([*args, "--max-memory", "1K"]) == 2
+    assert "allowed by max_memory" in capsys.readouterr().err
+    ste = ["--method", "ste", "--max-memory", "1G"]
+    assert main([*args[:-1], *ste, "--dataset", "synthetic", "-q"]) == 2
+    assert "--max-memory does not apply here" in capsys.readouterr().err
+    assert main([*args, "--max-memory", "1G"]) == 0
 
 
 def test_in_float32_the_descent_stops_where_its_gains_reach_rounding(kinds):
@@ -225,3 +231,67 @@ def test_in_float32_the_descent_stops_where_its_gains_reach_rounding(kinds):
     assert default.info["gain_tol"] == 0 and default.history == off.history
     with pytest.raises(PermutationError, match="gain_tol must be a non-negative"):
         orthogonal_weight_matching(spec64, a64, b64, gain_tol=-1.0)
+
+
+def test_the_kinds_check_in_float32_finds_what_float64_finds_and_leaves_the_model_alone():
+    """A float32 model checked in float32 (the model itself runs the check: no twin) finds
+    the same kinds, folds, biases and duals as its float64 twin's check; a budget too
+    small for the float64 copies picks float32 without being asked."""
+    from lmckit.tracing.kinds import kinds_check_bytes, kinds_check_precision
+
+    model = _gpt(0)
+    x = torch.randint(0, 20, (3, 8))
+    spec = permutation_spec(model)
+    want = symmetry_kinds(model, x, spec)
+    assert want.precision == "float64"
+    model32 = model.float().train()
+    before = {k: v.clone() for k, v in model32.state_dict().items()}
+    found = symmetry_kinds(model32, x, spec, precision="float32")
+    assert found.precision == "float32" and found.spec == want.spec
+    assert model32.training  # its mode restored, its weights untouched
+    assert all(torch.equal(v, model32.state_dict()[k]) for k, v in before.items())
+    state = model32.state_dict()
+    floats = sum(t.numel() for t in state.values() if t.is_floating_point())
+    assert kinds_check_bytes(state, "float64") == 24 * floats
+    assert kinds_check_bytes(state, "float32") == 8 * floats  # no twin of a float32 model
+    model_bytes = 4 * floats
+    assert kinds_check_precision(state, model_bytes + 24 * floats) == "float64"
+    assert kinds_check_precision(state, model_bytes + 24 * floats - 1) == "float32"
+    budget = symmetry_kinds(model32, x, spec, max_memory=model_bytes + 24 * floats - 1)
+    assert budget.precision == "float32" and budget.spec == want.spec
+    with pytest.raises(SpecError, match="precision must be"):
+        symmetry_kinds(model32, x, spec, precision="float16")
+    with pytest.raises(SpecError, match="max_memory must be"):
+        symmetry_kinds(model32, x, spec, max_memory=0)
+
+
+def test_wm_orth_within_a_budget_is_the_same_match_and_a_budget_too_small_is_refused():
+    from lmckit.budget import ResourceError
+    from lmckit.errors import ParamsError
+    from lmckit.match import symmetry_matching
+    from lmckit.match.symmetries import descent_bytes
+
+    models = [_gpt(0).float(), _gpt(1).float()]
+    a, b = ({k: v.detach() for k, v in m.state_dict().items()} for m in models)
+    x = torch.randint(0, 20, (3, 8))
+    spec = permutation_spec(models[0])
+    free = symmetry_matching(spec, a, b, model=models[0], example_inputs=x)
+    kinds = symmetry_kinds(models[0], x, spec).spec
+    need = descent_bytes(kinds, a, b)
+    floats = sum(t.numel() for t in a.values() if t.is_floating_point())
+    # the models and B's moved copy in full; the readers of the folded gains, each model's
+    assert need["models"] == need["moved"] * 2 == 8 * floats
+    readers = {k for r in kinds.folds.values() for k, _ in r} | set(kinds.folds)
+    readers |= set(kinds.norm_biases.values())
+    assert need["folded"] == 2 * sum(4 * a[k].numel() for k in readers) > 0
+    fits = sum(need.values()) + 4 * floats  # room for the descent, not the float64 check
+    bounded = symmetry_matching(spec, a, b, model=models[0], example_inputs=x, max_memory=fits)
+    assert free.info["kinds_precision"] == "float64"
+    assert bounded.info["kinds_precision"] == "float32"
+    assert bounded.distance_after == pytest.approx(free.distance_after, rel=1e-6)
+    with pytest.raises(ResourceError, match="folded readers"):
+        symmetry_matching(
+            spec, a, b, model=models[0], example_inputs=x, max_memory=sum(need.values()) - 1
+        )
+    with pytest.raises(ParamsError, match="max_memory bounds start='wm' only"):
+        symmetry_matching(spec, a, b, model=models[0], data=[(x, x)], start="am", max_memory=fits)

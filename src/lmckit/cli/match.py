@@ -78,11 +78,6 @@ def cmd_match(args: argparse.Namespace) -> int:
         from lmckit.model_folder import check_writable
 
         check_writable(b)  # before the match: its result is written in B's layout
-    if transform and args.max_memory is not None:
-        raise UsageError(
-            f"--max-memory bounds permutation weight matching; {method} does not take it "
-            "(its transforms are dense per group)"
-        )
     data = cli_inputs.data(a, args) if METHODS[method].needs_data else None
     check_match(
         a, b, args.method, data, restarts=args.restarts, epochs=args.epochs,
@@ -156,7 +151,9 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--max-memory", type=arg.size, metavar="SIZE",
         help="weight matching: memory it may hold, e.g. 12G (the two models, the cost "
-        "matrices, one step's working set); refused up front if too small",
+        "matrices, one step's working set; with --symmetries, the folded readers and B's "
+        "moved copy, the kinds check in float32 where float64 would not fit); refused up "
+        "front if too small",
     )  # fmt: skip
     p.add_argument(
         "--aligned", type=arg.out_path, metavar="FOLDER",

@@ -30,10 +30,10 @@ _STE_OPTIONS = ("epochs", "lr", "batch_size")
 _UNUSED = {
     ("wm", "orth"): ("n_batches", *_STE_OPTIONS),
     ("wm", "full"): _STE_OPTIONS,  # n_batches: the least squares' activations
-    ("am", "orth"): ("restarts", "max_iter", "gain_tol", *_STE_OPTIONS),
-    ("am", "full"): ("restarts", "max_iter", "gain_tol", *_STE_OPTIONS),
-    ("ste", "orth"): (),
-    ("ste", "full"): (),
+    ("am", "orth"): ("restarts", "max_iter", "gain_tol", "max_memory", *_STE_OPTIONS),
+    ("am", "full"): ("restarts", "max_iter", "gain_tol", "max_memory", *_STE_OPTIONS),
+    ("ste", "orth"): ("max_memory",),
+    ("ste", "full"): ("max_memory",),
 }
 
 METHODS: dict[str, Method] = {

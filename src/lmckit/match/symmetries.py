@@ -46,7 +46,7 @@ from lmckit.perm import Permutation, PermutationSpec
 from lmckit.progress import ProgressCallback
 from lmckit.transform import fold_norms, orthogonal_subgroup
 
-__all__ = ["SYMMETRIES", "symmetry_matching"]
+__all__ = ["SYMMETRIES", "descent_bytes", "symmetry_matching"]
 
 Symmetries = Literal["orth", "full"]
 SYMMETRIES: tuple[str, ...] = get_args(Symmetries)
@@ -79,6 +79,7 @@ def symmetry_matching(
     epochs: Count = 1,
     lr: Positive = 1e-3,
     batch_size: Count = 256,
+    max_memory: Count | None = None,
 ) -> MatchResult:
     """Align B to A over the symmetries ``model``'s graph admits (module docstring).
 
@@ -108,6 +109,12 @@ def symmetry_matching(
             :func:`~lmckit.match.orthogonal.orthogonal_weight_matching`).
         epochs, lr, batch_size: ``"ste"``'s descent on the midpoint loss
             (:func:`~lmckit.match.transform_ste.transform_ste_matching`).
+        max_memory: bytes ``start="wm"`` may hold, the two models included: the kinds
+            check runs in float32 where its float64 copies would not fit
+            (:func:`~lmckit.tracing.kinds_check_precision`), weight matching keeps its
+            cost matrices only where they fit, and the match is refused up front where
+            the models, their folded readers and B's moved copy (what the orthogonal
+            descent holds) exceed it.
 
     Returns:
         the last stage's :class:`MatchResult` (``alignment`` a
@@ -118,7 +125,9 @@ def symmetry_matching(
 
     Raises:
         ParamsError: an unknown ``symmetries`` or ``start``, no model or data, an ``init``,
-            or a model whose graph admits nothing beyond permutations.
+            ``max_memory`` with a start other than ``"wm"``, or a model whose graph admits
+            nothing beyond permutations.
+        ResourceError: ``max_memory`` below what the match certainly holds.
     """
     from lmckit.tracing import symmetry_kinds
 
@@ -138,10 +147,18 @@ def symmetry_matching(
         )
     if data is None and example_inputs is None:
         raise ParamsError("symmetry_matching needs example_inputs= or data= to read the graph")
+    if max_memory is not None and start != "wm":
+        raise ParamsError(
+            f"max_memory bounds start='wm' only; start={start!r} holds activations or "
+            "gradients it does not count"
+        )
     check_inputs(spec, params_a, params_b, None, seed)
     if example_inputs is None:
         example_inputs = example_batch(data, "symmetry_matching")
-    kinds = symmetry_kinds(model, example_inputs, spec, example_kwargs=example_kwargs).spec
+    report = symmetry_kinds(
+        model, example_inputs, spec, example_kwargs=example_kwargs, max_memory=max_memory
+    )
+    kinds = report.spec
     if symmetries == "orth":
         kinds = orthogonal_subgroup(kinds)
     if not kinds.kinds:
@@ -149,6 +166,8 @@ def symmetry_matching(
             f"no group of {type(model).__name__} admits a map beyond permutations (see "
             f"`lmckit spec`): symmetries={symmetries!r} would give permutations"
         )
+    if max_memory is not None:
+        _check_descent_fits(kinds, params_a, params_b, max_memory)
     folded_a, folded_b = fold_norms(kinds, params_a), fold_norms(kinds, params_b)
     common = dict(model=model, data=data, seed=seed, n_batches=n_batches)
     if start == "am":
@@ -156,7 +175,9 @@ def symmetry_matching(
             transform_activation_matching(kinds, folded_a, folded_b, progress=progress, **common)
         ]
     else:
-        wm = weight_matching(kinds, folded_a, folded_b, seed=seed, restarts=restarts)
+        wm = weight_matching(
+            kinds, folded_a, folded_b, seed=seed, restarts=restarts, max_memory=max_memory
+        )
         orth = orthogonal_weight_matching(
             kinds, folded_a, folded_b, init=wm.alignment, seed=seed, max_iter=max_iter,
             gain_tol=gain_tol,
@@ -202,9 +223,46 @@ def symmetry_matching(
                 for r in stages
             ],
             "kinds": kinds.kind_counts(),
+            "kinds_precision": report.precision,
             "stopped": next((r.info["stopped"] for r in stages if "stopped" in r.info), None),
             "conditions": next(
                 (r.info["conditions"] for r in stages if "conditions" in r.info), {}
             ),
         },
     )
+
+
+@checked
+def descent_bytes(spec: PermutationSpec, params_a: Params, params_b: Params) -> dict[str, int]:
+    """What the orthogonal descent of ``start="wm"`` certainly holds, in bytes, for a spec
+    with kinds and folds: ``models`` (A and B; a tensor two names share, once),
+    ``folded`` (the readers and norm biases :func:`~lmckit.transform.fold_norms` writes
+    anew, for each model) and ``moved`` (B's floating tensors moved by the current maps).
+    A lower bound: one update's temporaries come on top."""
+    from lmckit.match.weight_matcher import MemoryNeed
+
+    rewritten = {name for readers in spec.folds.values() for name, _ in readers}
+    rewritten |= set(spec.norm_biases.values()) | set(spec.folds)
+    folded = sum(
+        params[k].numel() * params[k].element_size()
+        for params in (params_a, params_b)
+        for k in rewritten
+    )
+    moved = sum(t.numel() * t.element_size() for t in params_b.values() if t.is_floating_point())
+    models = MemoryNeed.of(spec, params_a, params_b).models
+    return {"models": models, "folded": folded, "moved": moved}
+
+
+def _check_descent_fits(
+    spec: PermutationSpec, params_a: Params, params_b: Params, max_memory: int
+) -> None:
+    from lmckit.budget import ResourceError, human_bytes
+
+    need = descent_bytes(spec, params_a, params_b)
+    if sum(need.values()) > max_memory:
+        raise ResourceError(
+            f"orthogonal weight matching needs at least {human_bytes(sum(need.values()))} "
+            f"(the two models {human_bytes(need['models'])}, their folded readers "
+            f"{human_bytes(need['folded'])}, B moved {human_bytes(need['moved'])}), more "
+            f"than the {human_bytes(max_memory)} allowed by max_memory"
+        )

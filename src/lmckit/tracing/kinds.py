@@ -88,12 +88,14 @@ class SymmetryReport:
         reasons: group -> why it stays a permutation group (groups of size 1 are left out).
         norms: gain name -> ``"layer_norm"`` or ``"rms_norm"``.
         seconds: time taken.
+        precision: the dtype the check computed in (``"float64"`` or ``"float32"``).
     """
 
     spec: PermutationSpec
     reasons: Mapping[str, str] = field(default_factory=dict)
     norms: Mapping[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    precision: str = "float64"
 
     def counts(self) -> dict[str, int]:
         """Groups per kind."""
@@ -120,6 +122,8 @@ def symmetry_kinds(
     example_kwargs: Mapping[str, Any] | None = None,
     outputs: Callable[[Any], Any] | None = None,
     seed: int = 0,
+    precision: str | None = None,
+    max_memory: int | None = None,
 ) -> SymmetryReport:
     """The orthogonal symmetries of ``model`` beyond its permutation ``spec``.
 
@@ -128,6 +132,12 @@ def symmetry_kinds(
         example_inputs, example_kwargs, outputs: as for :func:`~lmckit.tracing.trace`.
         spec: its permutation spec (:func:`~lmckit.tracing.trace`); groups keep their names.
         seed: seeds the random orthogonal maps of the check.
+        precision: ``"float64"`` (a float64 twin of the model) or ``"float32"`` (a float32
+            model runs the check itself, its outputs compared to float32's rounding).
+            Default: float64 where its copies (:func:`kinds_check_bytes`) fit in 80 % of
+            the memory available now and, with ``max_memory``, beside the model within
+            it; else float32 — a 1.1 B-parameter model's float64 check holds about 26 GB.
+        max_memory: bytes the caller allows in all (see ``precision``).
 
     Returns:
         a :class:`SymmetryReport` whose ``spec`` says each group's kind and which norm
@@ -139,6 +149,14 @@ def symmetry_kinds(
     """
     if not isinstance(model, nn.Module):
         raise SpecError(f"symmetry_kinds() needs a torch.nn.Module, got {type(model).__name__}")
+    if precision not in (None, "float64", "float32"):
+        raise SpecError(f"precision must be 'float64' or 'float32', got {precision!r}")
+    if max_memory is not None and (
+        isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory < 1
+    ):
+        raise SpecError(
+            f"max_memory must be a positive number of bytes or None, got {max_memory!r}"
+        )
     with batched_experts(model):  # their batched form: followed by the tracer, float64
         start = time.perf_counter()
         state = {k: v.detach() for k, v in model.state_dict().items()}
@@ -147,16 +165,32 @@ def symmetry_kinds(
         found = _norms(exported, spec, _aliases(model))
         uses = _linear_uses(exported)
         select = outputs if outputs is not None else logits_if_any
-        twin = copy.deepcopy(model).double()
-        args64, kwargs64 = to_double((args, kwargs))
-        # constant gains and biases (a fresh model's) would hide maps that move them
-        params = vary_constants({k: v.detach() for k, v in twin.state_dict().items()}, seed)
-        rtol, dtype = output_tolerance(exported, "float64"), torch.float64
-        try:
-            reference = run_outputs(twin, params, args64, kwargs64, False, select, dtype)
-        except TwinRunError:  # ops that take no float64: float32, as traced
-            twin, args64, kwargs64 = copy.deepcopy(model).float(), args, kwargs
+        used = precision if precision is not None else kinds_check_precision(state, max_memory)
+
+        def float32_twin() -> tuple[nn.Module, dict[str, Tensor]]:
+            # a float32 model runs the check itself (its weights are passed in, its mode
+            # restored): no copy of a model that float64 copies would not fit beside
+            floats = [t for t in state.values() if t.is_floating_point()]
+            twin = model if all(t.dtype == torch.float32 for t in floats) else None
+            twin = twin if twin is not None else copy.deepcopy(model).float()
+            return twin, vary_constants({k: v.detach() for k, v in twin.state_dict().items()}, seed)
+
+        if used == "float64":
+            twin = copy.deepcopy(model).double()
+            args64, kwargs64 = to_double((args, kwargs))
+            # constant gains and biases (a fresh model's) would hide maps that move them
             params = vary_constants({k: v.detach() for k, v in twin.state_dict().items()}, seed)
+            rtol, dtype = output_tolerance(exported, "float64"), torch.float64
+            try:
+                reference = run_outputs(twin, params, args64, kwargs64, False, select, dtype)
+            except TwinRunError:  # ops that take no float64: float32, as traced
+                if precision is not None:
+                    raise
+                del twin, params
+                used = "float32"
+        if used == "float32":
+            twin, params = float32_twin()
+            args64, kwargs64 = args, kwargs
             rtol, dtype = output_tolerance(exported, "float32"), torch.float32
             reference = run_outputs(twin, params, args64, kwargs64, False, select, dtype)
         generator = torch.Generator().manual_seed(seed)
@@ -247,7 +281,33 @@ def symmetry_kinds(
             reasons=reasons,
             norms=norms,
             seconds=time.perf_counter() - start,
+            precision=used,
         )
+
+
+@checked
+def kinds_check_bytes(state: Mapping[str, Tensor], precision: str) -> int:
+    """Memory :func:`symmetry_kinds` adds to the model's, in bytes: in float64 a float64
+    twin, its norm gains folded and one moved set of its weights; in float32 the folded
+    and moved sets (plus a float32 twin where the model is in another dtype)."""
+    floats = [t for t in state.values() if t.is_floating_point()]
+    n = sum(t.numel() for t in floats)
+    if precision == "float64":
+        return 3 * 8 * n
+    twin = 0 if all(t.dtype == torch.float32 for t in floats) else 4 * n
+    return 2 * 4 * n + twin
+
+
+@checked
+def kinds_check_precision(state: Mapping[str, Tensor], max_memory: int | None = None) -> str:
+    """``"float64"`` where the float64 check's copies fit in 80 % of the memory available
+    now and, with ``max_memory``, beside the model within it; else ``"float32"``."""
+    from lmckit.budget import available_memory
+
+    need = kinds_check_bytes(state, "float64")
+    model = sum(t.numel() * t.element_size() for t in state.values())
+    fits = need <= 0.8 * available_memory() and (max_memory is None or model + need <= max_memory)
+    return "float64" if fits else "float32"
 
 
 # units a probe mixes: enough that an elementwise op between them shows, few enough that
