@@ -2361,6 +2361,22 @@ MUTATIONS = [
         ("tests/test_perm_copies.py", "tests/tracing/test_trace_transformers.py"),
     ),
     M(
+        "am-orth-copies-on-a-s-heads",
+        "am-orth's copies gains, from B moved by the fitted maps, left indexed by A's heads",
+        "src/lmckit/match/activation_transform.py",
+        "        gains[tie_outer(spec, spec.copies[c], fitted).cpu()] = aligned\n",
+        "        gains = aligned\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
+        "am-orth-copies-scored-before-the-maps",
+        "am-orth scores the copies on B as given, not moved by the fitted maps",
+        "src/lmckit/match/activation_transform.py",
+        "    moved_b = fitted.apply(detached(params_b))\n",
+        "    moved_b = detached(params_b)\n",
+        ("tests/tracing/test_trace_transformers.py",),
+    ),
+    M(
         "alibi-heads-not-fixed-at-the-reshape",
         "no second pass: heads frozen after their reshape (BLOOM's ALiBi) freeze their insides",
         "src/lmckit/tracing/trace.py",

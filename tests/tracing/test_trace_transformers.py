@@ -726,6 +726,29 @@ def test_llama_rotary_query_key_maps_are_found_and_a_planted_one_undone():
     assert spec.kind(qk) == "rotary-scaled" and spec.rotary[qk] == ("half", 4)
     a = fold_norms(spec, {k: v.detach() for k, v in model.state_dict().items()})
     _wm_orth_undoes_a_planted_element(model, spec, a, x)
+    # activation matching over the same group: the maps from the activations, then the
+    # query heads inside their key/value group on a second pass with B moved by them
+    from lmckit.match.activation_transform import transform_activation_matching
+    from lmckit.perm import tie_outer
+    from lmckit.transform import Transform, orthogonal_subgroup
+
+    planted = Transform.random(orthogonal_subgroup(spec), 4)
+    # one key/value head's query heads swapped, the other's not, the key/value heads
+    # swapped: the copies' gains must be read on B's heads, not A's
+    planted = planted.replace(**{c: torch.tensor([1, 0, 2, 3]) for c in spec.copies})
+    assert all(tie_outer(spec, spec.copies[c], planted).tolist() == [1, 0] for c in spec.copies)
+    b = planted.inverse().apply(a)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randint(0, 40, (32, 7), generator=g), None) for _ in range(3)]
+    found = transform_activation_matching(spec, a, b, model=model, data=data)
+    assert found.info["copies_in_place"] == []
+    assert all(found.alignment[c].equal(planted[c]) for c in spec.copies)
+    aligned = found.alignment.apply(b)
+    left = sum(float(((a[k] - aligned[k]) ** 2).sum()) for k in a) ** 0.5
+    assert left < 1e-8 * found.distance_before
+    # data read once leaves them in place, and says so
+    once = transform_activation_matching(spec, a, b, model=model, data=iter(data))
+    assert once.info["copies_in_place"] == sorted(spec.copies)
 
 
 ROTARY_CASES = {  # (factory, query/key projections of layer i, the layout the graph has)

@@ -58,7 +58,13 @@ from lmckit.match.orthogonal import (
 from lmckit.match.result import MatchResult
 from lmckit.options import Count, checked
 from lmckit.params import Params, detached
-from lmckit.perm import Permutation, PermutationSpec
+from lmckit.perm import (
+    Permutation,
+    PermutationSpec,
+    copies_gains_of_units,
+    solve_copies,
+    tie_outer,
+)
 from lmckit.progress import ProgressCallback, notify
 from lmckit.tracing import GraphTaps
 from lmckit.transform import Transform, head_blocks, head_matrix, random_group_map
@@ -364,7 +370,10 @@ def transform_activation_matching(
         ``info["unused_sites"]`` the sites that moved by neither ``M`` nor ``M⁻ᵀ``,
         ``info["conditions"]`` each fitted invertible group's largest condition number
         (per head block): least squares fits the writers' activations and lets the
-        readers' weights grow by up to this factor.
+        readers' weights grow by up to this factor. The copies groups (query heads inside
+        their key/value group) are chosen after the maps, on a second pass over the data
+        with B moved by them; ``info["copies_in_place"]`` names those left in place (no
+        activation laid out as their weights, or data that can be read only once).
 
     Raises:
         ParamsError: no model or data, no batches, a refine group not in the spec, or a
@@ -441,6 +450,16 @@ def transform_activation_matching(
         g: _worst_condition(spec, g, m) for g, m in maps.items() if KINDS[spec.kind(g)].conditioned
     }
     transform = step.compose(init)
+    copies_taps = reader.copies_taps() if isinstance(reader, GraphTaps) else {}
+    unmatched = sorted(set(spec.copies) - set(copies_taps)) if refine is None else []
+    if refine is None and copies_taps:
+        fitted = _fit_copies(
+            spec, transform, copies_taps, reader, params_a, params_b, batches, n_batches, device
+        )
+        if fitted is None:  # data that cannot be read twice (a generator)
+            unmatched = sorted(spec.copies)
+        else:
+            transform = fitted
     return MatchResult(
         alignment=transform,
         method="am-transform" if refine is None else "ls-refine",
@@ -453,5 +472,52 @@ def transform_activation_matching(
             "examples": examples,
             "unused_sites": sorted(s for s, side in sides.items() if side is None),
             "conditions": conditions,
+            "copies_in_place": unmatched,
         },
     )
+
+
+def _fit_copies(
+    spec: PermutationSpec,
+    transform: Transform,
+    copies_taps: Mapping[str, list[tuple[str, str, int]]],
+    reader: GraphTaps,
+    params_a: Params,
+    params_b: Params,
+    batches,
+    n_batches: int | None,
+    device: torch.device,
+) -> Transform | None:
+    """``transform`` with its copies groups (the query heads inside their key/value group)
+    chosen on a second pass over the data: B moved by ``transform`` (its copies in place),
+    the cross-moments of A's and B's activations laid out as the copies' weight axes, one
+    assignment of copies per key/value head (:func:`~lmckit.perm.copies_gains_of_units`,
+    re-indexed by B's heads). A head's maps act alike on every copy of it, so moving B's
+    copies after fitting them is the objective's exact coordinate step. None where the
+    second pass reads no batch (data that can be iterated once)."""
+    in_place = {c: torch.arange(spec.groups[c]) for c in spec.copies}
+    fitted = transform.replace(**in_place)
+    moved_b = fitted.apply(detached(params_b))
+    sites = {site for found in copies_taps.values() for site, _, _ in found}
+    moments: dict[str, _Moments] = {}
+    with torch.no_grad():
+        for x, _ in islice(batches, n_batches):
+            x = x.to(device)
+            acts_a, acts_b = reader(params_a, x), reader(moved_b, x)
+            for site in sites:
+                if site not in moments:
+                    moments[site] = _Moments(acts_a[site].shape[1])
+                moments[site].add(acts_a[site], acts_b[site])
+    if not moments:
+        return None
+    identity = Permutation.identity(spec)
+    chosen = {}
+    for c, found in copies_taps.items():
+        aligned = sum(
+            copies_gains_of_units(spec, c, weight, axis, moments[site].ab, identity)
+            for site, weight, axis in found
+        )
+        gains = torch.empty_like(aligned)  # indexed by B's heads, as the copies vector is
+        gains[tie_outer(spec, spec.copies[c], fitted).cpu()] = aligned
+        chosen[c] = solve_copies(gains)
+    return transform.replace(**chosen)
