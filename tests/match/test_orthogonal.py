@@ -248,6 +248,11 @@ def test_the_kinds_check_in_float32_finds_what_float64_finds_and_leaves_the_mode
     before = {k: v.clone() for k, v in model32.state_dict().items()}
     found = symmetry_kinds(model32, x, spec, precision="float32")
     assert found.precision == "float32" and found.spec == want.spec
+    # a refusal in float32 says rounding may be why; in float64 it does not
+    from lmckit.tracing.kinds import FLOAT32_CAVEAT
+
+    assert found.reasons and set(found.reasons) == set(want.reasons)
+    assert all(found.reasons[g] == want.reasons[g] + FLOAT32_CAVEAT for g in want.reasons)
     assert model32.training  # its mode restored, its weights untouched
     assert all(torch.equal(v, model32.state_dict()[k]) for k, v in before.items())
     state = model32.state_dict()

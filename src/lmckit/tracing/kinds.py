@@ -137,6 +137,9 @@ def symmetry_kinds(
             Default: float64 where its copies (:func:`kinds_check_bytes`) fit in 80 % of
             the memory available now and, with ``max_memory``, beside the model within
             it; else float32 — a 1.1 B-parameter model's float64 check holds about 26 GB.
+            The float32 check is conservative: a deep model's rounding can make it refuse
+            a kind that holds (the refusal says so: :data:`FLOAT32_CAVEAT`), never accept
+            a map that changes the outputs beyond float32's tolerance.
         max_memory: bytes the caller allows in all (see ``precision``).
 
     Returns:
@@ -264,7 +267,7 @@ def symmetry_kinds(
                     "product, rotary embeddings, a router's top-k)"
                 )
             if chosen is None:
-                reasons[g] = why
+                reasons[g] = why + (FLOAT32_CAVEAT if used == "float32" else "")
                 continue
             kinds[g] = chosen
             if layout is not None:
@@ -309,6 +312,15 @@ def kinds_check_precision(state: Mapping[str, Tensor], max_memory: int | None = 
     fits = need <= 0.8 * available_memory() and (max_memory is None or model + need <= max_memory)
     return "float64" if fits else "float32"
 
+
+FLOAT32_CAVEAT = (
+    " — checked in float32, where a deep model's rounding alone can exceed the check's "
+    "tolerance: precision='float64' (more memory) decides"
+)
+"""Appended to a refusal found in float32: there the check is conservative — rounding can
+refuse a kind that holds (a 22-layer Llama of width 512: its stream found orthogonal-mean-
+free instead of orthogonal; at 1.1 B parameters the stream's fold refused), never accept
+one that changes the outputs beyond float32's tolerance."""
 
 # units a probe mixes: enough that an elementwise op between them shows, few enough that
 # drawing and applying the map costs nothing beside a forward pass; and the narrowest group
