@@ -46,7 +46,6 @@ from lmckit.tracing.trace import (
     vary_constants,
 )
 from lmckit.transform import (
-    Transform,
     apply_group_map,
     fold_norms,
     random_group_map,
@@ -254,10 +253,11 @@ def symmetry_kinds(
                     break
                 probe = _probe_map(trial, g, kind, probes)
                 if probe is None or keeps(apply_group_map(trial, folded, g, *probe)):
-                    transform = Transform.identity(trial).replace(
-                        **{g: random_group_map(trial, g, kind, generator)}
-                    )
-                    if keeps(transform.apply(folded)):
+                    # the group's tensors moved, the rest shared: a layer's group copies
+                    # that layer's tensors, not the model (Transform.apply would)
+                    m = random_group_map(trial, g, kind, generator)
+                    dual = torch.linalg.inv(m).T if KINDS[kind].dual else m
+                    if keeps(apply_group_map(trial, folded, g, m, dual)):
                         chosen, layout = kind, candidate
                         break
                 tried = ", ".join(tries[: tries.index(kind) + 1])
