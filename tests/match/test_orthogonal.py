@@ -268,6 +268,10 @@ def test_the_kinds_check_in_float32_finds_what_float64_finds_and_leaves_the_mode
         symmetry_kinds(model32, x, spec, precision="float16")
     with pytest.raises(SpecError, match="max_memory must be"):
         symmetry_kinds(model32, x, spec, max_memory=0)
+    with pytest.raises(SpecError, match="max_memory must be"):
+        kinds_check_precision(state, max_memory=0.5)
+    with pytest.raises(SpecError, match="precision must be"):
+        kinds_check_bytes(state, "float16")
 
 
 def test_wm_orth_within_a_budget_is_the_same_match_and_a_budget_too_small_is_refused():

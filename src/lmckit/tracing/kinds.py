@@ -153,12 +153,7 @@ def symmetry_kinds(
         raise SpecError(f"symmetry_kinds() needs a torch.nn.Module, got {type(model).__name__}")
     if precision not in (None, "float64", "float32"):
         raise SpecError(f"precision must be 'float64' or 'float32', got {precision!r}")
-    if max_memory is not None and (
-        isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory < 1
-    ):
-        raise SpecError(
-            f"max_memory must be a positive number of bytes or None, got {max_memory!r}"
-        )
+    _check_max_memory(max_memory)
     with batched_experts(model):  # their batched form: followed by the tracer, float64
         start = time.perf_counter()
         state = {k: v.detach() for k, v in model.state_dict().items()}
@@ -288,11 +283,22 @@ def symmetry_kinds(
         )
 
 
+def _check_max_memory(max_memory: object) -> None:
+    if max_memory is not None and (
+        isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory < 1
+    ):
+        raise SpecError(
+            f"max_memory must be a positive number of bytes or None, got {max_memory!r}"
+        )
+
+
 @checked
 def kinds_check_bytes(state: Mapping[str, Tensor], precision: str) -> int:
     """Memory :func:`symmetry_kinds` adds to the model's, in bytes: in float64 a float64
     twin, its norm gains folded and one moved set of its weights; in float32 the folded
     and moved sets (plus a float32 twin where the model is in another dtype)."""
+    if precision not in ("float64", "float32"):
+        raise SpecError(f"precision must be 'float64' or 'float32', got {precision!r}")
     floats = [t for t in state.values() if t.is_floating_point()]
     n = sum(t.numel() for t in floats)
     if precision == "float64":
@@ -307,6 +313,7 @@ def kinds_check_precision(state: Mapping[str, Tensor], max_memory: int | None = 
     now and, with ``max_memory``, beside the model within it; else ``"float32"``."""
     from lmckit.budget import available_memory
 
+    _check_max_memory(max_memory)
     need = kinds_check_bytes(state, "float64")
     model = sum(t.numel() * t.element_size() for t in state.values())
     fits = need <= 0.8 * available_memory() and (max_memory is None or model + need <= max_memory)
