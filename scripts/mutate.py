@@ -175,7 +175,7 @@ MUTATIONS = [
         "a group is declared orthogonal without the numerical check (an activation, rotary "
         "embeddings or gating would be rotated through)",
         "src/lmckit/tracing/kinds.py",
-        "                    if keeps(transform.apply(folded)):\n",
+        "                    if keeps(apply_group_map(trial, folded, g, m, dual)):\n",
         "                    if True:\n",
         ("tests/tracing/test_kinds.py",),
     ),
@@ -2445,10 +2445,9 @@ MUTATIONS = [
         "the kinds' check runs on a fresh model's constant gains (Gemma2's norms after each "
         "block let the stream rotate)",
         "src/lmckit/tracing/kinds.py",
-        "        # constant gains and biases (a fresh model's) would hide maps that move them\n"
-        "        params = vary_constants({k: v.detach() for k, v in twin.state_dict().items()}, "
+        "            return vary_constants({k: v.detach() for k, v in twin.state_dict().items()}, "
         "seed)\n",
-        "        params = {k: v.detach() for k, v in twin.state_dict().items()}\n",
+        "            return {k: v.detach() for k, v in twin.state_dict().items()}\n",
         ("tests/tracing/test_trace_transformers.py",),
     ),
     M(

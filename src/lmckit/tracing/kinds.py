@@ -164,19 +164,22 @@ def symmetry_kinds(
         select = outputs if outputs is not None else logits_if_any
         used = precision if precision is not None else kinds_check_precision(state, max_memory)
 
+        def checked_params(twin: nn.Module) -> dict[str, Tensor]:
+            # constant gains and biases (a fresh model's) would hide maps that move them
+            return vary_constants({k: v.detach() for k, v in twin.state_dict().items()}, seed)
+
         def float32_twin() -> tuple[nn.Module, dict[str, Tensor]]:
             # a float32 model runs the check itself (its weights are passed in, its mode
             # restored): no copy of a model that float64 copies would not fit beside
             floats = [t for t in state.values() if t.is_floating_point()]
             twin = model if all(t.dtype == torch.float32 for t in floats) else None
             twin = twin if twin is not None else copy.deepcopy(model).float()
-            return twin, vary_constants({k: v.detach() for k, v in twin.state_dict().items()}, seed)
+            return twin, checked_params(twin)
 
         if used == "float64":
             twin = copy.deepcopy(model).double()
             args64, kwargs64 = to_double((args, kwargs))
-            # constant gains and biases (a fresh model's) would hide maps that move them
-            params = vary_constants({k: v.detach() for k, v in twin.state_dict().items()}, seed)
+            params = checked_params(twin)
             rtol, dtype = output_tolerance(exported, "float64"), torch.float64
             try:
                 reference = run_outputs(twin, params, args64, kwargs64, False, select, dtype)
