@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from lmckit.errors import UsageError
+from lmckit.errors import ParamsError, UsageError
 
 __all__ = [
     "DEFAULT_HOURS",
@@ -151,3 +151,12 @@ def forward_seconds(
             run(model, params, x)
             best = min(best, time.perf_counter() - start)
     return best, len(x)
+
+
+def check_max_memory(max_memory: object, error: type[Exception] = ParamsError) -> None:
+    """Refuse (``error``, naming the value) a ``max_memory`` that is not None or a positive
+    whole number of bytes."""
+    if max_memory is not None and (
+        isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory < 1
+    ):
+        raise error(f"max_memory must be a positive number of bytes or None, got {max_memory!r}")

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from lmckit import __version__
 from lmckit._checks import check_device
+from lmckit.budget import check_max_memory
 from lmckit.checkpoint import (
     SAFETENSORS_DTYPES,
     Checkpoint,
@@ -376,7 +377,7 @@ def load_model_folder(
             that do not fit, non-finite weights.
         SpecError: the tracer cannot export the model.
     """
-    _check_max_memory(max_memory)
+    check_max_memory(max_memory)
     check_device(device)
     layout = read_layout(folder)
     cls = _model_class(layout)
@@ -473,15 +474,6 @@ def load_model_folder(
     )
 
 
-def _check_max_memory(max_memory: object) -> None:
-    if max_memory is not None and (
-        isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory < 1
-    ):
-        raise ParamsError(
-            f"max_memory must be a positive number of bytes or None, got {max_memory!r}"
-        )
-
-
 @checked
 def load_model_folders(
     paths: Sequence[str | os.PathLike],
@@ -508,7 +500,7 @@ def load_model_folders(
     """
     from lmckit.budget import ResourceError, human_bytes
 
-    _check_max_memory(max_memory)
+    check_max_memory(max_memory)
     check_device(device)
     layouts = [read_layout(p) for p in paths]
     first = layouts[0].architecture()

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
+from lmckit.budget import check_max_memory
 from lmckit.errors import SpecError
 from lmckit.kinds import KINDS, GroupFacts, tried_kinds
 from lmckit.options import checked
@@ -153,7 +154,7 @@ def symmetry_kinds(
         raise SpecError(f"symmetry_kinds() needs a torch.nn.Module, got {type(model).__name__}")
     if precision not in (None, "float64", "float32"):
         raise SpecError(f"precision must be 'float64' or 'float32', got {precision!r}")
-    _check_max_memory(max_memory)
+    check_max_memory(max_memory, SpecError)
     with batched_experts(model):  # their batched form: followed by the tracer, float64
         start = time.perf_counter()
         state = {k: v.detach() for k, v in model.state_dict().items()}
@@ -286,15 +287,6 @@ def symmetry_kinds(
         )
 
 
-def _check_max_memory(max_memory: object) -> None:
-    if max_memory is not None and (
-        isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory < 1
-    ):
-        raise SpecError(
-            f"max_memory must be a positive number of bytes or None, got {max_memory!r}"
-        )
-
-
 @checked
 def kinds_check_bytes(state: Mapping[str, Tensor], precision: str) -> int:
     """Memory :func:`symmetry_kinds` adds to the model's, in bytes: in float64 a float64
@@ -316,7 +308,7 @@ def kinds_check_precision(state: Mapping[str, Tensor], max_memory: int | None = 
     now and, with ``max_memory``, beside the model within it; else ``"float32"``."""
     from lmckit.budget import available_memory
 
-    _check_max_memory(max_memory)
+    check_max_memory(max_memory, SpecError)
     need = kinds_check_bytes(state, "float64")
     model = sum(t.numel() * t.element_size() for t in state.values())
     fits = need <= 0.8 * available_memory() and (max_memory is None or model + need <= max_memory)
