@@ -302,5 +302,16 @@ def test_wm_orth_within_a_budget_is_the_same_match_and_a_budget_too_small_is_ref
         symmetry_matching(
             spec, a, b, model=models[0], example_inputs=x, max_memory=sum(need.values()) - 1
         )
+    # a budget below the models and B's moved copy is refused before the kinds check runs
+    import lmckit.tracing as tracing
+
+    def no_check(*args, **kwargs):
+        raise AssertionError("the kinds check ran")
+
+    small = need["models"] + need["moved"] - 1
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tracing, "symmetry_kinds", no_check)
+        with pytest.raises(ResourceError, match="B moved"):
+            symmetry_matching(spec, a, b, model=models[0], example_inputs=x, max_memory=small)
     with pytest.raises(ParamsError, match="max_memory bounds start='wm' only"):
         symmetry_matching(spec, a, b, model=models[0], data=[(x, x)], start="am", max_memory=fits)

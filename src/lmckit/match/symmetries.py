@@ -153,6 +153,8 @@ def symmetry_matching(
             "gradients it does not count"
         )
     check_inputs(spec, params_a, params_b, None, seed)
+    if max_memory is not None:  # before the kinds check, which takes minutes on large models
+        _check_descent_fits(spec, params_a, params_b, max_memory, with_folds=False)
     if example_inputs is None:
         example_inputs = example_batch(data, "symmetry_matching")
     report = symmetry_kinds(
@@ -254,11 +256,19 @@ def descent_bytes(spec: PermutationSpec, params_a: Params, params_b: Params) -> 
 
 
 def _check_descent_fits(
-    spec: PermutationSpec, params_a: Params, params_b: Params, max_memory: int
+    spec: PermutationSpec,
+    params_a: Params,
+    params_b: Params,
+    max_memory: int,
+    with_folds: bool = True,
 ) -> None:
+    """Refuse a ``max_memory`` below :func:`descent_bytes`; ``with_folds=False`` (before
+    the kinds check has found the folds) counts the models and B's moved copy only."""
     from lmckit.budget import ResourceError, human_bytes
 
     need = descent_bytes(spec, params_a, params_b)
+    if not with_folds:
+        need["folded"] = 0
     if sum(need.values()) > max_memory:
         raise ResourceError(
             f"orthogonal weight matching needs at least {human_bytes(sum(need.values()))} "
